@@ -1,0 +1,255 @@
+//! Contexts: primary contexts (retained by cudart), created contexts, the per-thread stack.
+
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+use super::{ctx_from, current_ctx, current_ctx_opt, out, with_ctx_stack, R};
+use crate::driver;
+use crate::sim::{sim, Context};
+use crate::types::*;
+
+fn primary(dev: CUdevice) -> Result<&'static Arc<Context>, CUresult> {
+    let s = sim()?;
+    let d = s.device(dev)?;
+    s.primary(d).ok_or(CUDA_ERROR_NOT_INITIALIZED)
+}
+
+/// Waits for all work of the context.
+pub fn sync_ctx(ctx: &Context) -> R {
+    let s = sim()?;
+    s.engine.wait_all(&ctx.all_streams());
+    Ok(())
+}
+
+fn set_current(ctx: Option<Arc<Context>>) {
+    with_ctx_stack(|st| {
+        st.pop();
+        if let Some(c) = ctx {
+            st.push(c);
+        }
+    });
+}
+
+unsafe fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> R {
+    let s = sim()?;
+    let d = s.device(dev)?;
+    let c = Context::new(s, d, false);
+    c.flags.store(flags, Relaxed);
+    let h = c.handle();
+    with_ctx_stack(|st| st.push(c));
+    out(pctx, h)
+}
+
+unsafe fn destroy(ctx: CUcontext) -> R {
+    let s = sim()?;
+    let c = s.contexts.get(ctx as usize).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    if c.primary {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    sync_ctx(&c)?;
+    s.contexts.remove(ctx as usize);
+    with_ctx_stack(|st| st.retain(|x| !Arc::ptr_eq(x, &c)));
+    Ok(())
+}
+
+driver! {
+    fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) {
+        let c = primary(dev)?;
+        c.refs.fetch_add(1, AcqRel);
+        out(pctx, c.handle())
+    }
+
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) {
+        let c = primary(dev)?;
+        let _ = c.refs.fetch_update(AcqRel, Acquire, |r| r.checked_sub(1));
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) {
+        let c = primary(dev)?;
+        let _ = c.refs.fetch_update(AcqRel, Acquire, |r| r.checked_sub(1));
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut u32, active: *mut i32) {
+        let c = primary(dev)?;
+        out(flags, c.flags.load(Acquire))?;
+        out(active, (c.refs.load(Acquire) > 0) as i32)
+    }
+
+    fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: u32) {
+        primary(dev)?.flags.store(flags, Release);
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32) {
+        primary(dev)?.flags.store(flags, Release);
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) {
+        sync_ctx(primary(dev)?)
+    }
+
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) {
+        sync_ctx(primary(dev)?)
+    }
+
+    fn cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: u32, dev: CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    fn cuCtxCreate_v3(pctx: *mut CUcontext, _params: *mut std::ffi::c_void, _n: i32, flags: u32, dev: CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    fn cuCtxCreate_v4(pctx: *mut CUcontext, _params: *mut std::ffi::c_void, flags: u32, dev: CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    fn cuCtxDestroy(ctx: CUcontext) {
+        destroy(ctx)
+    }
+
+    fn cuCtxDestroy_v2(ctx: CUcontext) {
+        destroy(ctx)
+    }
+
+    fn cuCtxGetCurrent(pctx: *mut CUcontext) {
+        out(pctx, current_ctx_opt().map_or(std::ptr::null_mut(), |c| c.handle()))
+    }
+
+    fn cuCtxSetCurrent(ctx: CUcontext) {
+        let c = if ctx.is_null() { None } else { Some(ctx_from(ctx)?) };
+        set_current(c);
+        Ok(())
+    }
+
+    fn cuCtxPushCurrent(ctx: CUcontext) {
+        let c = ctx_from(ctx)?;
+        with_ctx_stack(|st| st.push(c));
+        Ok(())
+    }
+
+    fn cuCtxPushCurrent_v2(ctx: CUcontext) {
+        let c = ctx_from(ctx)?;
+        with_ctx_stack(|st| st.push(c));
+        Ok(())
+    }
+
+    fn cuCtxPopCurrent(pctx: *mut CUcontext) {
+        let c = with_ctx_stack(|st| st.pop()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if !pctx.is_null() {
+            *pctx = c.handle();
+        }
+        Ok(())
+    }
+
+    fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) {
+        let c = with_ctx_stack(|st| st.pop()).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if !pctx.is_null() {
+            *pctx = c.handle();
+        }
+        Ok(())
+    }
+
+    fn cuCtxGetDevice(dev: *mut CUdevice) {
+        out(dev, current_ctx()?.device as CUdevice)
+    }
+
+    fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) {
+        out(dev, ctx_from(ctx)?.device as CUdevice)
+    }
+
+    fn cuCtxSynchronize() {
+        sync_ctx(&*current_ctx()?)
+    }
+
+    fn cuCtxSynchronize_v2(ctx: CUcontext) {
+        sync_ctx(&*ctx_from(ctx)?)
+    }
+
+    fn cuCtxGetFlags(flags: *mut u32) {
+        out(flags, current_ctx()?.flags.load(Acquire))
+    }
+
+    fn cuCtxSetFlags(flags: u32) {
+        current_ctx()?.flags.store(flags, Release);
+        Ok(())
+    }
+
+    fn cuCtxGetId(ctx: CUcontext, id: *mut u64) {
+        out(id, ctx_from(ctx)?.id)
+    }
+
+    fn cuCtxGetApiVersion(ctx: CUcontext, version: *mut u32) {
+        ctx_from(ctx)?;
+        out(version, 12010)
+    }
+
+    fn cuCtxGetLimit(value: *mut usize, limit: u32) {
+        let c = current_ctx()?;
+        let v = c.limits.lock().get(&limit).copied().unwrap_or(match limit {
+            0 => 1024,       // stack size
+            1 => 1 << 20,    // printf fifo
+            2 => 8 << 20,    // malloc heap
+            3 => 2,          // dev runtime sync depth
+            4 => 2048,       // pending launch count
+            5 => 32,         // max L2 fetch granularity
+            6 => 0,          // persisting L2 cache size
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        });
+        out(value, v)
+    }
+
+    fn cuCtxSetLimit(limit: u32, value: usize) {
+        current_ctx()?.limits.lock().insert(limit, value);
+        Ok(())
+    }
+
+    fn cuCtxGetCacheConfig(cfg: *mut u32) {
+        current_ctx()?;
+        out(cfg, 0)
+    }
+
+    fn cuCtxSetCacheConfig(_cfg: u32) {
+        current_ctx()?;
+        Ok(())
+    }
+
+    fn cuCtxGetSharedMemConfig(cfg: *mut u32) {
+        current_ctx()?;
+        out(cfg, 1)
+    }
+
+    fn cuCtxSetSharedMemConfig(_cfg: u32) {
+        current_ctx()?;
+        Ok(())
+    }
+
+    fn cuCtxGetStreamPriorityRange(least: *mut i32, greatest: *mut i32) {
+        if !least.is_null() {
+            *least = 0;
+        }
+        if !greatest.is_null() {
+            *greatest = -5;
+        }
+        Ok(())
+    }
+
+    fn cuCtxEnablePeerAccess(_peer: CUcontext, _flags: u32) {
+        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    }
+
+    fn cuCtxDisablePeerAccess(_peer: CUcontext) {
+        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    }
+
+    fn cuCtxResetPersistingL2Cache() {
+        Ok(())
+    }
+}

@@ -1,0 +1,203 @@
+//! Devices: count, identity, attributes (an A100-like table that follows the configuration).
+
+use std::ffi::c_char;
+
+use super::{out, R};
+use crate::config::DeviceConfig;
+use crate::driver;
+use crate::sim::sim;
+use crate::types::*;
+
+/// `cuDeviceGetAttribute` values for `d` (attribute ids from `cuda.h`; unknown ids answer 0).
+/// Values an A100-class device reports; SM count, compute capability and PCI ids follow the config.
+pub fn attribute(d: &DeviceConfig, attr: i32) -> i32 {
+    match attr {
+        1 | 2 | 3 => 1024, // max threads per block, max block dim x, y
+        4 => 64,           // max block dim z
+        5 => i32::MAX,     // max grid dim x
+        6 | 7 => 65535,
+        8 => 49152, // max shared memory per block
+        9 => 65536, // total constant memory
+        10 => 32,   // warp size
+        11 => i32::MAX,
+        12 => 65536,   // registers per block
+        13 => 1410000, // clock kHz
+        14 => 512,     // texture alignment
+        15 => 1,       // gpu overlap
+        16 => d.sm_count as i32,
+        17 => 0, // kernel exec timeout
+        18 => 0, // integrated
+        19 => 1, // can map host memory
+        20 => 0, // compute mode default
+        21 | 22 => 131072,
+        23 => 65536,
+        24..=26 => 16384,
+        27 | 28 => 32768,
+        29 => 2048,
+        30 => 512, // surface alignment
+        31 => 1,   // concurrent kernels
+        32 => 1,   // ECC enabled
+        33 => d.pci_bus as i32,
+        34 => d.pci_device as i32,
+        35 => 0, // TCC driver
+        36 => 1215000,
+        37 => 5120,
+        38 => 41943040, // L2 bytes
+        39 => 2048,     // max threads per SM
+        40 => 3,        // async engine count
+        41 => 1,        // unified addressing
+        42 => 32768,
+        43 => 2048,
+        44 => 1,
+        45 | 46 => 32768,
+        50 => d.pci_domain as i32,
+        51 => 32,
+        52 => 32768,
+        75 => d.compute_capability.0 as i32,
+        76 => d.compute_capability.1 as i32,
+        78 => 1, // stream priorities supported
+        79 => 1, // global L1 cache supported
+        80 => 1, // local L1 cache supported
+        81 => 167936, // max shared memory per SM
+        82 => 65536,  // registers per SM
+        83 => 1,      // managed memory
+        84 => 0,      // multi-GPU board
+        85 => 0,
+        86 => 1, // host native atomics
+        87 => 2, // single-to-double perf ratio
+        88 => 1, // pageable memory access
+        89 => 1, // concurrent managed access
+        90 => 1, // compute preemption
+        91 => 1, // can use host pointer for registered mem
+        95 => 1, // cooperative launch
+        96 => 1,
+        97 => 166912, // max shared memory per block optin
+        98 => 1,      // can flush remote writes
+        99 => 1,      // host register supported
+        100 => 0,
+        101 => 0,
+        102 => 1, // virtual memory management supported
+        103 => 1, // handle type posix fd supported
+        104 | 105 => 0,
+        106 => 32,       // max blocks per SM
+        107 => 1,        // generic compression
+        108 => 31457280, // max persisting L2
+        109 => 134213632,
+        110 => 0,
+        111 => 1024, // reserved shared memory per block
+        112 => 1,    // sparse CUDA arrays
+        113 => 1,    // read-only host register
+        114 => 0,
+        115 => 1, // memory pools supported
+        116 => 0, // GPUDirect RDMA
+        117 | 118 => 0,
+        119 => 1, // cluster launch (reported by cudart props)
+        120 => 0,
+        121 => 1, // deferred mapping CUDA array
+        124 => 1, // ipc event
+        127 => 0,
+        128 => 0, // mps enabled
+        129 => 0,
+        130 => -1, // host numa id
+        _ => 0,
+    }
+}
+
+fn dev_cfg(dev: CUdevice) -> Result<&'static DeviceConfig, CUresult> {
+    let s = sim()?;
+    let i = s.device(dev)?;
+    Ok(&s.cfg.devices[i])
+}
+
+unsafe fn write_cstr(dst: *mut c_char, len: i32, s: &str) -> R {
+    if dst.is_null() || len <= 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = s.len().min(len as usize - 1);
+    std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, dst, n);
+    *dst.add(n) = 0;
+    Ok(())
+}
+
+driver! {
+    fn cuDeviceGetCount(count: *mut i32) {
+        out(count, sim()?.ndev() as i32)
+    }
+
+    fn cuDeviceGet(device: *mut CUdevice, ordinal: i32) {
+        sim()?.device(ordinal)?;
+        out(device, ordinal)
+    }
+
+    fn cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice) {
+        write_cstr(name, len, &dev_cfg(dev)?.name)
+    }
+
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) {
+        out(bytes, dev_cfg(dev)?.memory as usize)
+    }
+
+    fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) {
+        out(bytes, dev_cfg(dev)?.memory.min(u32::MAX as u64) as u32)
+    }
+
+    fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) {
+        out(uuid, CUuuid(dev_cfg(dev)?.uuid))
+    }
+
+    fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) {
+        out(uuid, CUuuid(dev_cfg(dev)?.uuid))
+    }
+
+    fn cuDeviceGetAttribute(value: *mut i32, attr: i32, dev: CUdevice) {
+        out(value, attribute(dev_cfg(dev)?, attr))
+    }
+
+    fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: CUdevice) {
+        let d = dev_cfg(dev)?;
+        out(major, d.compute_capability.0 as i32)?;
+        out(minor, d.compute_capability.1 as i32)
+    }
+
+    fn cuDeviceGetPCIBusId(id: *mut c_char, len: i32, dev: CUdevice) {
+        let d = dev_cfg(dev)?;
+        write_cstr(id, len, &format!("{:08X}:{:02X}:{:02X}.0", d.pci_domain, d.pci_bus, d.pci_device))
+    }
+
+    fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) {
+        let want = super::cstr(id)?.to_ascii_uppercase();
+        let s = sim()?;
+        for (i, d) in s.cfg.devices[..s.ndev()].iter().enumerate() {
+            let full = format!("{:08X}:{:02X}:{:02X}.0", d.pci_domain, d.pci_bus, d.pci_device);
+            if full == want || full.ends_with(&want) {
+                return out(dev, i as CUdevice);
+            }
+        }
+        Err(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    fn cuDeviceCanAccessPeer(can: *mut i32, dev: CUdevice, peer: CUdevice) {
+        dev_cfg(dev)?;
+        dev_cfg(peer)?;
+        out(can, 0)
+    }
+
+    fn cuDeviceGetP2PAttribute(value: *mut i32, _attr: i32, src: CUdevice, dst: CUdevice) {
+        dev_cfg(src)?;
+        dev_cfg(dst)?;
+        out(value, 0)
+    }
+
+    fn cuDeviceGetLuid(_luid: *mut c_char, _mask: *mut u32, _dev: CUdevice) {
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+
+    fn cuDeviceGetExecAffinitySupport(pi: *mut i32, _kind: u32, dev: CUdevice) {
+        dev_cfg(dev)?;
+        out(pi, 0)
+    }
+
+    fn cuFlushGPUDirectRDMAWrites(_target: u32, _scope: u32) {
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! Kernel launches: each occupies the device for the time the cost model gives.
+//!
+//! Cost model (documented in simgpu/README.md): a kernel named in a `cost.kernels` override takes
+//! that long; a kernel whose name contains `simgpu_spin` takes its first (u64) parameter in ns;
+//! otherwise `kernel_base + waves × wave`, waves = ceil(blocks / (SMs × resident blocks per SM)),
+//! resident blocks per SM = clamp(2048 / threads per block, 1, 32). Managed memory the kernel
+//! references is faulted in first (see `managed`).
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering::*;
+
+use super::module::{blocks_per_sm, function, Function};
+use super::{stream_ref, submit, R};
+use crate::engine::{Op, Resource};
+use crate::sim::{sim, Sim};
+use crate::types::*;
+use crate::driver_ptds;
+
+/// Modelled duration of one launch, ns.
+pub fn kernel_ns(s: &Sim, f: &Function, dev: usize, grid: [u32; 3], block: [u32; 3], params: *mut *mut c_void) -> u64 {
+    if let Some(ns) = s.cfg.kernel_override(&f.name) {
+        return ns;
+    }
+    if f.name.contains("simgpu_spin") && !params.is_null() {
+        let first_is_u64 = f.params.as_ref().is_none_or(|p| p.first().is_some_and(|p| p.size == 8));
+        if first_is_u64 {
+            // SAFETY: kernelParams[0] points to the first argument, a u64 for this kernel.
+            return unsafe { (*(*params as *const u64)).min(3_600_000_000_000) };
+        }
+    }
+    let c = &s.cfg.cost;
+    let blocks = grid.iter().map(|&x| x as u64).product::<u64>();
+    let threads: u64 = block.iter().map(|&x| x as u64).product();
+    let per_wave = s.cfg.devices[dev].sm_count as u64 * blocks_per_sm(threads as u32) as u64;
+    c.kernel_base_ns + blocks.div_ceil(per_wave.max(1)) * c.wave_ns
+}
+
+/// Device addresses passed as kernel arguments (only when the parameter layout is known).
+fn pointer_args(f: &Function, params: *mut *mut c_void) -> Option<Vec<u64>> {
+    let layout = f.params.as_ref()?;
+    if params.is_null() {
+        return Some(Vec::new());
+    }
+    Some(
+        layout
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.size == 8)
+            // SAFETY: kernelParams has one pointer per parameter of the known layout.
+            .map(|(i, _)| unsafe { *(*params.add(i) as *const u64) })
+            .collect(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(f: *mut c_void, grid: [u32; 3], block: [u32; 3], h: CUstream, params: *mut *mut c_void, ptds: bool) -> R {
+    let s = sim()?;
+    let func = function(f)?;
+    if grid.contains(&0) || block.contains(&0) || block.iter().map(|&x| x as u64).product::<u64>() > 1024 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let r = stream_ref(h, ptds)?;
+    let n = s.launch_count.fetch_add(1, AcqRel) + 1;
+    if let Some((nth, code)) = s.cfg.faults.launch_error {
+        if nth == n {
+            crate::warn!("fault injection: launch #{n} returns {code}");
+            return Err(code);
+        }
+    }
+    let dev = r.ctx.device;
+    let mut op = Op::new(Resource::Compute(dev), kernel_ns(s, &func, dev, grid, block, params));
+    op.is_kernel = true;
+    op.extra = super::managed::touch_for_kernel(s, dev, pointer_args(&func, params));
+    submit(s, &r, op);
+    Ok(())
+}
+
+unsafe fn launch_ex(cfg: *const LaunchConfig, f: *mut c_void, params: *mut *mut c_void, ptds: bool) -> R {
+    let c = cfg.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    launch(f, c.grid, c.block, c.stream, params, ptds)
+}
+
+driver_ptds! {
+    fn cuLaunchKernel / cuLaunchKernel_ptsz(f: *mut c_void, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                                           _smem: u32, h: CUstream, params: *mut *mut c_void, _extra: *mut *mut c_void) |ptds| {
+        launch(f, [gx, gy, gz], [bx, by, bz], h, params, ptds)
+    }
+    fn cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz(f: *mut c_void, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+                                           _smem: u32, h: CUstream, params: *mut *mut c_void) |ptds| {
+        launch(f, [gx, gy, gz], [bx, by, bz], h, params, ptds)
+    }
+    fn cuLaunchKernelEx / cuLaunchKernelEx_ptsz(cfg: *const LaunchConfig, f: *mut c_void, params: *mut *mut c_void, _extra: *mut *mut c_void) |ptds| {
+        launch_ex(cfg, f, params, ptds)
+    }
+}
+
+/// The launch counter, for tests and stats.
+pub fn launches() -> u64 {
+    crate::sim::get().map_or(0, |s| s.launch_count.load(Acquire))
+}

@@ -1,0 +1,299 @@
+//! Managed (unified) memory, tracked per 2 MiB chunk.
+//!
+//! The bytes always live in host memory (kernels do not run, so no data has to move); what is
+//! modelled is *residency*: a chunk a kernel references must be on the device first, which costs
+//! a fault plus a 2 MiB transfer at PCIe bandwidth, and takes device memory. When the device is
+//! full the least recently used resident chunk of any process is evicted (written back at PCIe
+//! bandwidth). Residency lives in the shared state, so processes evict each other's chunks and
+//! oversubscription thrashes as on a real GPU. Chunks advised to prefer the CPU are not migrated;
+//! a kernel reads them over PCIe instead. A kernel references the managed allocations passed as
+//! its pointer arguments (when its parameter layout is known), else all of its process's.
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering::*;
+
+use super::memory::{map_anon, Alloc, Kind};
+use super::{current_ctx, out, stream_ref, submit, R};
+use crate::engine::{Extra, Op, Resource};
+use crate::shared::{owner_word, CHUNK};
+use crate::sim::{sim, Sim};
+use crate::types::*;
+use crate::{driver, driver_ptds};
+
+struct Managed {
+    size: u64,
+    dev: usize,
+    prefer_cpu: bool,
+    /// Per chunk: (entry index in the shared table or u32::MAX, tag).
+    chunks: Vec<(u32, u64)>,
+}
+
+static STATE: Mutex<BTreeMap<u64, Managed>> = Mutex::new(BTreeMap::new());
+static NEXT_TAG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn my_word(s: &Sim) -> u64 {
+    owner_word(s.slot, s.generation)
+}
+
+fn transfer_ns(s: &Sim, bytes: u64) -> u64 {
+    (bytes as u128 * 1_000_000_000 / s.cfg.cost.pcie_bytes_per_s.max(1) as u128) as u64
+}
+
+fn is_resident(s: &Sim, dev: usize, entry: u32, tag: u64) -> bool {
+    entry != u32::MAX && {
+        let e = &s.shared.chunks(dev)[entry as usize];
+        e.owner.load(Acquire) == my_word(s) && e.tag.load(Acquire) == tag
+    }
+}
+
+/// Evicts least-recently-used resident chunks (any process) not used since `before`, until
+/// `need` bytes are freed. Returns (bytes freed, modelled write-back ns).
+fn evict(s: &Sim, dev: usize, need: u64, before: u64) -> (u64, u64) {
+    let table = s.shared.chunks(dev);
+    let mut cands: Vec<(u64, usize, u64)> = table
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            let o = e.owner.load(Acquire);
+            let t = e.last_use.load(Acquire);
+            (o != 0 && t < before).then_some((t, i, o))
+        })
+        .collect();
+    cands.sort_unstable();
+    let mut freed = 0;
+    for (_, i, o) in cands {
+        if freed >= need {
+            break;
+        }
+        if table[i].owner.compare_exchange(o, 0, AcqRel, Acquire).is_ok() {
+            crate::shared::sub_saturating(&s.shared.dev(dev).mem_used, CHUNK);
+            s.shared.dev(dev).evicted_bytes.fetch_add(CHUNK, AcqRel);
+            freed += CHUNK;
+        }
+    }
+    (freed, transfer_ns(s, freed))
+}
+
+/// Frees device memory for an allocation by evicting managed chunks; returns bytes freed.
+pub fn evict_bytes(s: &Sim, dev: usize, need: u64) -> u64 {
+    evict(s, dev, need, u64::MAX).0
+}
+
+/// Makes the given chunks resident at modelled time `now`; returns the modelled cost in ns.
+fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64) -> u64 {
+    let mut st = STATE.lock();
+    let d = s.shared.dev(dev);
+    let total = d.mem_total.load(Acquire);
+    let table = s.shared.chunks(dev);
+    let mut cost = 0u64;
+    let mut hint = 0usize;
+    for base in bases {
+        let Some(m) = st.get_mut(base) else { continue };
+        if m.dev != dev {
+            continue;
+        }
+        if m.prefer_cpu {
+            cost += transfer_ns(s, m.size); // read remotely over PCIe, no migration
+            continue;
+        }
+        for c in m.chunks.iter_mut() {
+            if is_resident(s, dev, c.0, c.1) {
+                table[c.0 as usize].last_use.store(now, Release);
+                continue;
+            }
+            // Room on the device: charge one chunk, evicting older chunks if needed.
+            let mut charged = d.mem_used.fetch_update(AcqRel, Acquire, |u| (u + CHUNK <= total).then_some(u + CHUNK)).is_ok();
+            if !charged {
+                let (freed, wb) = evict(s, dev, CHUNK, now);
+                cost += wb;
+                charged = freed > 0
+                    && d.mem_used.fetch_update(AcqRel, Acquire, |u| (u + CHUNK <= total).then_some(u + CHUNK)).is_ok();
+            }
+            if !charged {
+                cost += transfer_ns(s, CHUNK); // working set larger than the device: remote access
+                continue;
+            }
+            let word = my_word(s);
+            let mut placed = false;
+            for k in 0..table.len() {
+                let i = (hint + k) % table.len();
+                if table[i].owner.load(Acquire) == 0 && table[i].owner.compare_exchange(0, word, AcqRel, Acquire).is_ok() {
+                    let tag = NEXT_TAG.fetch_add(1, Relaxed);
+                    table[i].tag.store(tag, Release);
+                    table[i].last_use.store(now, Release);
+                    *c = (i as u32, tag);
+                    hint = i + 1;
+                    placed = true;
+                    break;
+                }
+            }
+            if !placed {
+                crate::shared::sub_saturating(&d.mem_used, CHUNK);
+                cost += transfer_ns(s, CHUNK);
+                continue;
+            }
+            d.migrated_bytes.fetch_add(CHUNK, AcqRel);
+            cost += s.cfg.cost.fault_ns + transfer_ns(s, CHUNK);
+        }
+    }
+    cost
+}
+
+/// Moves this process's chunks of [p, p+len) back to the host; returns the modelled cost.
+fn evict_range(s: &Sim, p: u64, len: u64) -> u64 {
+    let mut st = STATE.lock();
+    let mut bytes = 0;
+    for (base, m) in st.range_mut(..p + len) {
+        if base + m.size <= p {
+            continue;
+        }
+        for (k, c) in m.chunks.iter_mut().enumerate() {
+            let cs = base + k as u64 * CHUNK;
+            if cs + CHUNK <= p || cs >= p + len || !is_resident(s, m.dev, c.0, c.1) {
+                continue;
+            }
+            let e = &s.shared.chunks(m.dev)[c.0 as usize];
+            if e.owner.compare_exchange(my_word(s), 0, AcqRel, Acquire).is_ok() {
+                crate::shared::sub_saturating(&s.shared.dev(m.dev).mem_used, CHUNK);
+                bytes += CHUNK;
+            }
+            c.0 = u32::MAX;
+        }
+    }
+    transfer_ns(s, bytes)
+}
+
+/// The extra modelled time a kernel pays to fault in the managed memory it references.
+pub fn touch_for_kernel(_s: &Sim, dev: usize, ptr_args: Option<Vec<u64>>) -> Option<Extra> {
+    let st = STATE.lock();
+    if st.is_empty() {
+        return None;
+    }
+    let bases: Vec<u64> = match ptr_args {
+        Some(args) => args
+            .into_iter()
+            .filter_map(|a| st.range(..=a).next_back().filter(|(b, m)| a < *b + m.size).map(|(b, _)| *b))
+            .collect(),
+        None => st.iter().filter(|(_, m)| m.dev == dev).map(|(b, _)| *b).collect(),
+    };
+    drop(st);
+    if bases.is_empty() {
+        return None;
+    }
+    Some(Box::new(move |now| crate::sim::get().map_or(0, |s| fault_in(s, dev, &bases, now))))
+}
+
+/// Called when a managed allocation is freed: releases its resident chunks.
+pub fn forget(s: &Sim, base: u64, _a: &Alloc) {
+    if let Some(m) = STATE.lock().remove(&base) {
+        for c in m.chunks {
+            if c.0 != u32::MAX {
+                let e = &s.shared.chunks(m.dev)[c.0 as usize];
+                if e.owner.compare_exchange(my_word(s), 0, AcqRel, Acquire).is_ok() && e.tag.load(Acquire) == c.1 {
+                    crate::shared::sub_saturating(&s.shared.dev(m.dev).mem_used, CHUNK);
+                }
+            }
+        }
+    }
+}
+
+/// Managed bytes of this process currently resident on `dev`.
+pub fn resident_bytes(s: &Sim, dev: usize) -> u64 {
+    let st = STATE.lock();
+    st.values()
+        .filter(|m| m.dev == dev)
+        .map(|m| m.chunks.iter().filter(|c| is_resident(s, dev, c.0, c.1)).count() as u64 * CHUNK)
+        .sum()
+}
+
+unsafe fn advise(p: CUdeviceptr, len: usize, advice: u32, loc_kind: u32, loc_id: i32) -> R {
+    let _s = sim()?;
+    let mut st = STATE.lock();
+    let mut any = false;
+    for (base, m) in st.range_mut(..p + len as u64) {
+        if base + m.size <= p {
+            continue;
+        }
+        any = true;
+        let cpu = loc_kind == CU_MEM_LOCATION_TYPE_HOST || loc_id == CU_DEVICE_CPU;
+        match advice {
+            3 => m.prefer_cpu = cpu, // SET_PREFERRED_LOCATION
+            4 => m.prefer_cpu = false,
+            _ => {} // read-mostly / accessed-by do not change the model
+        }
+    }
+    if any {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+unsafe fn prefetch(p: CUdeviceptr, len: usize, to_cpu: bool, dev: i32, h: CUstream, ptds: bool) -> R {
+    let s = sim()?;
+    let r = stream_ref(h, ptds)?;
+    let bases: Vec<u64> = {
+        let st = STATE.lock();
+        let v: Vec<u64> = st.range(..p + len as u64).filter(|(b, m)| *b + m.size > p).map(|(b, _)| *b).collect();
+        if v.is_empty() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        v
+    };
+    let (start, n) = (p, len as u64);
+    let op = if to_cpu {
+        let mut op = Op::new(Resource::D2H(r.ctx.device), 0);
+        op.extra = Some(Box::new(move |_| crate::sim::get().map_or(0, |s| evict_range(s, start, n))));
+        op
+    } else {
+        let d = s.device(dev)?;
+        let mut op = Op::new(Resource::H2D(d), 0);
+        op.extra = Some(Box::new(move |now| crate::sim::get().map_or(0, |s| fault_in(s, d, &bases, now))));
+        op
+    };
+    submit(s, &r, op);
+    Ok(())
+}
+
+driver! {
+    fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, _flags: u32) {
+        if dptr.is_null() || size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let s = sim()?;
+        let ctx = current_ctx()?;
+        let base = map_anon(size as u64)?;
+        s.mem.lock().insert(base, Alloc {
+            size: size as u64, kind: Kind::Managed, device: ctx.device, charged: 0,
+            ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0,
+        });
+        let chunks = vec![(u32::MAX, 0); (size as u64).div_ceil(CHUNK) as usize];
+        STATE.lock().insert(base, Managed { size: size as u64, dev: ctx.device, prefer_cpu: false, chunks });
+        s.shared.slot(s.slot).dev[ctx.device].allocs.fetch_add(1, AcqRel);
+        s.shared.dev(ctx.device).allocs.fetch_add(1, AcqRel);
+        out(dptr, base)
+    }
+    fn cuMemAdvise(p: CUdeviceptr, len: usize, advice: u32, dev: CUdevice) {
+        advise(p, len, advice, CU_MEM_LOCATION_TYPE_DEVICE, dev)
+    }
+    fn cuMemAdvise_v2(p: CUdeviceptr, len: usize, advice: u32, loc: MemLocation) {
+        advise(p, len, advice, loc.kind, loc.id)
+    }
+    fn cuMemRangeGetAttribute(data: *mut c_void, size: usize, _attr: u32, _p: CUdeviceptr, _len: usize) {
+        if !data.is_null() {
+            std::ptr::write_bytes(data as *mut u8, 0, size);
+        }
+        Ok(())
+    }
+}
+
+driver_ptds! {
+    fn cuMemPrefetchAsync / cuMemPrefetchAsync_ptsz(p: CUdeviceptr, len: usize, dev: CUdevice, h: CUstream) |ptds| {
+        prefetch(p, len, dev == CU_DEVICE_CPU, dev, h, ptds)
+    }
+    fn cuMemPrefetchAsync_v2 / cuMemPrefetchAsync_v2_ptsz(p: CUdeviceptr, len: usize, loc: MemLocation, _flags: u32, h: CUstream) |ptds| {
+        prefetch(p, len, loc.kind == CU_MEM_LOCATION_TYPE_HOST, loc.id, h, ptds)
+    }
+}

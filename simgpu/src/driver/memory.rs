@@ -1,0 +1,678 @@
+//! Device and host memory, copies and memsets. Device memory is real host memory (an anonymous
+//! mapping per allocation), so device pointers are host addresses and copies move real bytes.
+//! Usage is accounted per device in the shared state, across processes.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering::*;
+
+use super::{current_ctx, out, stream_ref, submit, submit_sync, StreamRef, R};
+use crate::engine::{Op, Resource};
+use crate::sim::{sim, Sim};
+use crate::types::*;
+use crate::{driver, driver_ptds};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Device,
+    /// Page-locked host memory from cuMemHostAlloc / cuMemAllocHost.
+    Host,
+    /// Host memory registered with cuMemHostRegister (not owned).
+    Registered,
+    Managed,
+    /// A VMM reservation (cuMemAddressReserve); mapped ranges are accounted by their handle.
+    Reserved,
+}
+
+#[derive(Clone, Debug)]
+pub struct Alloc {
+    pub size: u64,
+    pub kind: Kind,
+    pub device: usize,
+    /// Bytes charged to the device for this allocation.
+    pub charged: u64,
+    pub ctx: usize,
+    /// Memory pool the allocation came from (stream-ordered allocations).
+    pub pool: usize,
+    pub id: u64,
+}
+
+#[derive(Default)]
+pub struct MemTable {
+    pub map: BTreeMap<u64, Alloc>,
+    next_id: u64,
+}
+
+impl MemTable {
+    /// The allocation containing `p`, as (base, alloc).
+    pub fn find(&self, p: u64) -> Option<(u64, &Alloc)> {
+        let (b, a) = self.map.range(..=p).next_back()?;
+        (p < b + a.size.max(1)).then_some((*b, a))
+    }
+    pub fn insert(&mut self, base: u64, mut a: Alloc) -> u64 {
+        self.next_id += 1;
+        a.id = self.next_id;
+        self.map.insert(base, a);
+        self.next_id
+    }
+}
+
+/// Maps `size` bytes of zeroed memory (address-space only until touched).
+pub fn map_anon(size: u64) -> Result<u64, CUresult> {
+    // SAFETY: anonymous private mapping; the caller owns it until unmap().
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size.max(1) as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    } else {
+        Ok(p as u64)
+    }
+}
+
+pub fn unmap(base: u64, size: u64) {
+    // SAFETY: base/size came from map_anon.
+    unsafe { libc::munmap(base as *mut c_void, size.max(1) as usize) };
+}
+
+/// Charges `bytes` of device memory to this process on `dev`, or CUDA_ERROR_OUT_OF_MEMORY.
+/// Managed chunks resident on the device are evicted to make room (as the driver does).
+pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
+    let n = s.alloc_count.fetch_add(1, AcqRel) + 1;
+    if s.cfg.faults.fail_alloc_nth == Some(n) {
+        crate::warn!("fault injection: failing allocation #{n}");
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let d = s.shared.dev(dev);
+    let total = d.mem_total.load(Acquire);
+    for attempt in 0..3 {
+        let r = d.mem_used.fetch_update(AcqRel, Acquire, |u| (u + bytes <= total).then_some(u + bytes));
+        if r.is_ok() {
+            let p = &s.shared.slot(s.slot).dev[dev];
+            p.mem_used.fetch_add(bytes, AcqRel);
+            p.allocs.fetch_add(1, AcqRel);
+            d.allocs.fetch_add(1, AcqRel);
+            return Ok(());
+        }
+        match attempt {
+            0 => {
+                s.shared.reclaim_dead();
+            }
+            _ => {
+                let need = (d.mem_used.load(Acquire) + bytes).saturating_sub(total);
+                if crate::driver::managed::evict_bytes(s, dev, need) == 0 {
+                    break;
+                }
+            }
+        }
+    }
+    Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// Returns `bytes` charged by `charge`.
+pub fn uncharge(s: &Sim, dev: usize, bytes: u64) {
+    crate::shared::sub_saturating(&s.shared.dev(dev).mem_used, bytes);
+    crate::shared::sub_saturating(&s.shared.slot(s.slot).dev[dev].mem_used, bytes);
+    s.shared.dev(dev).frees.fetch_add(1, AcqRel);
+}
+
+/// Allocates device memory on the current context's device.
+pub fn alloc_device(size: u64, pool: usize) -> Result<u64, CUresult> {
+    if size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let s = sim()?;
+    let ctx = current_ctx()?;
+    charge(s, ctx.device, size)?;
+    let base = match map_anon(size) {
+        Ok(b) => b,
+        Err(e) => {
+            uncharge(s, ctx.device, size);
+            return Err(e);
+        }
+    };
+    let a = Alloc {
+        size,
+        kind: Kind::Device,
+        device: ctx.device,
+        charged: size,
+        ctx: std::sync::Arc::as_ptr(&ctx) as usize,
+        pool,
+        id: 0,
+    };
+    s.mem.lock().insert(base, a);
+    Ok(base)
+}
+
+/// Frees a device or managed allocation by its base address.
+pub fn free_device(p: u64) -> R {
+    if p == 0 {
+        return Ok(());
+    }
+    let s = sim()?;
+    let a = {
+        let mut t = s.mem.lock();
+        match t.map.get(&p) {
+            Some(a) if matches!(a.kind, Kind::Device | Kind::Managed) => t.map.remove(&p).unwrap(),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    if a.kind == Kind::Managed {
+        crate::driver::managed::forget(s, p, &a);
+    }
+    uncharge(s, a.device, a.charged);
+    unmap(p, a.size);
+    Ok(())
+}
+
+/// Is [p, p+len) inside one device-accessible allocation (device, managed, mapped VMM, pinned)?
+pub fn device_range(s: &Sim, p: u64, len: u64) -> Option<(Kind, usize)> {
+    let t = s.mem.lock();
+    let (b, a) = t.find(p)?;
+    (p + len <= b + a.size).then_some((a.kind, a.device))
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(u64);
+// SAFETY: the addresses are plain memory owned by the application or by simgpu's mappings.
+unsafe impl Send for SendPtr {}
+
+fn copy_cost(s: &Sim, bytes: u64, bw: u64) -> u64 {
+    s.cfg.cost.copy_base_ns + (bytes as u128 * 1_000_000_000 / bw.max(1) as u128) as u64
+}
+
+/// Where a unified-address copy goes.
+fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
+    match device_range(s, p, len) {
+        Some((Kind::Device | Kind::Managed | Kind::Reserved, d)) => Ok(Some(d)),
+        Some(_) => Ok(None),
+        None => {
+            // A device-looking address that is not inside an allocation would crash the job.
+            if s.mem.lock().find(p).is_some() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            Ok(None)
+        }
+    }
+}
+
+fn is_pinned(s: &Sim, p: u64, len: u64) -> bool {
+    matches!(device_range(s, p, len), Some((Kind::Host | Kind::Registered, _)))
+}
+
+/// Builds the operation that copies `len` bytes from `src` to `dst` (either side host or device).
+/// `stage` copies a pageable host source at enqueue time (asynchronous host-to-device copies).
+fn copy_op(s: &Sim, dst: u64, src: u64, len: u64, stage: bool) -> Result<Op, CUresult> {
+    let dd = classify(s, dst, len)?;
+    let sd = classify(s, src, len)?;
+    let c = &s.cfg.cost;
+    let (res, dur) = match (sd, dd) {
+        (None, Some(d)) => (Resource::H2D(d), copy_cost(s, len, c.pcie_bytes_per_s)),
+        (Some(d), None) => (Resource::D2H(d), copy_cost(s, len, c.pcie_bytes_per_s)),
+        (Some(d), Some(_)) => (Resource::Compute(d), copy_cost(s, len, c.hbm_bytes_per_s / 2)),
+        (None, None) => (Resource::None, 0),
+    };
+    if let Resource::H2D(d) | Resource::D2H(d) | Resource::Compute(d) = res {
+        s.shared.dev(d).copies.fetch_add(1, AcqRel);
+        s.shared.dev(d).copy_bytes.fetch_add(len, AcqRel);
+    }
+    let (dst, src) = (SendPtr(dst), SendPtr(src));
+    let op = if stage && sd.is_none() && !is_pinned(s, src.0, len) {
+        // SAFETY: the caller promised `len` readable bytes at `src` for the duration of the call.
+        let data = unsafe { std::slice::from_raw_parts(src.0 as *const u8, len as usize) }.to_vec();
+        Op::new(res, dur).with_effect(move || {
+            let dst = dst;
+            // SAFETY: dst was checked to lie inside a live allocation.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.0 as *mut u8, data.len()) }
+        })
+    } else {
+        Op::new(res, dur).with_effect(move || {
+            let (dst, src) = (dst, src);
+            // SAFETY: device sides checked against the allocation table; host sides are the
+            // caller's buffers, valid until the copy completes (CUDA's contract).
+            unsafe { std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, len as usize) }
+        })
+    };
+    Ok(op)
+}
+
+unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
+    let s = sim()?;
+    if len == 0 {
+        return Ok(());
+    }
+    match stream {
+        None => {
+            let sr = stream_ref(std::ptr::null_mut(), ptds)?;
+            let op = copy_op(s, dst, src, len, false)?;
+            submit_sync(s, &sr, op);
+        }
+        Some((h, ptds)) => {
+            let sr = stream_ref(h, ptds)?;
+            let op = copy_op(s, dst, src, len, true)?;
+            submit(s, &sr, op);
+        }
+    }
+    Ok(())
+}
+
+/// A 2D copy as `height` row copies, done as one operation.
+unsafe fn memcpy2d(p: &Memcpy2D, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
+    let s = sim()?;
+    let addr = |mt: u32, host: u64, dev: u64| -> Result<u64, CUresult> {
+        match mt {
+            CU_MEMORYTYPE_HOST => Ok(host),
+            CU_MEMORYTYPE_DEVICE => Ok(dev),
+            CU_MEMORYTYPE_UNIFIED => Ok(if dev != 0 { dev } else { host }),
+            _ => Err(CUDA_ERROR_NOT_SUPPORTED), // CUDA arrays are not simulated
+        }
+    };
+    let src0 = addr(p.src_memory_type, p.src_host as u64, p.src_device)? + (p.src_y * p.src_pitch + p.src_x_in_bytes) as u64;
+    let dst0 = addr(p.dst_memory_type, p.dst_host as u64, p.dst_device)? + (p.dst_y * p.dst_pitch + p.dst_x_in_bytes) as u64;
+    let (w, h) = (p.width_in_bytes as u64, p.height as u64);
+    if w == 0 || h == 0 {
+        return Ok(());
+    }
+    let (sp, dp) = (p.src_pitch.max(p.width_in_bytes) as u64, p.dst_pitch.max(p.width_in_bytes) as u64);
+    // Validate the whole extents, then build one op with the total byte count.
+    let mut op = copy_op(s, dst0, src0, w, false)?;
+    classify(s, dst0 + dp * (h - 1), w)?;
+    classify(s, src0 + sp * (h - 1), w)?;
+    op.dur_ns = match op.resource {
+        Resource::None => 0,
+        Resource::Compute(_) => copy_cost(s, w * h, s.cfg.cost.hbm_bytes_per_s / 2),
+        _ => copy_cost(s, w * h, s.cfg.cost.pcie_bytes_per_s),
+    };
+    let (d, sr0) = (SendPtr(dst0), SendPtr(src0));
+    op.effect = Some(Box::new(move || {
+        let (d, sr0) = (d, sr0);
+        for row in 0..h {
+            // SAFETY: extents validated above (device sides) or owned by the caller (host sides).
+            unsafe { std::ptr::copy((sr0.0 + row * sp) as *const u8, (d.0 + row * dp) as *mut u8, w as usize) }
+        }
+    }));
+    let sref = match stream {
+        None => stream_ref(std::ptr::null_mut(), ptds)?,
+        Some((h, pt)) => stream_ref(h, pt)?,
+    };
+    if stream.is_none() {
+        submit_sync(s, &sref, op);
+    } else {
+        submit(s, &sref, op);
+    }
+    Ok(())
+}
+
+unsafe fn memcpy3d(p: &Memcpy3D, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
+    if p.depth > 1 {
+        // Each slice is a 2D copy.
+        for z in 0..p.depth {
+            let m = Memcpy2D {
+                src_x_in_bytes: p.src_x_in_bytes,
+                src_y: p.src_y + (p.src_z + z) * p.src_height,
+                src_memory_type: p.src_memory_type,
+                src_host: p.src_host,
+                src_device: p.src_device,
+                src_array: p.src_array,
+                src_pitch: p.src_pitch,
+                dst_x_in_bytes: p.dst_x_in_bytes,
+                dst_y: p.dst_y + (p.dst_z + z) * p.dst_height,
+                dst_memory_type: p.dst_memory_type,
+                dst_host: p.dst_host,
+                dst_device: p.dst_device,
+                dst_array: p.dst_array,
+                dst_pitch: p.dst_pitch,
+                width_in_bytes: p.width_in_bytes,
+                height: p.height,
+            };
+            memcpy2d(&m, stream, ptds)?;
+        }
+        return Ok(());
+    }
+    let m = Memcpy2D {
+        src_x_in_bytes: p.src_x_in_bytes,
+        src_y: p.src_y + p.src_z * p.src_height,
+        src_memory_type: p.src_memory_type,
+        src_host: p.src_host,
+        src_device: p.src_device,
+        src_array: p.src_array,
+        src_pitch: p.src_pitch,
+        dst_x_in_bytes: p.dst_x_in_bytes,
+        dst_y: p.dst_y + p.dst_z * p.dst_height,
+        dst_memory_type: p.dst_memory_type,
+        dst_host: p.dst_host,
+        dst_device: p.dst_device,
+        dst_array: p.dst_array,
+        dst_pitch: p.dst_pitch,
+        width_in_bytes: p.width_in_bytes,
+        height: p.height,
+    };
+    memcpy2d(&m, stream, ptds)
+}
+
+/// memset of `count` elements of `elem` bytes (1, 2, 4) in `rows` rows of `pitch` bytes.
+unsafe fn memset(dst: u64, pitch: u64, value: u32, elem: u64, count: u64, rows: u64, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
+    let s = sim()?;
+    let width = count * elem;
+    if width == 0 || rows == 0 {
+        return Ok(());
+    }
+    let pitch = if rows == 1 { width } else { pitch };
+    let Some((kind, dev)) = device_range(s, dst, pitch * (rows - 1) + width) else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let _ = kind;
+    let dur = copy_cost(s, width * rows, s.cfg.cost.hbm_bytes_per_s);
+    let d = SendPtr(dst);
+    let op = Op::new(Resource::Compute(dev), dur).with_effect(move || {
+        let d = d;
+        for r in 0..rows {
+            let row = (d.0 + r * pitch) as *mut u8;
+            // SAFETY: extent validated against the allocation table above.
+            unsafe {
+                match elem {
+                    1 => std::ptr::write_bytes(row, value as u8, count as usize),
+                    2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize).fill(value as u16),
+                    _ => std::slice::from_raw_parts_mut(row as *mut u32, count as usize).fill(value),
+                }
+            }
+        }
+    });
+    let sref: StreamRef = match stream {
+        None => stream_ref(std::ptr::null_mut(), ptds)?,
+        Some((h, pt)) => stream_ref(h, pt)?,
+    };
+    if stream.is_none() {
+        submit_sync(s, &sref, op);
+    } else {
+        submit(s, &sref, op);
+    }
+    Ok(())
+}
+
+/// Allocates page-locked host memory (a plain mapping here), tracked so copies treat it as pinned.
+fn host_alloc(size: usize) -> Result<u64, CUresult> {
+    let s = sim()?;
+    let ctx = current_ctx()?;
+    let base = map_anon(size as u64)?;
+    s.mem.lock().insert(
+        base,
+        Alloc { size: size as u64, kind: Kind::Host, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0 },
+    );
+    Ok(base)
+}
+
+driver! {
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) {
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(dptr, alloc_device(size as u64, 0)?)
+    }
+
+    fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) {
+        if dptr.is_null() || pitch.is_null() || !matches!(elem, 4 | 8 | 16) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = width.div_ceil(512) * 512;
+        out(dptr, alloc_device((p * height) as u64, 0)?)?;
+        out(pitch, p)
+    }
+
+    fn cuMemFree_v2(p: CUdeviceptr) {
+        free_device(p)
+    }
+
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        let s = sim()?;
+        let d = s.shared.dev(current_ctx()?.device);
+        let t = d.mem_total.load(Acquire);
+        let u = d.mem_used.load(Acquire).min(t);
+        if !free.is_null() {
+            *free = (t - u) as usize;
+        }
+        if !total.is_null() {
+            *total = t as usize;
+        }
+        Ok(())
+    }
+
+    fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, p: CUdeviceptr) {
+        let s = sim()?;
+        let t = s.mem.lock();
+        let (b, a) = t.find(p).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        if !base.is_null() {
+            *base = b;
+        }
+        if !size.is_null() {
+            *size = a.size as usize;
+        }
+        Ok(())
+    }
+
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) {
+        out(pp, host_alloc(size)? as *mut c_void)
+    }
+
+    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: u32) {
+        out(pp, host_alloc(size)? as *mut c_void)
+    }
+
+    fn cuMemFreeHost(p: *mut c_void) {
+        let s = sim()?;
+        let a = {
+            let mut t = s.mem.lock();
+            match t.map.get(&(p as u64)) {
+                Some(a) if a.kind == Kind::Host => t.map.remove(&(p as u64)).unwrap(),
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        };
+        unmap(p as u64, a.size);
+        Ok(())
+    }
+
+    fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, _flags: u32) {
+        let s = sim()?;
+        match device_range(s, p as u64, 1) {
+            Some((Kind::Host | Kind::Registered, _)) => out(dptr, p as u64),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) {
+        let s = sim()?;
+        match device_range(s, p as u64, 1) {
+            Some((Kind::Host | Kind::Registered, _)) => out(flags, 0),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, _flags: u32) {
+        let s = sim()?;
+        let ctx = current_ctx()?;
+        if p.is_null() || size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        s.mem.lock().insert(
+            p as u64,
+            Alloc { size: size as u64, kind: Kind::Registered, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0 },
+        );
+        Ok(())
+    }
+
+    fn cuMemHostUnregister(p: *mut c_void) {
+        let s = sim()?;
+        let mut t = s.mem.lock();
+        match t.map.get(&(p as u64)) {
+            Some(a) if a.kind == Kind::Registered => {
+                t.map.remove(&(p as u64));
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_NOT_MAPPED),
+        }
+    }
+
+    fn cuPointerGetAttribute(data: *mut c_void, attr: u32, p: CUdeviceptr) {
+        if data.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let s = sim()?;
+        let t = s.mem.lock();
+        let (b, a) = t.find(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        write_attr(data, attr, p, b, a)
+    }
+
+    fn cuPointerGetAttributes(n: u32, attrs: *const u32, data: *mut *mut c_void, p: CUdeviceptr) {
+        if attrs.is_null() || data.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let s = sim()?;
+        let t = s.mem.lock();
+        let found = t.find(p);
+        for i in 0..n as usize {
+            let (attr, d) = (*attrs.add(i), *data.add(i));
+            if d.is_null() {
+                continue;
+            }
+            match found {
+                Some((b, a)) => {
+                    let _ = write_attr(d, attr, p, b, a);
+                }
+                None => {
+                    // Not a CUDA pointer: attributes read as zero/NULL, and the call succeeds.
+                    match attr {
+                        1 | 3 | 4 | 7 | 11 | 12 | 14 | 17 | 18 | 19 | 20 => *(d as *mut u64) = 0,
+                        9 => *(d as *mut i32) = -2,
+                        _ => *(d as *mut u32) = 0,
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cuPointerSetAttribute(_value: *const c_void, _attr: u32, p: CUdeviceptr) {
+        let s = sim()?;
+        s.mem.lock().find(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok(())
+    }
+}
+
+unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc) -> R {
+    match attr {
+        1 => *(data as *mut usize) = a.ctx,
+        2 => {
+            *(data as *mut u32) = match a.kind {
+                Kind::Host | Kind::Registered => CU_MEMORYTYPE_HOST,
+                Kind::Managed => CU_MEMORYTYPE_UNIFIED,
+                _ => CU_MEMORYTYPE_DEVICE,
+            }
+        }
+        3 | 4 => *(data as *mut u64) = p,
+        6 => *(data as *mut u32) = 1,
+        7 | 20 => *(data as *mut u64) = a.id,
+        8 => *(data as *mut i32) = (a.kind == Kind::Managed) as i32,
+        9 => *(data as *mut i32) = a.device as i32,
+        10 => *(data as *mut i32) = 0,
+        11 | 19 => *(data as *mut u64) = base,
+        12 | 18 => *(data as *mut usize) = a.size as usize,
+        13 => *(data as *mut i32) = 1,
+        14 => *(data as *mut u64) = 0,
+        15 => *(data as *mut i32) = 0,
+        16 => *(data as *mut u32) = 3, // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+        17 => *(data as *mut usize) = a.pool,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    }
+    Ok(())
+}
+
+driver_ptds! {
+    fn cuMemcpy / cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) |ptds| {
+        memcpy(dst, src, n as u64, None, ptds)
+    }
+    fn cuMemcpyHtoD_v2 / cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) |ptds| {
+        memcpy(dst, src as u64, n as u64, None, ptds)
+    }
+    fn cuMemcpyDtoH_v2 / cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) |ptds| {
+        memcpy(dst as u64, src, n as u64, None, ptds)
+    }
+    fn cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) |ptds| {
+        memcpy(dst, src, n as u64, None, ptds)
+    }
+    fn cuMemcpyPeer / cuMemcpyPeer_ptds(dst: CUdeviceptr, _dc: CUcontext, src: CUdeviceptr, _sc: CUcontext, n: usize) |ptds| {
+        memcpy(dst, src, n as u64, None, ptds)
+    }
+    fn cuMemcpyAsync / cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream) |ptds| {
+        memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, h: CUstream) |ptds| {
+        memcpy(dst, src as u64, n as u64, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, h: CUstream) |ptds| {
+        memcpy(dst as u64, src, n as u64, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream) |ptds| {
+        memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, _dc: CUcontext, src: CUdeviceptr, _sc: CUcontext, n: usize, h: CUstream) |ptds| {
+        memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpy2D_v2 / cuMemcpy2D_v2_ptds(p: *const Memcpy2D) |ptds| {
+        memcpy2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, None, ptds)
+    }
+    fn cuMemcpy2DUnaligned_v2 / cuMemcpy2DUnaligned_v2_ptds(p: *const Memcpy2D) |ptds| {
+        memcpy2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, None, ptds)
+    }
+    fn cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz(p: *const Memcpy2D, h: CUstream) |ptds| {
+        memcpy2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpy3D_v2 / cuMemcpy3D_v2_ptds(p: *const Memcpy3D) |ptds| {
+        memcpy3d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, None, ptds)
+    }
+    fn cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz(p: *const Memcpy3D, h: CUstream) |ptds| {
+        memcpy3d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, Some((h, ptds)), ptds)
+    }
+    fn cuMemsetD8_v2 / cuMemsetD8_v2_ptds(d: CUdeviceptr, v: u8, n: usize) |ptds| {
+        memset(d, 0, v as u32, 1, n as u64, 1, None, ptds)
+    }
+    fn cuMemsetD16_v2 / cuMemsetD16_v2_ptds(d: CUdeviceptr, v: u16, n: usize) |ptds| {
+        memset(d, 0, v as u32, 2, n as u64, 1, None, ptds)
+    }
+    fn cuMemsetD32_v2 / cuMemsetD32_v2_ptds(d: CUdeviceptr, v: u32, n: usize) |ptds| {
+        memset(d, 0, v, 4, n as u64, 1, None, ptds)
+    }
+    fn cuMemsetD2D8_v2 / cuMemsetD2D8_v2_ptds(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) |ptds| {
+        memset(d, pitch as u64, v as u32, 1, w as u64, h as u64, None, ptds)
+    }
+    fn cuMemsetD2D16_v2 / cuMemsetD2D16_v2_ptds(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) |ptds| {
+        memset(d, pitch as u64, v as u32, 2, w as u64, h as u64, None, ptds)
+    }
+    fn cuMemsetD2D32_v2 / cuMemsetD2D32_v2_ptds(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) |ptds| {
+        memset(d, pitch as u64, v, 4, w as u64, h as u64, None, ptds)
+    }
+    fn cuMemsetD8Async / cuMemsetD8Async_ptsz(d: CUdeviceptr, v: u8, n: usize, s: CUstream) |ptds| {
+        memset(d, 0, v as u32, 1, n as u64, 1, Some((s, ptds)), ptds)
+    }
+    fn cuMemsetD16Async / cuMemsetD16Async_ptsz(d: CUdeviceptr, v: u16, n: usize, s: CUstream) |ptds| {
+        memset(d, 0, v as u32, 2, n as u64, 1, Some((s, ptds)), ptds)
+    }
+    fn cuMemsetD32Async / cuMemsetD32Async_ptsz(d: CUdeviceptr, v: u32, n: usize, s: CUstream) |ptds| {
+        memset(d, 0, v, 4, n as u64, 1, Some((s, ptds)), ptds)
+    }
+    fn cuMemsetD2D8Async / cuMemsetD2D8Async_ptsz(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream) |ptds| {
+        memset(d, pitch as u64, v as u32, 1, w as u64, h as u64, Some((s, ptds)), ptds)
+    }
+    fn cuMemsetD2D16Async / cuMemsetD2D16Async_ptsz(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream) |ptds| {
+        memset(d, pitch as u64, v as u32, 2, w as u64, h as u64, Some((s, ptds)), ptds)
+    }
+    fn cuMemsetD2D32Async / cuMemsetD2D32Async_ptsz(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) |ptds| {
+        memset(d, pitch as u64, v, 4, w as u64, h as u64, Some((s, ptds)), ptds)
+    }
+}

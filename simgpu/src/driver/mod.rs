@@ -1,0 +1,193 @@
+//! The exported CUDA driver functions, one module per API group. Every `fn cuXxx` written with
+//! the `driver!` / `driver_ptds!` macros here is exported under that exact name and takes the
+//! place of the generated stub (see `build.rs`).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::engine::{Op, StreamId};
+use crate::sim::{sim, Context, Sim};
+use crate::types::*;
+
+pub mod context;
+pub mod device;
+pub mod event;
+pub mod graph;
+pub mod init;
+pub mod launch;
+pub mod managed;
+pub mod memory;
+pub mod module;
+pub mod pool;
+pub mod stats;
+pub mod stream;
+pub mod vmm;
+
+pub use context::*;
+pub use device::*;
+pub use event::*;
+pub use graph::*;
+pub use init::*;
+pub use launch::*;
+pub use managed::*;
+pub use memory::*;
+pub use module::*;
+pub use pool::*;
+pub use stream::*;
+pub use vmm::*;
+pub use crate::export_tables::cuGetExportTable;
+
+pub type R = Result<(), CUresult>;
+
+/// Runs a driver function body: panics become CUDA_ERROR_UNKNOWN, never an abort of the job.
+pub fn run(name: &str, f: impl FnOnce() -> R) -> CUresult {
+    crate::debug!("{name}");
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(e)) => {
+            crate::debug!("{name} -> {e}");
+            e
+        }
+        Err(_) => {
+            crate::warn!("{name}: internal error (panic), returning CUDA_ERROR_UNKNOWN");
+            999
+        }
+    }
+}
+
+/// Defines exported driver functions whose body returns `R`.
+#[macro_export]
+macro_rules! driver {
+    ($(fn $name:ident ($($a:ident : $t:ty),* $(,)?) $body:block)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::types::CUresult {
+            $crate::driver::run(stringify!($name), || -> $crate::driver::R { $body })
+        }
+    )*};
+}
+
+/// Defines a driver function and its per-thread-default-stream twin (`_ptds` / `_ptsz`); the
+/// body sees `$p == true` in the twin.
+#[macro_export]
+macro_rules! driver_ptds {
+    ($(fn $name:ident / $twin:ident ($($a:ident : $t:ty),* $(,)?) |$p:ident| $body:block)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::types::CUresult {
+            let $p = false;
+            $crate::driver::run(stringify!($name), || -> $crate::driver::R { $body })
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn $twin($($a: $t),*) -> $crate::types::CUresult {
+            let $p = true;
+            $crate::driver::run(stringify!($twin), || -> $crate::driver::R { $body })
+        }
+    )*};
+}
+
+/// Writes `v` through an out-pointer, or fails with CUDA_ERROR_INVALID_VALUE if it is NULL.
+pub unsafe fn out<T>(p: *mut T, v: T) -> R {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    p.write(v);
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's context stack (top = current).
+    static CTX_STACK: RefCell<Vec<Arc<Context>>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread default streams, by context id.
+    static PER_THREAD: RefCell<Vec<(u64, StreamId)>> = const { RefCell::new(Vec::new()) };
+}
+
+pub fn current_ctx_opt() -> Option<Arc<Context>> {
+    CTX_STACK.with(|s| s.borrow().last().cloned())
+}
+
+/// The current context, or CUDA_ERROR_INVALID_CONTEXT.
+pub fn current_ctx() -> Result<Arc<Context>, CUresult> {
+    sim()?;
+    current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+pub fn with_ctx_stack<T>(f: impl FnOnce(&mut Vec<Arc<Context>>) -> T) -> T {
+    CTX_STACK.with(|s| f(&mut s.borrow_mut()))
+}
+
+/// Looks a context handle up (NULL = current).
+pub fn ctx_from(h: CUcontext) -> Result<Arc<Context>, CUresult> {
+    let s = sim()?;
+    if h.is_null() {
+        return current_ctx();
+    }
+    s.contexts.get(h as usize).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// A resolved stream: where to enqueue and how it orders against the legacy default stream.
+pub struct StreamRef {
+    pub id: StreamId,
+    pub ctx: Arc<Context>,
+    pub legacy: bool,
+    pub blocking: bool,
+}
+
+/// Resolves a stream handle. 0 is the legacy default stream, or the per-thread default stream
+/// in `_ptds`/`_ptsz` functions; 1 and 2 are CU_STREAM_LEGACY and CU_STREAM_PER_THREAD.
+pub fn stream_ref(h: CUstream, ptds: bool) -> Result<StreamRef, CUresult> {
+    let s = sim()?;
+    let hv = h as usize;
+    if hv == CU_STREAM_LEGACY || (hv == 0 && !ptds) {
+        let ctx = current_ctx()?;
+        return Ok(StreamRef { id: ctx.null_stream, ctx, legacy: true, blocking: true });
+    }
+    if hv == CU_STREAM_PER_THREAD || hv == 0 {
+        let ctx = current_ctx()?;
+        let id = PER_THREAD.with(|p| {
+            let mut p = p.borrow_mut();
+            if let Some((_, id)) = p.iter().find(|(c, _)| *c == ctx.id) {
+                return *id;
+            }
+            let id = s.engine.create_stream();
+            ctx.streams.lock().push((id, 0));
+            p.push((ctx.id, id));
+            id
+        });
+        return Ok(StreamRef { id, ctx, legacy: false, blocking: true });
+    }
+    let st = s.streams.get(hv).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    Ok(StreamRef {
+        id: st.id,
+        ctx: st.ctx.clone(),
+        legacy: false,
+        blocking: st.flags & CU_STREAM_NON_BLOCKING == 0,
+    })
+}
+
+/// Enqueues `op` on a stream with the legacy-default-stream ordering rules: work on the legacy
+/// stream waits for all blocking streams of its context, and blocking streams wait for it.
+pub fn submit(sim: &'static Sim, s: &StreamRef, mut op: Op) -> u64 {
+    if s.legacy {
+        for (id, flags) in s.ctx.streams.lock().iter() {
+            if flags & CU_STREAM_NON_BLOCKING == 0 {
+                op.deps.push((*id, sim.engine.tail(*id)));
+            }
+        }
+    } else if s.blocking {
+        op.deps.push((s.ctx.null_stream, sim.engine.tail(s.ctx.null_stream)));
+    }
+    sim.engine.enqueue(s.id, op)
+}
+
+/// Enqueues and waits for completion (synchronous API calls).
+pub fn submit_sync(sim: &'static Sim, s: &StreamRef, op: Op) {
+    let seq = submit(sim, s, op);
+    sim.engine.wait(s.id, seq);
+}
+
+/// Reads a C string argument.
+pub unsafe fn cstr<'a>(p: *const std::ffi::c_char) -> Result<&'a str, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    std::ffi::CStr::from_ptr(p).to_str().map_err(|_| CUDA_ERROR_INVALID_VALUE)
+}

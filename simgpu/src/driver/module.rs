@@ -1,0 +1,303 @@
+//! Modules and libraries (fatbin, cubin or PTX images), kernels/functions and `__device__`
+//! globals. `CUlibrary` and `CUmodule` are the same object here, and so are `CUkernel` and
+//! `CUfunction`: cudart launches a `CUkernel` as a `CUfunction` without converting it.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+
+use super::{cstr, current_ctx, out, R};
+use crate::driver;
+use crate::image::{ImageInfo, ParamInfo};
+use crate::sim::sim;
+use crate::types::*;
+
+pub struct Module {
+    pub info: ImageInfo,
+    /// The image could not be parsed: any kernel name resolves (with unknown parameters).
+    pub lenient: bool,
+    /// Globals materialised in device memory: name -> (address, size).
+    pub globals: Mutex<HashMap<String, (u64, u64)>>,
+    pub functions: Mutex<HashMap<String, usize>>,
+}
+
+pub struct Function {
+    pub name: String,
+    pub params: Option<Vec<ParamInfo>>,
+    pub module: usize,
+    pub attrs: Mutex<HashMap<i32, i32>>,
+}
+
+unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
+    if pm.is_null() || image.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let s = sim()?;
+    current_ctx()?;
+    let (info, lenient) = match crate::image::parse_image(image as *const u8) {
+        Ok(i) => (i, false),
+        Err(e) => {
+            crate::warn!("module image not understood ({e}); kernels will resolve by name with unknown parameters");
+            (ImageInfo::default(), true)
+        }
+    };
+    let m = Arc::new(Module { info, lenient, globals: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) });
+    let h = s.modules.insert(m);
+    *pm = h as *mut c_void;
+    Ok(())
+}
+
+unsafe fn load_file(pm: *mut *mut c_void, path: *const c_char) -> R {
+    let path = cstr(path)?;
+    let data = std::fs::read(path).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+    let mut data = data;
+    data.push(0); // PTX files are text: keep them NUL-terminated
+    let r = load(pm, data.as_ptr() as *const c_void);
+    std::mem::forget(data); // images stay valid for the module's lifetime
+    r
+}
+
+unsafe fn unload(h: *mut c_void) -> R {
+    let s = sim()?;
+    let m = s.modules.remove(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    for (_, f) in m.functions.lock().drain() {
+        s.functions.remove(f);
+    }
+    for (_, (p, _)) in m.globals.lock().drain() {
+        let _ = super::memory::free_device(p);
+    }
+    Ok(())
+}
+
+/// The function named `name` in module `h` (created on first request).
+unsafe fn get_function(pf: *mut *mut c_void, h: *mut c_void, name: *const c_char) -> R {
+    let s = sim()?;
+    let m = s.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let name = cstr(name)?;
+    if let Some(f) = m.functions.lock().get(name) {
+        return out(pf, *f as *mut c_void);
+    }
+    let params = match m.info.kernels.iter().find(|k| k.name == name) {
+        Some(k) => k.params.clone(),
+        None if m.lenient => None,
+        None => return Err(CUDA_ERROR_NOT_FOUND),
+    };
+    let f = Arc::new(Function { name: name.to_string(), params, module: h as usize, attrs: Mutex::new(HashMap::new()) });
+    let fh = s.functions.insert(f);
+    m.functions.lock().insert(name.to_string(), fh);
+    out(pf, fh as *mut c_void)
+}
+
+unsafe fn get_global(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, name: *const c_char) -> R {
+    let s = sim()?;
+    let m = s.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let name = cstr(name)?;
+    let mut globals = m.globals.lock();
+    let (p, size) = match globals.get(name) {
+        Some(g) => *g,
+        None => {
+            let g = m.info.globals.iter().find(|g| g.name == name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+            let size = g.size.max(1);
+            let p = super::memory::alloc_device(size, 0)?;
+            if let Some(init) = &g.init {
+                // SAFETY: p is a fresh mapping of at least `size` bytes.
+                std::ptr::copy_nonoverlapping(init.as_ptr(), p as *mut u8, init.len().min(size as usize));
+            }
+            globals.insert(name.to_string(), (p, size));
+            (p, size)
+        }
+    };
+    if !dptr.is_null() {
+        *dptr = p;
+    }
+    if !bytes.is_null() {
+        *bytes = size as usize;
+    }
+    Ok(())
+}
+
+pub fn function(h: *mut c_void) -> Result<Arc<Function>, CUresult> {
+    sim()?.functions.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuFuncGetAttribute` answers (CUfunction_attribute ids).
+fn func_attr(f: &Function, attr: i32) -> Result<i32, CUresult> {
+    if let Some(v) = f.attrs.lock().get(&attr) {
+        return Ok(*v);
+    }
+    Ok(match attr {
+        0 => 1024, // max threads per block
+        1 => 0,    // static shared bytes
+        2 => 0,    // const bytes
+        3 => 0,    // local bytes
+        4 => 32,   // registers
+        5 => 80,   // PTX version
+        6 => 80,   // binary version
+        7 => 0,    // cache mode ca
+        8 => 0,    // max dynamic shared bytes
+        9 => -1,   // preferred shared carveout
+        10..=15 => 0,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+driver! {
+    fn cuModuleLoadData(pm: *mut *mut c_void, image: *const c_void) {
+        load(pm, image)
+    }
+    fn cuModuleLoadDataEx(pm: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut c_void, _vals: *mut *mut c_void) {
+        load(pm, image)
+    }
+    fn cuModuleLoadFatBinary(pm: *mut *mut c_void, image: *const c_void) {
+        load(pm, image)
+    }
+    fn cuModuleLoad(pm: *mut *mut c_void, path: *const c_char) {
+        load_file(pm, path)
+    }
+    fn cuModuleUnload(h: *mut c_void) {
+        unload(h)
+    }
+    fn cuModuleGetFunction(pf: *mut *mut c_void, h: *mut c_void, name: *const c_char) {
+        get_function(pf, h, name)
+    }
+    fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, name: *const c_char) {
+        get_global(dptr, bytes, h, name)
+    }
+    fn cuModuleGetFunctionCount(count: *mut u32, h: *mut c_void) {
+        let m = sim()?.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(count, m.info.kernels.len() as u32)
+    }
+    fn cuLibraryLoadData(pl: *mut *mut c_void, code: *const c_void, _jo: *mut c_void, _jv: *mut *mut c_void, _nj: u32,
+                         _lo: *mut c_void, _lv: *mut *mut c_void, _nl: u32) {
+        load(pl, code)
+    }
+    fn cuLibraryLoadFromFile(pl: *mut *mut c_void, path: *const c_char, _jo: *mut c_void, _jv: *mut *mut c_void, _nj: u32,
+                             _lo: *mut c_void, _lv: *mut *mut c_void, _nl: u32) {
+        load_file(pl, path)
+    }
+    fn cuLibraryUnload(h: *mut c_void) {
+        unload(h)
+    }
+    fn cuLibraryGetKernel(pk: *mut *mut c_void, h: *mut c_void, name: *const c_char) {
+        get_function(pk, h, name)
+    }
+    fn cuLibraryGetModule(pm: *mut *mut c_void, h: *mut c_void) {
+        sim()?.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(pm, h)
+    }
+    fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, name: *const c_char) {
+        get_global(dptr, bytes, h, name)
+    }
+    fn cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, name: *const c_char) {
+        get_global(dptr, bytes, h, name)
+    }
+    fn cuLibraryGetKernelCount(count: *mut u32, h: *mut c_void) {
+        let m = sim()?.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(count, m.info.kernels.len() as u32)
+    }
+    fn cuKernelGetFunction(pf: *mut *mut c_void, k: *mut c_void) {
+        function(k)?;
+        out(pf, k)
+    }
+    fn cuKernelGetLibrary(pl: *mut *mut c_void, k: *mut c_void) {
+        out(pl, function(k)?.module as *mut c_void)
+    }
+    fn cuKernelGetName(name: *mut *const c_char, k: *mut c_void) {
+        let f = function(k)?;
+        // Leaked once per call site that asks; names are few.
+        let c = std::ffi::CString::new(f.name.clone()).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        out(name, c.into_raw() as *const c_char)
+    }
+    fn cuKernelGetAttribute(v: *mut i32, attr: i32, k: *mut c_void, _dev: CUdevice) {
+        out(v, func_attr(&*function(k)?, attr)?)
+    }
+    fn cuKernelSetAttribute(attr: i32, v: i32, k: *mut c_void, _dev: CUdevice) {
+        function(k)?.attrs.lock().insert(attr, v);
+        Ok(())
+    }
+    fn cuKernelSetCacheConfig(k: *mut c_void, _cfg: u32, _dev: CUdevice) {
+        function(k)?;
+        Ok(())
+    }
+    fn cuKernelGetParamInfo(k: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
+        let f = function(k)?;
+        let p = f.params.as_ref().and_then(|p| p.get(index)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        out(offset, p.offset as usize)?;
+        out(size, p.size as usize)
+    }
+    fn cuFuncGetParamInfo(k: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
+        let f = function(k)?;
+        let p = f.params.as_ref().and_then(|p| p.get(index)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        out(offset, p.offset as usize)?;
+        out(size, p.size as usize)
+    }
+    fn cuFuncGetAttribute(v: *mut i32, attr: i32, f: *mut c_void) {
+        out(v, func_attr(&*function(f)?, attr)?)
+    }
+    fn cuFuncSetAttribute(f: *mut c_void, attr: i32, v: i32) {
+        function(f)?.attrs.lock().insert(attr, v);
+        Ok(())
+    }
+    fn cuFuncSetCacheConfig(f: *mut c_void, _cfg: u32) {
+        function(f)?;
+        Ok(())
+    }
+    fn cuFuncSetSharedMemConfig(f: *mut c_void, _cfg: u32) {
+        function(f)?;
+        Ok(())
+    }
+    fn cuFuncGetModule(pm: *mut *mut c_void, f: *mut c_void) {
+        out(pm, function(f)?.module as *mut c_void)
+    }
+    fn cuFuncGetName(name: *mut *const c_char, f: *mut c_void) {
+        let f = function(f)?;
+        let c = std::ffi::CString::new(f.name.clone()).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        out(name, c.into_raw() as *const c_char)
+    }
+    fn cuFuncIsLoaded(state: *mut u32, f: *mut c_void) {
+        function(f)?;
+        out(state, 1)
+    }
+    fn cuFuncLoad(f: *mut c_void) {
+        function(f).map(|_| ())
+    }
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, _smem: usize) {
+        function(f)?;
+        out(n, blocks_per_sm(block.max(1) as u32) as i32)
+    }
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut i32, f: *mut c_void, block: i32, _smem: usize, _flags: u32) {
+        function(f)?;
+        out(n, blocks_per_sm(block.max(1) as u32) as i32)
+    }
+    fn cuOccupancyMaxPotentialBlockSize(min_grid: *mut i32, block: *mut i32, f: *mut c_void, _cb: *mut c_void, _smem: usize, limit: i32) {
+        function(f)?;
+        let s = sim()?;
+        let sms = s.cfg.devices[current_ctx()?.device].sm_count as i32;
+        let b = if limit > 0 { limit.min(1024) } else { 1024 };
+        out(block, b)?;
+        out(min_grid, sms * blocks_per_sm(b as u32) as i32)
+    }
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid: *mut i32, block: *mut i32, f: *mut c_void, _cb: *mut c_void, _smem: usize, limit: i32, _flags: u32) {
+        function(f)?;
+        let s = sim()?;
+        let sms = s.cfg.devices[current_ctx()?.device].sm_count as i32;
+        let b = if limit > 0 { limit.min(1024) } else { 1024 };
+        out(block, b)?;
+        out(min_grid, sms * blocks_per_sm(b as u32) as i32)
+    }
+    fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: *mut c_void, _blocks: i32, _block: i32) {
+        function(f)?;
+        out(size, 166912)
+    }
+    fn cuLinkCreate_v2(_n: u32, _o: *mut c_void, _v: *mut *mut c_void, state: *mut *mut c_void) {
+        // Linking is not simulated: a JIT link needs real PTX compilation.
+        let _ = state;
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+}
+
+/// Resident blocks per SM for a block of `threads` threads (2048 threads, at most 32 blocks).
+pub fn blocks_per_sm(threads: u32) -> u32 {
+    (2048 / threads.max(1)).clamp(1, 32)
+}

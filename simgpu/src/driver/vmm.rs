@@ -1,0 +1,137 @@
+//! Virtual memory management (cuMemCreate / cuMemMap …), as PyTorch's expandable segments use it.
+//! Physical allocations are memfd-backed, so a handle mapped at two addresses really aliases.
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+
+use super::memory::{charge, uncharge, Alloc, Kind};
+use super::out;
+use crate::driver;
+use crate::sim::sim;
+use crate::types::*;
+
+const GRANULARITY: usize = 2 << 20;
+
+struct Phys {
+    fd: i32,
+    size: u64,
+    dev: usize,
+    prop: MemAllocationProp,
+}
+
+/// Physical handles (by handle value) and mappings (VA -> (size, handle)).
+// SAFETY: MemAllocationProp holds an unused (Windows-only) pointer field; never dereferenced.
+unsafe impl Send for Phys {}
+
+static PHYS: Mutex<BTreeMap<usize, Phys>> = Mutex::new(BTreeMap::new());
+static MAPS: Mutex<BTreeMap<u64, (u64, usize)>> = Mutex::new(BTreeMap::new());
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x1000);
+
+driver! {
+    fn cuMemGetAllocationGranularity(g: *mut usize, _prop: *const MemAllocationProp, _opt: u32) {
+        out(g, GRANULARITY)
+    }
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, _align: usize, _addr: CUdeviceptr, _flags: u64) {
+        let s = sim()?;
+        if ptr.is_null() || size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: a fresh PROT_NONE reservation; pages become usable through cuMemMap.
+        let p = libc::mmap(std::ptr::null_mut(), size, libc::PROT_NONE,
+                           libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0);
+        if p == libc::MAP_FAILED {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let dev = super::current_ctx_opt().map_or(0, |c| c.device);
+        s.mem.lock().insert(p as u64, Alloc { size: size as u64, kind: Kind::Reserved, device: dev, charged: 0, ctx: 0, pool: 0, id: 0 });
+        out(ptr, p as u64)
+    }
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
+        let s = sim()?;
+        let a = s.mem.lock().map.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        libc::munmap(ptr as *mut c_void, a.size.max(size as u64) as usize);
+        Ok(())
+    }
+    fn cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, _flags: u64) {
+        let s = sim()?;
+        let prop = *prop.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if handle.is_null() || size == 0 || size % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if prop.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let dev = s.device(prop.location.id)?;
+        charge(s, dev, size as u64)?;
+        let fd = libc::memfd_create(c"simgpu-vmm".as_ptr(), libc::MFD_CLOEXEC);
+        if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {
+            uncharge(s, dev, size as u64);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        PHYS.lock().insert(h, Phys { fd, size: size as u64, dev, prop });
+        out(handle, h as u64)
+    }
+    fn cuMemRelease(handle: u64) {
+        let s = sim()?;
+        let p = PHYS.lock().remove(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        libc::close(p.fd);
+        uncharge(s, p.dev, p.size);
+        Ok(())
+    }
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, _flags: u64) {
+        let s = sim()?;
+        let phys = PHYS.lock();
+        let p = phys.get(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if offset as u64 + size as u64 > p.size {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        match super::memory::device_range(s, ptr, size as u64) {
+            Some((Kind::Reserved, _)) => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        // SAFETY: [ptr, ptr+size) lies inside our own reservation (checked above).
+        let r = libc::mmap(ptr as *mut c_void, size, libc::PROT_READ | libc::PROT_WRITE,
+                           libc::MAP_SHARED | libc::MAP_FIXED, p.fd, offset as i64);
+        if r == libc::MAP_FAILED {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        MAPS.lock().insert(ptr, (size as u64, handle as usize));
+        Ok(())
+    }
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
+        sim()?;
+        MAPS.lock().remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: turning our own mapped range back into a PROT_NONE reservation.
+        libc::mmap(ptr as *mut c_void, size, libc::PROT_NONE,
+                   libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED, -1, 0);
+        Ok(())
+    }
+    fn cuMemSetAccess(ptr: CUdeviceptr, _size: usize, desc: *const MemAccessDesc, count: usize) {
+        sim()?;
+        if desc.is_null() || count == 0 || ptr == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    }
+    fn cuMemGetAccess(flags: *mut u64, _loc: *const MemLocation, ptr: CUdeviceptr) {
+        sim()?;
+        let m = MAPS.lock();
+        let mapped = m.range(..=ptr).next_back().is_some_and(|(b, (sz, _))| ptr < b + sz);
+        out(flags, if mapped { 3 } else { 0 })
+    }
+    fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
+        sim()?;
+        let a = addr as u64;
+        let m = MAPS.lock();
+        let (_, (_, h)) = m.range(..=a).next_back().filter(|(b, (sz, _))| a < *b + sz).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        out(handle, *h as u64)
+    }
+    fn cuMemGetAllocationPropertiesFromHandle(prop: *mut MemAllocationProp, handle: u64) {
+        sim()?;
+        let phys = PHYS.lock();
+        let p = phys.get(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(prop, p.prop)
+    }
+}

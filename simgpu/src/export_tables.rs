@@ -1,0 +1,225 @@
+//! The undocumented driver export tables that cudart, cuBLAS and cuBLASLt fetch with
+//! `cuGetExportTable` (facts in `shared/reference/cuda-export-tables.md`). Each table is an array
+//! of pointers; for most, slot 0 holds the table size in bytes. Slots whose meaning is unknown are
+//! logging stubs returning 0, so drift between CUDA releases shows up in the log, not as a crash.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::OnceLock;
+
+use crate::driver::{ctx_from, current_ctx_opt};
+use crate::sim::sim;
+use crate::types::*;
+
+const CUDART_INTERFACE: [u8; 16] = uuid(0x6bd5fb6c, 0x5bf4, 0xe74a, [0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9]);
+const TOOLS_RUNTIME_CALLBACK_HOOKS: [u8; 16] =
+    uuid(0xa094798c, 0x2e74, 0x2e74, [0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66]);
+const TOOLS_TLS: [u8; 16] = uuid(0x42d85a81, 0x23f6, 0xcb47, [0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc]);
+const CONTEXT_LOCAL_STORAGE: [u8; 16] =
+    uuid(0xc693336e, 0x1121, 0xdf11, [0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93]);
+const UNKNOWN_CHECKS: [u8; 16] = uuid(0x263e8860, 0x7cd2, 0x6143, [0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e]);
+const INTEGRITY_CHECK: [u8; 16] = uuid(0xd4082055, 0xbde6, 0x704b, [0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2]);
+const TOOLS_CONTEXT: [u8; 16] = uuid(0x21318c60, 0x9714, 0x3248, [0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2]);
+
+/// Builds the memory-order bytes of a UUID written as in the reference (first three groups are
+/// listed in memory order already).
+const fn uuid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
+    let a = a.to_be_bytes();
+    let b = b.to_be_bytes();
+    let c = c.to_be_bytes();
+    [a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]
+}
+
+struct Tables {
+    cudart_interface: Box<[usize]>,
+    callback_hooks: Box<[usize]>,
+    tools_tls: Box<[usize]>,
+    local_storage: Box<[usize]>,
+    unknown_checks: Box<[usize]>,
+    integrity: Box<[usize]>,
+    tools_context: Box<[usize]>,
+}
+
+/// A table with `n` slots, slot 0 = `size_slots * 8` bytes (if Some), others `fill`, then overrides.
+fn table(n: usize, size_slots: Option<usize>, fill: usize, set: &[(usize, usize)]) -> Box<[usize]> {
+    let mut t = vec![fill; n];
+    if let Some(s) = size_slots {
+        t[0] = s * std::mem::size_of::<usize>();
+    }
+    for &(i, v) in set {
+        t[i] = v;
+    }
+    t.into_boxed_slice()
+}
+
+fn tables() -> &'static Tables {
+    static T: OnceLock<Tables> = OnceLock::new();
+    T.get_or_init(|| Tables {
+        cudart_interface: {
+            let mut v: Vec<(usize, usize)> = (1..16).map(|i| (i, unknown_slot as *const () as usize)).collect();
+            v.extend([
+                (1, not_supported as *const () as usize),
+                (2, cudart_get_primary_ctx as *const () as usize),
+                (6, not_supported as *const () as usize),
+                (7, zero as *const () as usize),
+                (8, not_supported as *const () as usize),
+                (12, zero as *const () as usize),
+            ]);
+            table(16, Some(10), 0, &v)
+        },
+        callback_hooks: table(
+            7,
+            Some(7),
+            unknown_slot as *const () as usize,
+            &[(2, callback_hooks_buf_1024 as *const () as usize), (6, callback_hooks_buf_14 as *const () as usize)],
+        ),
+        tools_tls: table(4, Some(4), unknown_slot as *const () as usize, &[(2, zero as *const () as usize)]),
+        local_storage: table(
+            4,
+            None,
+            unknown_slot as *const () as usize,
+            &[(0, cls_put as *const () as usize), (1, cls_delete as *const () as usize), (2, cls_get as *const () as usize)],
+        ),
+        unknown_checks: table(4, Some(4), unknown_slot as *const () as usize, &[(2, unknown_check_ctx as *const () as usize), (3, zero as *const () as usize)]),
+        integrity: table(3, Some(3), unknown_slot as *const () as usize, &[(1, integrity_check as *const () as usize)]),
+        tools_context: table(96, Some(95), zero as *const () as usize, &[]),
+    })
+}
+
+/// `cuGetExportTable`: only the tables above are served; anything else is refused, with a NULL table.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CUuuid) -> CUresult {
+    if out.is_null() || id.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let id = (*id).0;
+    let t = tables();
+    let table: Option<&[usize]> = match id {
+        CUDART_INTERFACE => Some(&t.cudart_interface),
+        TOOLS_RUNTIME_CALLBACK_HOOKS => Some(&t.callback_hooks),
+        TOOLS_TLS => Some(&t.tools_tls),
+        CONTEXT_LOCAL_STORAGE => Some(&t.local_storage),
+        UNKNOWN_CHECKS => Some(&t.unknown_checks),
+        INTEGRITY_CHECK => Some(&t.integrity),
+        TOOLS_CONTEXT => Some(&t.tools_context),
+        _ => None,
+    };
+    match table {
+        Some(t) => {
+            *out = t.as_ptr() as *const c_void;
+            CUDA_SUCCESS
+        }
+        None => {
+            crate::debug!("cuGetExportTable: unknown table {:02x?}", id);
+            *out = std::ptr::null();
+            CUDA_ERROR_NOT_SUPPORTED
+        }
+    }
+}
+
+extern "C" fn unknown_slot() -> usize {
+    crate::warn!("an unknown export-table slot was called (returns 0)");
+    crate::log::trace_line("stub export-table-slot");
+    0
+}
+extern "C" fn zero() -> usize {
+    0
+}
+extern "C" fn not_supported() -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+unsafe extern "C" fn cudart_get_primary_ctx(out: *mut CUcontext, dev: CUdevice) -> CUresult {
+    crate::driver::cuDevicePrimaryCtxRetain(out, dev)
+}
+
+static HOOKS_1024: [u32; 1024] = [0; 1024];
+static HOOKS_14: [u32; 14] = [0; 14];
+
+unsafe extern "C" fn callback_hooks_buf_1024(buf: *mut *const c_void, n: *mut usize) -> CUresult {
+    callback_hooks_buf(buf, n, HOOKS_1024.as_ptr() as *const c_void, 1024)
+}
+unsafe extern "C" fn callback_hooks_buf_14(buf: *mut *const c_void, n: *mut usize) -> CUresult {
+    callback_hooks_buf(buf, n, HOOKS_14.as_ptr() as *const c_void, 14)
+}
+unsafe fn callback_hooks_buf(buf: *mut *const c_void, n: *mut usize, p: *const c_void, len: usize) -> CUresult {
+    if !buf.is_null() {
+        *buf = p;
+    }
+    if !n.is_null() {
+        *n = len;
+    }
+    CUDA_SUCCESS
+}
+
+unsafe extern "C" fn cls_put(ctx: CUcontext, key: *mut c_void, value: *mut c_void, dtor: *mut c_void) -> CUresult {
+    match ctx_from(ctx) {
+        Ok(c) => {
+            c.local_storage.lock().insert(key as usize, (value as usize, dtor as usize));
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}
+unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
+    match ctx_from(ctx) {
+        Ok(c) => match c.local_storage.lock().remove(&(key as usize)) {
+            Some(_) => CUDA_SUCCESS,
+            None => CUDA_ERROR_INVALID_HANDLE,
+        },
+        Err(e) => e,
+    }
+}
+unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut c_void) -> CUresult {
+    let c = if ctx.is_null() { current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT) } else { ctx_from(ctx) };
+    match c {
+        Ok(c) => match c.local_storage.lock().get(&(key as usize)) {
+            Some((v, _)) => {
+                if !value.is_null() {
+                    *value = *v as *mut c_void;
+                }
+                CUDA_SUCCESS
+            }
+            None => CUDA_ERROR_INVALID_HANDLE,
+        },
+        Err(e) => e,
+    }
+}
+
+unsafe extern "C" fn unknown_check_ctx(_ctx: CUcontext, r1: *mut u32, _r2: *mut *const c_void) -> CUresult {
+    if !r1.is_null() {
+        *r1 = 0;
+    }
+    CUDA_SUCCESS
+}
+
+unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut [u64; 2]) -> CUresult {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Ok(s) = sim() else { return CUDA_ERROR_NOT_INITIALIZED };
+    let devices: Vec<crate::integrity::DeviceId> = s.cfg.devices[..s.ndev()]
+        .iter()
+        .map(|d| crate::integrity::DeviceId {
+            uuid: d.uuid,
+            pci_domain: d.pci_domain as i32,
+            pci_bus: d.pci_bus as i32,
+            pci_device: d.pci_device as i32,
+        })
+        .collect();
+    let t = tables();
+    let input = crate::integrity::Input {
+        driver_version: s.cfg.driver_version as u32,
+        version,
+        pid: std::process::id(),
+        thread: libc::pthread_self() as u32,
+        cudart_interface_table: t.cudart_interface.as_ptr() as u64,
+        integrity_table: t.integrity.as_ptr() as u64,
+        check_fn: integrity_check as *const () as usize as u64,
+        unix_seconds,
+        devices: &devices,
+    };
+    *out = crate::integrity::check(&input);
+    let _ = Relaxed;
+    CUDA_SUCCESS
+}

@@ -1,0 +1,40 @@
+//! simgpu — a simulated GPU. Built as `libcuda.so.1` (and symlinked as `libnvidia-ml.so.1`),
+//! it implements enough of the CUDA driver API (and its undocumented export tables) that NVIDIA's
+//! own cudart, cuBLAS and PyTorch run on it unmodified. Memory is real host memory (copies move real
+//! bytes); kernels do not compute but occupy a device timeline shared by every process that uses the
+//! same state directory, so processes contend as on a real GPU. See `simgpu/README.md`.
+//!
+//! Layout: `driver/` holds the exported driver functions, one module per API group; `engine`
+//! executes stream work against the modelled clock; `shared` is the cross-process state file;
+//! `image` parses fatbins/cubins/PTX; `export_tables` and `integrity` are the undocumented
+//! interfaces cudart needs; `nvml` is the NVML subset.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod config;
+pub mod driver;
+pub mod engine;
+pub mod export_tables;
+pub mod image;
+pub mod integrity;
+pub mod log;
+pub mod nvml;
+pub mod shared;
+pub mod sim;
+pub mod stub;
+pub mod types;
+
+/// One cuGetProcAddress entry: `name` at ABI `version` (per-thread-default-stream twin if
+/// `per_thread`) is the export `export`.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcEntry {
+    pub name: &'static str,
+    pub version: u32,
+    pub per_thread: bool,
+    pub export: &'static str,
+}
+
+pub mod table {
+    use crate::ProcEntry;
+    include!(concat!(env!("OUT_DIR"), "/driver_table.rs"));
+}

@@ -1,0 +1,39 @@
+//! simgpu's own diagnostics, to stderr (`SIMGPU_LOG=warn|debug`) and, for unimplemented-stub hits,
+//! to `SIMGPU_TRACE_FILE` (one `stub <name>` line per call) so tests can fail on them.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// 0 off, 1 warn, 2 debug. Set once from the configuration; read without locking.
+pub static LEVEL: AtomicU8 = AtomicU8::new(1);
+
+pub fn level() -> u8 {
+    LEVEL.load(Ordering::Relaxed)
+}
+
+#[macro_export]
+macro_rules! debug {
+    ($($arg:tt)*) => {
+        if $crate::log::level() >= 2 {
+            eprintln!("simgpu[{}]: {}", std::process::id(), format_args!($($arg)*));
+        }
+    };
+}
+
+#[macro_export]
+macro_rules! warn {
+    ($($arg:tt)*) => {
+        if $crate::log::level() >= 1 {
+            eprintln!("simgpu[{}] warning: {}", std::process::id(), format_args!($($arg)*));
+        }
+    };
+}
+
+/// Appends one line to `SIMGPU_TRACE_FILE`, if set.
+pub fn trace_line(line: &str) {
+    use std::io::Write;
+    if let Some(path) = std::env::var_os("SIMGPU_TRACE_FILE") {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}

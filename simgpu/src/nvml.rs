@@ -1,0 +1,1 @@
+//! NVML subset (to be filled in).

@@ -1,0 +1,408 @@
+//! The simulated machine's shared state: one file per state directory, mapped by every process
+//! that uses the simulated GPU. It holds, per device, the timelines (compute and the two copy
+//! engines), memory use, counters, a utilisation window, one slot per process and the residency
+//! table of managed-memory chunks. Everything in it is an atomic; a process that dies leaves its
+//! slot behind, and the next process to register (or to run out of memory) reclaims it.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+pub const MAGIC: u64 = 0x5349_4d47_5055_0002; // "SIMGPU" v2
+pub const MAX_DEVICES: usize = 16;
+pub const MAX_PROCS: usize = 256;
+pub const CHUNK: u64 = 2 << 20;
+/// Utilisation window: `BUCKETS` buckets of `BUCKET_NS`.
+pub const BUCKETS: usize = 64;
+pub const BUCKET_NS: u64 = 16_000_000;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub ndev: u32,
+    pub chunks_per_dev: u32,
+    pub size: u64,
+}
+
+/// Busy time per time bucket, for utilisation over the last second.
+#[repr(C)]
+pub struct BusyWindow {
+    epoch: [AtomicU64; BUCKETS],
+    busy: [AtomicU64; BUCKETS],
+}
+
+impl BusyWindow {
+    /// Adds the busy interval [start, end) (ns, CLOCK_MONOTONIC).
+    pub fn add(&self, start: u64, end: u64) {
+        let (first, last) = (start / BUCKET_NS, end.saturating_sub(1) / BUCKET_NS);
+        for b in first.max(last.saturating_sub(BUCKETS as u64 - 1))..=last {
+            let i = (b % BUCKETS as u64) as usize;
+            let e = self.epoch[i].load(Acquire);
+            if e != b {
+                if e > b {
+                    continue; // stale interval
+                }
+                if self.epoch[i].compare_exchange(e, b, AcqRel, Acquire).is_ok() {
+                    self.busy[i].store(0, Release);
+                }
+            }
+            let lo = start.max(b * BUCKET_NS);
+            let hi = end.min((b + 1) * BUCKET_NS);
+            self.busy[i].fetch_add(hi.saturating_sub(lo), AcqRel);
+        }
+    }
+
+    /// Fraction (0..=1) of [now - window, now) that was busy.
+    pub fn utilisation(&self, now: u64, window: u64) -> f64 {
+        let from = now.saturating_sub(window);
+        let mut busy = 0u64;
+        for b in from / BUCKET_NS..=now / BUCKET_NS {
+            let i = (b % BUCKETS as u64) as usize;
+            if self.epoch[i].load(Acquire) == b {
+                busy += self.busy[i].load(Acquire);
+            }
+        }
+        (busy as f64 / window.max(1) as f64).min(1.0)
+    }
+}
+
+#[repr(C)]
+pub struct DevState {
+    /// Modelled time (ns) until which each engine is reserved.
+    pub compute_busy_until: AtomicU64,
+    pub h2d_busy_until: AtomicU64,
+    pub d2h_busy_until: AtomicU64,
+    pub mem_total: AtomicU64,
+    /// Device memory in use: allocations plus resident managed chunks.
+    pub mem_used: AtomicU64,
+    pub kernels: AtomicU64,
+    pub busy_ns: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    pub copies: AtomicU64,
+    pub copy_bytes: AtomicU64,
+    pub migrated_bytes: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub window: BusyWindow,
+}
+
+#[repr(C)]
+pub struct ProcDev {
+    pub mem_used: AtomicU64,
+    pub kernels: AtomicU64,
+    pub busy_ns: AtomicU64,
+    pub allocs: AtomicU64,
+    pub window: BusyWindow,
+}
+
+#[repr(C)]
+pub struct ProcSlot {
+    pub pid: AtomicU32,
+    pub generation: AtomicU32,
+    /// Start time of the process (clock ticks since boot, /proc/<pid>/stat field 22), so a
+    /// reused pid is not mistaken for the original owner.
+    pub start_time: AtomicU64,
+    pub dev: [ProcDev; MAX_DEVICES],
+}
+
+/// One device-resident 2 MiB chunk of managed memory.
+#[repr(C)]
+pub struct ChunkEntry {
+    /// 0 = free, else `owner_word(slot, generation)`.
+    pub owner: AtomicU64,
+    /// The owner's chunk id (process-local).
+    pub tag: AtomicU64,
+    pub last_use: AtomicU64,
+}
+
+pub fn owner_word(slot: usize, generation: u32) -> u64 {
+    ((slot as u64 + 1) << 32) | generation as u64
+}
+
+pub struct Shared {
+    base: *mut u8,
+    len: usize,
+    pub ndev: usize,
+    pub chunks_per_dev: usize,
+}
+
+// SAFETY: the mapping is only accessed through atomics.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+const fn align(x: usize) -> usize {
+    (x + 63) & !63
+}
+
+impl Shared {
+    fn layout(ndev: usize, chunks: usize) -> (usize, usize, usize, usize) {
+        let dev_off = align(std::mem::size_of::<Header>());
+        let proc_off = dev_off + align(std::mem::size_of::<DevState>()) * MAX_DEVICES;
+        let chunk_off = proc_off + align(std::mem::size_of::<ProcSlot>()) * MAX_PROCS;
+        let size = chunk_off + std::mem::size_of::<ChunkEntry>() * chunks * ndev;
+        (dev_off, proc_off, chunk_off, size)
+    }
+
+    /// Opens (creating and initialising if needed) the state file for `mem` (bytes per device).
+    pub fn open(dir: &Path, mem: &[u64]) -> Result<Shared, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create state dir {}: {e}", dir.display()))?;
+        let path = dir.join("simgpu.state");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let fd = f.as_raw_fd();
+        // SAFETY: plain syscalls on an fd we own; the lock serialises initialisation.
+        unsafe { libc::flock(fd, libc::LOCK_EX) };
+        let ndev = mem.len().min(MAX_DEVICES);
+        let want_chunks = mem.iter().map(|m| m.div_ceil(CHUNK) as usize).max().unwrap_or(1);
+        let mut hdr = [0u8; std::mem::size_of::<Header>()];
+        let existing = {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut hdr, 0).is_ok()
+                && u64::from_ne_bytes(hdr[0..8].try_into().unwrap()) == MAGIC
+        };
+        let (ndev, chunks) = if existing {
+            let n = u32::from_ne_bytes(hdr[8..12].try_into().unwrap()) as usize;
+            let c = u32::from_ne_bytes(hdr[12..16].try_into().unwrap()) as usize;
+            (n, c)
+        } else {
+            (ndev, want_chunks)
+        };
+        let (_, _, _, size) = Self::layout(ndev, chunks);
+        if !existing {
+            f.set_len(0).ok();
+            f.set_len(size as u64).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+        }
+        // SAFETY: mapping a regular file of `size` bytes, shared, read-write.
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if base == libc::MAP_FAILED {
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
+            return Err(format!("cannot map {}", path.display()));
+        }
+        let s = Shared { base: base as *mut u8, len: size, ndev, chunks_per_dev: chunks };
+        if !existing {
+            let h = s.header();
+            // SAFETY: we hold the init lock; nobody else reads a header without MAGIC.
+            unsafe {
+                let hp = base as *mut Header;
+                (*hp).ndev = ndev as u32;
+                (*hp).chunks_per_dev = chunks as u32;
+                (*hp).size = size as u64;
+            }
+            for (i, m) in mem.iter().take(ndev).enumerate() {
+                s.dev(i).mem_total.store(*m, Release);
+            }
+            h.magic.store(MAGIC, Release);
+        }
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        Ok(s)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: offset 0 of a mapping at least size_of::<Header>() long.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    pub fn dev(&self, i: usize) -> &DevState {
+        assert!(i < self.ndev);
+        let (dev_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
+        // SAFETY: in bounds by layout; all fields are atomics valid for any bit pattern.
+        unsafe { &*(self.base.add(dev_off + i * align(std::mem::size_of::<DevState>())) as *const DevState) }
+    }
+
+    pub fn slot(&self, i: usize) -> &ProcSlot {
+        assert!(i < MAX_PROCS);
+        let (_, proc_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
+        // SAFETY: as for dev().
+        unsafe { &*(self.base.add(proc_off + i * align(std::mem::size_of::<ProcSlot>())) as *const ProcSlot) }
+    }
+
+    pub fn chunks(&self, dev: usize) -> &[ChunkEntry] {
+        assert!(dev < self.ndev);
+        let (.., chunk_off, _) = Self::layout(self.ndev, self.chunks_per_dev);
+        // SAFETY: as for dev().
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(chunk_off + dev * self.chunks_per_dev * std::mem::size_of::<ChunkEntry>())
+                    as *const ChunkEntry,
+                self.chunks_per_dev,
+            )
+        }
+    }
+
+    /// Claims a process slot for `pid`, reclaiming slots of dead processes first.
+    pub fn register(&self, pid: u32) -> Option<(usize, u32)> {
+        self.reclaim_dead();
+        let st = proc_start_time(pid);
+        for i in 0..MAX_PROCS {
+            let s = self.slot(i);
+            if s.pid.compare_exchange(0, pid, AcqRel, Acquire).is_ok() {
+                s.start_time.store(st, Release);
+                let generation = s.generation.fetch_add(1, AcqRel).wrapping_add(1);
+                for d in &s.dev {
+                    d.mem_used.store(0, Release);
+                    d.kernels.store(0, Release);
+                    d.busy_ns.store(0, Release);
+                    d.allocs.store(0, Release);
+                }
+                return Some((i, generation));
+            }
+        }
+        None
+    }
+
+    /// Releases everything a dead process held: its memory and its resident managed chunks.
+    /// Returns the number of slots reclaimed.
+    pub fn reclaim_dead(&self) -> usize {
+        let mut n = 0;
+        for i in 0..MAX_PROCS {
+            let s = self.slot(i);
+            let pid = s.pid.load(Acquire);
+            if pid == 0 || proc_alive(pid, s.start_time.load(Acquire)) {
+                continue;
+            }
+            self.release_slot(i);
+            n += 1;
+        }
+        n
+    }
+
+    /// Frees slot `i` (the process exited or died).
+    pub fn release_slot(&self, i: usize) {
+        let s = self.slot(i);
+        let word = owner_word(i, s.generation.load(Acquire));
+        for d in 0..self.ndev {
+            for c in self.chunks(d) {
+                if c.owner.compare_exchange(word, 0, AcqRel, Acquire).is_ok() {
+                    self.dev(d).mem_used.fetch_sub(CHUNK, AcqRel);
+                }
+            }
+            let used = s.dev[d].mem_used.swap(0, AcqRel);
+            sub_saturating(&self.dev(d).mem_used, used);
+        }
+        s.pid.store(0, Release);
+    }
+
+    /// Slots of live processes: (slot index, pid).
+    pub fn live_slots(&self) -> Vec<(usize, u32)> {
+        (0..MAX_PROCS)
+            .filter_map(|i| {
+                let s = self.slot(i);
+                let pid = s.pid.load(Acquire);
+                (pid != 0 && proc_alive(pid, s.start_time.load(Acquire))).then_some((i, pid))
+            })
+            .collect()
+    }
+
+    /// Reserves `dur` ns on an engine timeline no earlier than `earliest`; returns (start, end).
+    pub fn reserve(timeline: &AtomicU64, earliest: u64, dur: u64) -> (u64, u64) {
+        let mut cur = timeline.load(Acquire);
+        loop {
+            let start = cur.max(earliest);
+            match timeline.compare_exchange_weak(cur, start + dur, AcqRel, Acquire) {
+                Ok(_) => return (start, start + dur),
+                Err(c) => cur = c,
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(self.base as *mut _, self.len) };
+    }
+}
+
+pub fn sub_saturating(a: &AtomicU64, v: u64) {
+    let _ = a.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_sub(v)));
+}
+
+/// Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if unreadable.
+pub fn proc_start_time(pid: u32) -> u64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+    // The command name (field 2) may contain spaces; fields after it follow the last ')'.
+    s.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn proc_alive(pid: u32, start_time: u64) -> bool {
+    let now = proc_start_time(pid);
+    now != 0 && (start_time == 0 || now == start_time) && !is_zombie(pid)
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until the absolute CLOCK_MONOTONIC deadline `t` (ns).
+pub fn sleep_until(t: u64) {
+    let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as _, tv_nsec: (t % 1_000_000_000) as _ };
+    // SAFETY: valid timespec; EINTR is retried.
+    while unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) }
+        == libc::EINTR
+    {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_never_overlaps() {
+        let t = AtomicU64::new(0);
+        let (s1, e1) = Shared::reserve(&t, 100, 50);
+        let (s2, e2) = Shared::reserve(&t, 90, 10);
+        assert_eq!((s1, e1), (100, 150));
+        assert_eq!((s2, e2), (150, 160));
+        let (s3, _) = Shared::reserve(&t, 1000, 1);
+        assert_eq!(s3, 1000);
+    }
+
+    #[test]
+    fn state_file_shared_between_opens_and_dead_slots_reclaimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Shared::open(dir.path(), &[1 << 30]).unwrap();
+        let b = Shared::open(dir.path(), &[8 << 30]).unwrap(); // existing file wins
+        assert_eq!(b.dev(0).mem_total.load(Acquire), 1 << 30);
+        a.dev(0).mem_used.fetch_add(4096, AcqRel);
+        assert_eq!(b.dev(0).mem_used.load(Acquire), 4096);
+        // A slot owned by a pid that does not exist is reclaimed with its memory.
+        let (i, _) = a.register(std::process::id()).unwrap();
+        let s = a.slot(i + 1);
+        s.pid.store(u32::MAX - 7, Release);
+        s.dev[0].mem_used.store(4096, Release);
+        assert_eq!(b.reclaim_dead(), 1);
+        assert_eq!(a.dev(0).mem_used.load(Acquire), 0);
+        assert_eq!(b.live_slots(), vec![(i, std::process::id())]);
+    }
+
+    #[test]
+    fn busy_window_reports_utilisation() {
+        let w: BusyWindow = unsafe { std::mem::zeroed() };
+        let now = 100 * BUCKET_NS;
+        w.add(now - 500_000_000, now - 250_000_000);
+        let u = w.utilisation(now, 1_000_000_000);
+        assert!((u - 0.25).abs() < 0.02, "{u}");
+    }
+}
