@@ -14,7 +14,7 @@ pub fn level() -> u8 {
 macro_rules! debug {
     ($($arg:tt)*) => {
         if $crate::log::level() >= 2 {
-            eprintln!("simgpu[{}]: {}", std::process::id(), format_args!($($arg)*));
+            eprintln!("simgpu[{}/{}]: {}", std::process::id(), unsafe { libc::gettid() }, format_args!($($arg)*));
         }
     };
 }

@@ -201,6 +201,7 @@ driver! {
             4 => 2048,       // pending launch count
             5 => 32,         // max L2 fetch granularity
             6 => 0,          // persisting L2 cache size
+            7..=9 => 0,      // shmem size, CIG enabled, CIG shmem fallback
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         });
         out(value, v)

@@ -125,28 +125,25 @@ pub fn uncharge(s: &Sim, dev: usize, bytes: u64) {
 
 /// Allocates device memory on the current context's device.
 pub fn alloc_device(size: u64, pool: usize) -> Result<u64, CUresult> {
+    let ctx = current_ctx()?;
+    alloc_on(ctx.device, std::sync::Arc::as_ptr(&ctx) as usize, size, pool)
+}
+
+/// Allocates device memory on `dev` (context-independent callers such as library globals).
+pub fn alloc_on(dev: usize, ctx: usize, size: u64, pool: usize) -> Result<u64, CUresult> {
     if size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let s = sim()?;
-    let ctx = current_ctx()?;
-    charge(s, ctx.device, size)?;
+    charge(s, dev, size)?;
     let base = match map_anon(size) {
         Ok(b) => b,
         Err(e) => {
-            uncharge(s, ctx.device, size);
+            uncharge(s, dev, size);
             return Err(e);
         }
     };
-    let a = Alloc {
-        size,
-        kind: Kind::Device,
-        device: ctx.device,
-        charged: size,
-        ctx: std::sync::Arc::as_ptr(&ctx) as usize,
-        pool,
-        id: 0,
-    };
+    let a = Alloc { size, kind: Kind::Device, device: dev, charged: size, ctx, pool, id: 0 };
     s.mem.lock().insert(base, a);
     Ok(base)
 }

@@ -13,6 +13,9 @@ use crate::image::{ImageInfo, ParamInfo};
 use crate::sim::sim;
 use crate::types::*;
 
+/// Storage given to a global of an image simgpu could not parse.
+const LENIENT_GLOBAL_BYTES: u64 = 64 << 10;
+
 pub struct Module {
     pub info: ImageInfo,
     /// The image could not be parsed: any kernel name resolves (with unknown parameters).
@@ -33,8 +36,9 @@ unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
     if pm.is_null() || image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    // Libraries are context-independent: no current context is needed (cudart loads them from
+    // threads that never made a context current).
     let s = sim()?;
-    current_ctx()?;
     let (info, lenient) = match crate::image::parse_image(image as *const u8) {
         Ok(i) => (i, false),
         Err(e) => {
@@ -97,10 +101,17 @@ unsafe fn get_global(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, 
     let (p, size) = match globals.get(name) {
         Some(g) => *g,
         None => {
-            let g = m.info.globals.iter().find(|g| g.name == name).ok_or(CUDA_ERROR_NOT_FOUND)?;
-            let size = g.size.max(1);
-            let p = super::memory::alloc_device(size, 0)?;
-            if let Some(init) = &g.init {
+            let g = m.info.globals.iter().find(|g| g.name == name);
+            // An image we could not parse: give the name zeroed storage of a generous size.
+            let (size, init) = match g {
+                Some(g) => (g.size.max(1), g.init.as_deref()),
+                None if m.lenient => (LENIENT_GLOBAL_BYTES, None),
+                None => return Err(CUDA_ERROR_NOT_FOUND),
+            };
+            let ctx = super::current_ctx_opt();
+            let dev = ctx.as_ref().map_or(0, |c| c.device);
+            let p = super::memory::alloc_on(dev, ctx.as_ref().map_or(0, |c| std::sync::Arc::as_ptr(c) as usize), size, 0)?;
+            if let Some(init) = init {
                 // SAFETY: p is a fresh mapping of at least `size` bytes.
                 std::ptr::copy_nonoverlapping(init.as_ptr(), p as *mut u8, init.len().min(size as usize));
             }
