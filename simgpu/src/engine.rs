@@ -46,7 +46,15 @@ pub struct Op {
 
 impl Op {
     pub fn new(resource: Resource, dur_ns: u64) -> Op {
-        Op { resource, dur_ns, extra: None, effect: None, deps: Vec::new(), event: None, is_kernel: false }
+        Op {
+            resource,
+            dur_ns,
+            extra: None,
+            effect: None,
+            deps: Vec::new(),
+            event: None,
+            is_kernel: false,
+        }
     }
     pub fn marker() -> Op {
         Op::new(Resource::None, 0)
@@ -113,7 +121,11 @@ pub struct Accounting<'a> {
 impl Engine {
     pub fn new(stall_after: Option<u64>) -> Engine {
         Engine {
-            st: Mutex::new(State { streams: HashMap::new(), next_id: 1, thread: false }),
+            st: Mutex::new(State {
+                streams: HashMap::new(),
+                next_id: 1,
+                thread: false,
+            }),
             work: Condvar::new(),
             done: Condvar::new(),
             stall_after,
@@ -150,13 +162,24 @@ impl Engine {
                 .spawn(move || self.run())
                 .expect("simgpu: cannot start engine thread");
         }
-        let Some(q) = st.streams.get_mut(&id) else { return 0 };
+        let Some(q) = st.streams.get_mut(&id) else {
+            return 0;
+        };
         q.submitted += 1;
         let seq = q.submitted;
         if let Some(ev) = &op.event {
-            *ev.inner.lock() = EventRec { stream: id, seq, ts: 0, recorded: true };
+            *ev.inner.lock() = EventRec {
+                stream: id,
+                seq,
+                ts: 0,
+                recorded: true,
+            };
         }
-        q.ops.push_back(Pending { seq, enqueued: now_ns(), op });
+        q.ops.push_back(Pending {
+            seq,
+            enqueued: now_ns(),
+            op,
+        });
         drop(st);
         self.work.notify_one();
         seq
@@ -168,7 +191,11 @@ impl Engine {
     }
 
     pub fn is_done(&self, id: StreamId, seq: u64) -> bool {
-        self.st.lock().streams.get(&id).is_none_or(|q| q.completed >= seq)
+        self.st
+            .lock()
+            .streams
+            .get(&id)
+            .is_none_or(|q| q.completed >= seq)
     }
 
     /// Blocks until operation `seq` of the stream has completed.
@@ -183,7 +210,9 @@ impl Engine {
     pub fn wait_all(&self, ids: &[StreamId]) {
         let targets: Vec<_> = {
             let st = self.st.lock();
-            ids.iter().filter_map(|id| st.streams.get(id).map(|q| (*id, q.submitted))).collect()
+            ids.iter()
+                .filter_map(|id| st.streams.get(id).map(|q| (*id, q.submitted)))
+                .collect()
         };
         for (id, seq) in targets {
             self.wait(id, seq);
@@ -232,7 +261,10 @@ impl Engine {
             let ids: Vec<StreamId> = st.streams.keys().copied().collect();
             for id in ids {
                 let q = &st.streams[&id];
-                if q.running.is_some() || q.ops.is_empty() || self.stall_after.is_some_and(|n| q.executed >= n) {
+                if q.running.is_some()
+                    || q.ops.is_empty()
+                    || self.stall_after.is_some_and(|n| q.executed >= n)
+                {
                     continue;
                 }
                 let head = &q.ops[0];
@@ -255,13 +287,18 @@ impl Engine {
             }
 
             if starts.is_empty() {
-                let next = st.streams.values().filter_map(|q| q.running.as_ref().map(|r| r.1)).min();
+                let next = st
+                    .streams
+                    .values()
+                    .filter_map(|q| q.running.as_ref().map(|r| r.1))
+                    .min();
                 match next {
                     None => self.work.wait(&mut st),
                     Some(t) => {
                         let d = t.saturating_sub(now_ns());
                         if d > 0 {
-                            self.work.wait_until(&mut st, Instant::now() + Duration::from_nanos(d));
+                            self.work
+                                .wait_until(&mut st, Instant::now() + Duration::from_nanos(d));
                         }
                     }
                 }
@@ -290,8 +327,12 @@ impl Engine {
                         pd.window.add(a, b);
                         (a, b)
                     }
-                    (Resource::H2D(d), Some(s)) => Shared::reserve(&s.shared.dev(d).h2d_busy_until, earliest, dur),
-                    (Resource::D2H(d), Some(s)) => Shared::reserve(&s.shared.dev(d).d2h_busy_until, earliest, dur),
+                    (Resource::H2D(d), Some(s)) => {
+                        Shared::reserve(&s.shared.dev(d).h2d_busy_until, earliest, dur)
+                    }
+                    (Resource::D2H(d), Some(s)) => {
+                        Shared::reserve(&s.shared.dev(d).d2h_busy_until, earliest, dur)
+                    }
                 };
                 let _ = start;
                 if let Some(f) = p.op.effect.take() {

@@ -11,15 +11,48 @@ use crate::driver::{ctx_from, current_ctx_opt};
 use crate::sim::sim;
 use crate::types::*;
 
-const CUDART_INTERFACE: [u8; 16] = uuid(0x6bd5fb6c, 0x5bf4, 0xe74a, [0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9]);
-const TOOLS_RUNTIME_CALLBACK_HOOKS: [u8; 16] =
-    uuid(0xa094798c, 0x2e74, 0x2e74, [0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66]);
-const TOOLS_TLS: [u8; 16] = uuid(0x42d85a81, 0x23f6, 0xcb47, [0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc]);
-const CONTEXT_LOCAL_STORAGE: [u8; 16] =
-    uuid(0xc693336e, 0x1121, 0xdf11, [0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93]);
-const UNKNOWN_CHECKS: [u8; 16] = uuid(0x263e8860, 0x7cd2, 0x6143, [0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e]);
-const INTEGRITY_CHECK: [u8; 16] = uuid(0xd4082055, 0xbde6, 0x704b, [0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2]);
-const TOOLS_CONTEXT: [u8; 16] = uuid(0x21318c60, 0x9714, 0x3248, [0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2]);
+const CUDART_INTERFACE: [u8; 16] = uuid(
+    0x6bd5fb6c,
+    0x5bf4,
+    0xe74a,
+    [0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9],
+);
+const TOOLS_RUNTIME_CALLBACK_HOOKS: [u8; 16] = uuid(
+    0xa094798c,
+    0x2e74,
+    0x2e74,
+    [0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66],
+);
+const TOOLS_TLS: [u8; 16] = uuid(
+    0x42d85a81,
+    0x23f6,
+    0xcb47,
+    [0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc],
+);
+const CONTEXT_LOCAL_STORAGE: [u8; 16] = uuid(
+    0xc693336e,
+    0x1121,
+    0xdf11,
+    [0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93],
+);
+const UNKNOWN_CHECKS: [u8; 16] = uuid(
+    0x263e8860,
+    0x7cd2,
+    0x6143,
+    [0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e],
+);
+const INTEGRITY_CHECK: [u8; 16] = uuid(
+    0xd4082055,
+    0xbde6,
+    0x704b,
+    [0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2],
+);
+const TOOLS_CONTEXT: [u8; 16] = uuid(
+    0x21318c60,
+    0x9714,
+    0x3248,
+    [0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2],
+);
 
 /// Builds the memory-order bytes of a UUID written as in the reference (first three groups are
 /// listed in memory order already).
@@ -27,7 +60,10 @@ const fn uuid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
     let a = a.to_be_bytes();
     let b = b.to_be_bytes();
     let c = c.to_be_bytes();
-    [a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6],
+        d[7],
+    ]
 }
 
 struct Tables {
@@ -56,7 +92,9 @@ fn tables() -> &'static Tables {
     static T: OnceLock<Tables> = OnceLock::new();
     T.get_or_init(|| Tables {
         cudart_interface: {
-            let mut v: Vec<(usize, usize)> = (1..16).map(|i| (i, unknown_slot as *const () as usize)).collect();
+            let mut v: Vec<(usize, usize)> = (1..16)
+                .map(|i| (i, unknown_slot as *const () as usize))
+                .collect();
             v.extend([
                 (1, not_supported as *const () as usize),
                 (2, cudart_get_primary_ctx as *const () as usize),
@@ -71,17 +109,42 @@ fn tables() -> &'static Tables {
             7,
             Some(7),
             unknown_slot as *const () as usize,
-            &[(2, callback_hooks_buf_1024 as *const () as usize), (6, callback_hooks_buf_14 as *const () as usize)],
+            &[
+                (2, callback_hooks_buf_1024 as *const () as usize),
+                (6, callback_hooks_buf_14 as *const () as usize),
+            ],
         ),
-        tools_tls: table(4, Some(4), unknown_slot as *const () as usize, &[(2, zero as *const () as usize)]),
+        tools_tls: table(
+            4,
+            Some(4),
+            unknown_slot as *const () as usize,
+            &[(2, zero as *const () as usize)],
+        ),
         local_storage: table(
             4,
             None,
             unknown_slot as *const () as usize,
-            &[(0, cls_put as *const () as usize), (1, cls_delete as *const () as usize), (2, cls_get as *const () as usize)],
+            &[
+                (0, cls_put as *const () as usize),
+                (1, cls_delete as *const () as usize),
+                (2, cls_get as *const () as usize),
+            ],
         ),
-        unknown_checks: table(4, Some(4), unknown_slot as *const () as usize, &[(2, unknown_check_ctx as *const () as usize), (3, zero as *const () as usize)]),
-        integrity: table(3, Some(3), unknown_slot as *const () as usize, &[(1, integrity_check as *const () as usize)]),
+        unknown_checks: table(
+            4,
+            Some(4),
+            unknown_slot as *const () as usize,
+            &[
+                (2, unknown_check_ctx as *const () as usize),
+                (3, zero as *const () as usize),
+            ],
+        ),
+        integrity: table(
+            3,
+            Some(3),
+            unknown_slot as *const () as usize,
+            &[(1, integrity_check as *const () as usize)],
+        ),
         tools_context: table(96, Some(95), zero as *const () as usize, &[]),
     })
 }
@@ -142,7 +205,12 @@ unsafe extern "C" fn callback_hooks_buf_1024(buf: *mut *const c_void, n: *mut us
 unsafe extern "C" fn callback_hooks_buf_14(buf: *mut *const c_void, n: *mut usize) -> CUresult {
     callback_hooks_buf(buf, n, HOOKS_14.as_ptr() as *const c_void, 14)
 }
-unsafe fn callback_hooks_buf(buf: *mut *const c_void, n: *mut usize, p: *const c_void, len: usize) -> CUresult {
+unsafe fn callback_hooks_buf(
+    buf: *mut *const c_void,
+    n: *mut usize,
+    p: *const c_void,
+    len: usize,
+) -> CUresult {
     if !buf.is_null() {
         *buf = p;
     }
@@ -152,10 +220,17 @@ unsafe fn callback_hooks_buf(buf: *mut *const c_void, n: *mut usize, p: *const c
     CUDA_SUCCESS
 }
 
-unsafe extern "C" fn cls_put(ctx: CUcontext, key: *mut c_void, value: *mut c_void, dtor: *mut c_void) -> CUresult {
+unsafe extern "C" fn cls_put(
+    ctx: CUcontext,
+    key: *mut c_void,
+    value: *mut c_void,
+    dtor: *mut c_void,
+) -> CUresult {
     match ctx_from(ctx) {
         Ok(c) => {
-            c.local_storage.lock().insert(key as usize, (value as usize, dtor as usize));
+            c.local_storage
+                .lock()
+                .insert(key as usize, (value as usize, dtor as usize));
             CUDA_SUCCESS
         }
         Err(e) => e,
@@ -170,8 +245,16 @@ unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
         Err(e) => e,
     }
 }
-unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut c_void) -> CUresult {
-    let c = if ctx.is_null() { current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT) } else { ctx_from(ctx) };
+unsafe extern "C" fn cls_get(
+    value: *mut *mut c_void,
+    ctx: CUcontext,
+    key: *mut c_void,
+) -> CUresult {
+    let c = if ctx.is_null() {
+        current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    } else {
+        ctx_from(ctx)
+    };
     match c {
         Ok(c) => match c.local_storage.lock().get(&(key as usize)) {
             Some((v, _)) => {
@@ -186,18 +269,28 @@ unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut 
     }
 }
 
-unsafe extern "C" fn unknown_check_ctx(_ctx: CUcontext, r1: *mut u32, _r2: *mut *const c_void) -> CUresult {
+unsafe extern "C" fn unknown_check_ctx(
+    _ctx: CUcontext,
+    r1: *mut u32,
+    _r2: *mut *const c_void,
+) -> CUresult {
     if !r1.is_null() {
         *r1 = 0;
     }
     CUDA_SUCCESS
 }
 
-unsafe extern "C" fn integrity_check(version: u32, unix_seconds: u64, out: *mut [u64; 2]) -> CUresult {
+unsafe extern "C" fn integrity_check(
+    version: u32,
+    unix_seconds: u64,
+    out: *mut [u64; 2],
+) -> CUresult {
     if out.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let Ok(s) = sim() else { return CUDA_ERROR_NOT_INITIALIZED };
+    let Ok(s) = sim() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
     let devices: Vec<crate::integrity::DeviceId> = s.cfg.devices[..s.ndev()]
         .iter()
         .map(|d| crate::integrity::DeviceId {

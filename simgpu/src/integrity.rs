@@ -6,7 +6,9 @@
 use hmac::{Hmac, Mac};
 use md2::Md2;
 
-const KEY: [u8; 16] = [0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52, 0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F];
+const KEY: [u8; 16] = [
+    0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52, 0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F,
+];
 
 /// What identifies one device in the message.
 pub struct DeviceId {
@@ -34,11 +36,17 @@ pub fn check(input: &Input) -> [u64; 2] {
         0 => [0x3341181C03CB675C, 0x8ED383AA1F4CD1E8],
         1 => [0x1841181C03CB675C, 0x8ED383AA1F4CD1E8],
         _ => {
-            let mut mac = <Hmac<Md2> as Mac>::new_from_slice(&KEY).expect("any key length is valid");
+            let mut mac =
+                <Hmac<Md2> as Mac>::new_from_slice(&KEY).expect("any key length is valid");
             for v in [input.driver_version, input.version, input.pid, input.thread] {
                 mac.update(&v.to_le_bytes());
             }
-            for v in [input.cudart_interface_table, input.integrity_table, input.check_fn, input.unix_seconds] {
+            for v in [
+                input.cudart_interface_table,
+                input.integrity_table,
+                input.check_fn,
+                input.unix_seconds,
+            ] {
                 mac.update(&v.to_le_bytes());
             }
             for d in input.devices {
@@ -48,7 +56,10 @@ pub fn check(input: &Input) -> [u64; 2] {
                 }
             }
             let h = mac.finalize().into_bytes();
-            [u64::from_le_bytes(h[0..8].try_into().unwrap()), u64::from_le_bytes(h[8..16].try_into().unwrap())]
+            [
+                u64::from_le_bytes(h[0..8].try_into().unwrap()),
+                u64::from_le_bytes(h[8..16].try_into().unwrap()),
+            ]
         }
     }
 }
@@ -77,7 +88,12 @@ mod tests {
 
     #[test]
     fn fixed_answers_and_sensitivity() {
-        let dev = [DeviceId { uuid: [7; 16], pci_domain: 0, pci_bus: 16, pci_device: 0 }];
+        let dev = [DeviceId {
+            uuid: [7; 16],
+            pci_domain: 0,
+            pci_bus: 16,
+            pci_device: 0,
+        }];
         let mut i = Input {
             driver_version: 13050,
             version: 20,

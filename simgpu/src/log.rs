@@ -32,7 +32,11 @@ macro_rules! warn {
 pub fn trace_line(line: &str) {
     use std::io::Write;
     if let Some(path) = std::env::var_os("SIMGPU_TRACE_FILE") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = writeln!(f, "{line}");
         }
     }

@@ -43,7 +43,10 @@ impl BusyWindow {
                 if e > b {
                     continue; // stale interval
                 }
-                if self.epoch[i].compare_exchange(e, b, AcqRel, Acquire).is_ok() {
+                if self.epoch[i]
+                    .compare_exchange(e, b, AcqRel, Acquire)
+                    .is_ok()
+                {
                     self.busy[i].store(0, Release);
                 }
             }
@@ -146,7 +149,8 @@ impl Shared {
 
     /// Opens (creating and initialising if needed) the state file for `mem` (bytes per device).
     pub fn open(dir: &Path, mem: &[u64]) -> Result<Shared, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create state dir {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create state dir {}: {e}", dir.display()))?;
         let path = dir.join("simgpu.state");
         let f = OpenOptions::new()
             .read(true)
@@ -159,7 +163,11 @@ impl Shared {
         // SAFETY: plain syscalls on an fd we own; the lock serialises initialisation.
         unsafe { libc::flock(fd, libc::LOCK_EX) };
         let ndev = mem.len().min(MAX_DEVICES);
-        let want_chunks = mem.iter().map(|m| m.div_ceil(CHUNK) as usize).max().unwrap_or(1);
+        let want_chunks = mem
+            .iter()
+            .map(|m| m.div_ceil(CHUNK) as usize)
+            .max()
+            .unwrap_or(1);
         let mut hdr = [0u8; std::mem::size_of::<Header>()];
         let existing = {
             use std::os::unix::fs::FileExt;
@@ -176,17 +184,30 @@ impl Shared {
         let (_, _, _, size) = Self::layout(ndev, chunks);
         if !existing {
             f.set_len(0).ok();
-            f.set_len(size as u64).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+            f.set_len(size as u64)
+                .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
         }
         // SAFETY: mapping a regular file of `size` bytes, shared, read-write.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             unsafe { libc::flock(fd, libc::LOCK_UN) };
             return Err(format!("cannot map {}", path.display()));
         }
-        let s = Shared { base: base as *mut u8, len: size, ndev, chunks_per_dev: chunks };
+        let s = Shared {
+            base: base as *mut u8,
+            len: size,
+            ndev,
+            chunks_per_dev: chunks,
+        };
         if !existing {
             let h = s.header();
             // SAFETY: we hold the init lock; nobody else reads a header without MAGIC.
@@ -214,14 +235,24 @@ impl Shared {
         assert!(i < self.ndev);
         let (dev_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
         // SAFETY: in bounds by layout; all fields are atomics valid for any bit pattern.
-        unsafe { &*(self.base.add(dev_off + i * align(std::mem::size_of::<DevState>())) as *const DevState) }
+        unsafe {
+            &*(self
+                .base
+                .add(dev_off + i * align(std::mem::size_of::<DevState>()))
+                as *const DevState)
+        }
     }
 
     pub fn slot(&self, i: usize) -> &ProcSlot {
         assert!(i < MAX_PROCS);
         let (_, proc_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
         // SAFETY: as for dev().
-        unsafe { &*(self.base.add(proc_off + i * align(std::mem::size_of::<ProcSlot>())) as *const ProcSlot) }
+        unsafe {
+            &*(self
+                .base
+                .add(proc_off + i * align(std::mem::size_of::<ProcSlot>()))
+                as *const ProcSlot)
+        }
     }
 
     pub fn chunks(&self, dev: usize) -> &[ChunkEntry] {
@@ -230,7 +261,8 @@ impl Shared {
         // SAFETY: as for dev().
         unsafe {
             std::slice::from_raw_parts(
-                self.base.add(chunk_off + dev * self.chunks_per_dev * std::mem::size_of::<ChunkEntry>())
+                self.base
+                    .add(chunk_off + dev * self.chunks_per_dev * std::mem::size_of::<ChunkEntry>())
                     as *const ChunkEntry,
                 self.chunks_per_dev,
             )
@@ -327,7 +359,9 @@ pub fn sub_saturating(a: &AtomicU64, v: u64) {
 
 /// Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if unreadable.
 pub fn proc_start_time(pid: u32) -> u64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
     // The command name (field 2) may contain spaces; fields after it follow the last ')'.
     s.rsplit_once(')')
         .and_then(|(_, rest)| rest.split_whitespace().nth(19))
@@ -343,13 +377,19 @@ fn proc_alive(pid: u32, start_time: u64) -> bool {
 fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false)
 }
 
 /// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine.
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -357,10 +397,19 @@ pub fn now_ns() -> u64 {
 
 /// Sleeps until the absolute CLOCK_MONOTONIC deadline `t` (ns).
 pub fn sleep_until(t: u64) {
-    let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as _, tv_nsec: (t % 1_000_000_000) as _ };
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as _,
+        tv_nsec: (t % 1_000_000_000) as _,
+    };
     // SAFETY: valid timespec; EINTR is retried.
-    while unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) }
-        == libc::EINTR
+    while unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_MONOTONIC,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    } == libc::EINTR
     {}
 }
 

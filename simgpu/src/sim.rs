@@ -66,7 +66,10 @@ pub fn init() -> CUresult {
         };
         let pid = std::process::id();
         let Some((slot, generation)) = shared.register(pid) else {
-            eprintln!("simgpu: more than {} processes use the simulated GPU", crate::shared::MAX_PROCS);
+            eprintln!(
+                "simgpu: more than {} processes use the simulated GPU",
+                crate::shared::MAX_PROCS
+            );
             return Err("no process slot".into());
         };
         let engine = Engine::new(cfg.faults.stall_stream_after);
@@ -116,7 +119,11 @@ impl Sim {
     }
 
     fn ensure_primaries(&self) {
-        PRIMARY.get_or_init(|| (0..self.ndev()).map(|d| Context::new(self, d, true)).collect());
+        PRIMARY.get_or_init(|| {
+            (0..self.ndev())
+                .map(|d| Context::new(self, d, true))
+                .collect()
+        });
     }
 
     pub fn primary(&self, dev: usize) -> Option<&Arc<Context>> {
@@ -141,7 +148,9 @@ pub struct Registry<T> {
 
 impl<T> Default for Registry<T> {
     fn default() -> Self {
-        Registry { map: Mutex::new(HashMap::new()) }
+        Registry {
+            map: Mutex::new(HashMap::new()),
+        }
     }
 }
 

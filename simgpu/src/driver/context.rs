@@ -42,7 +42,10 @@ unsafe fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> R {
 
 unsafe fn destroy(ctx: CUcontext) -> R {
     let s = sim()?;
-    let c = s.contexts.get(ctx as usize).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let c = s
+        .contexts
+        .get(ctx as usize)
+        .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
     if c.primary {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }

@@ -12,9 +12,9 @@ use crate::types::*;
 /// Values an A100-class device reports; SM count, compute capability and PCI ids follow the config.
 pub fn attribute(d: &DeviceConfig, attr: i32) -> i32 {
     match attr {
-        1 | 2 | 3 => 1024, // max threads per block, max block dim x, y
-        4 => 64,           // max block dim z
-        5 => i32::MAX,     // max grid dim x
+        1..=3 => 1024, // max threads per block, max block dim x, y
+        4 => 64,       // max block dim z
+        5 => i32::MAX, // max grid dim x
         6 | 7 => 65535,
         8 => 49152, // max shared memory per block
         9 => 65536, // total constant memory
@@ -55,9 +55,9 @@ pub fn attribute(d: &DeviceConfig, attr: i32) -> i32 {
         52 => 32768,
         75 => d.compute_capability.0 as i32,
         76 => d.compute_capability.1 as i32,
-        78 => 1, // stream priorities supported
-        79 => 1, // global L1 cache supported
-        80 => 1, // local L1 cache supported
+        78 => 1,      // stream priorities supported
+        79 => 1,      // global L1 cache supported
+        80 => 1,      // local L1 cache supported
         81 => 167936, // max shared memory per SM
         82 => 65536,  // registers per SM
         83 => 1,      // managed memory

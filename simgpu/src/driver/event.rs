@@ -9,7 +9,10 @@ use crate::types::*;
 use crate::{driver, driver_ptds};
 
 fn get(h: CUevent) -> Result<Arc<Event>, CUresult> {
-    sim()?.events.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    sim()?
+        .events
+        .get(h as usize)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// Is the event's last record complete (or was it never recorded)?

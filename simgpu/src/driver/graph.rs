@@ -49,7 +49,12 @@ driver_ptds! {
     }
 }
 
-unsafe fn clear(graph: *mut *mut c_void, deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) {
+unsafe fn clear(
+    graph: *mut *mut c_void,
+    deps: *mut *const c_void,
+    edges: *mut *const c_void,
+    n: *mut usize,
+) {
     if !graph.is_null() {
         *graph = std::ptr::null_mut();
     }

@@ -28,7 +28,11 @@ pub fn resolve(name: &str, version: u32, per_thread: bool) -> Result<&'static Pr
     });
     let entries = map.get(name).ok_or(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)?;
     let best = |pt: bool| {
-        entries.iter().filter(|e| e.per_thread == pt && e.version <= version).max_by_key(|e| e.version).copied()
+        entries
+            .iter()
+            .filter(|e| e.per_thread == pt && e.version <= version)
+            .max_by_key(|e| e.version)
+            .copied()
     };
     let plain = best(false);
     let pick = if per_thread {
@@ -44,14 +48,21 @@ pub fn resolve(name: &str, version: u32, per_thread: bool) -> Result<&'static Pr
     pick.ok_or(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
 }
 
-unsafe fn get_proc_address(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) -> R {
+unsafe fn get_proc_address(
+    sym: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    status: *mut i32,
+) -> R {
     if pfn.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     *pfn = std::ptr::null_mut();
     let name = cstr(sym)?;
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
-    let r = resolve(name, version.max(0) as u32, per_thread).and_then(|e| export_ptr(e.export).ok_or(1));
+    let r = resolve(name, version.max(0) as u32, per_thread)
+        .and_then(|e| export_ptr(e.export).ok_or(1));
     match r {
         Ok(p) => {
             *pfn = p;
@@ -88,7 +99,12 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuGetProcAddress(
+    sym: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+) -> CUresult {
     cuGetProcAddress_v2(sym, pfn, version, flags, std::ptr::null_mut())
 }
 
@@ -112,7 +128,9 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut i32) -> CUresult {
     // Before cuInit the configuration may not be loaded yet: read it (errors surface at cuInit).
     *v = match crate::sim::get() {
         Some(s) => s.cfg.driver_version,
-        None => crate::config::SimConfig::from_env().map(|c| c.driver_version).unwrap_or(13050),
+        None => crate::config::SimConfig::from_env()
+            .map(|c| c.driver_version)
+            .unwrap_or(13050),
     };
     CUDA_SUCCESS
 }
@@ -146,7 +164,7 @@ driver! {
 
     fn cuLogsRegisterCallback(_cb: *mut c_void, _user: *mut c_void, handle: *mut *mut c_void) {
         if !handle.is_null() {
-            *handle = 1 as *mut c_void;
+            *handle = std::ptr::dangling_mut::<c_void>();
         }
         Ok(())
     }
@@ -180,24 +198,51 @@ fn error_strings(e: CUresult) -> Option<(&'static str, &'static str)> {
         2 => ("CUDA_ERROR_OUT_OF_MEMORY\0", "out of memory\0"),
         3 => ("CUDA_ERROR_NOT_INITIALIZED\0", "initialization error\0"),
         4 => ("CUDA_ERROR_DEINITIALIZED\0", "driver shutting down\0"),
-        100 => ("CUDA_ERROR_NO_DEVICE\0", "no CUDA-capable device is detected\0"),
+        100 => (
+            "CUDA_ERROR_NO_DEVICE\0",
+            "no CUDA-capable device is detected\0",
+        ),
         101 => ("CUDA_ERROR_INVALID_DEVICE\0", "invalid device ordinal\0"),
-        200 => ("CUDA_ERROR_INVALID_IMAGE\0", "device kernel image is invalid\0"),
+        200 => (
+            "CUDA_ERROR_INVALID_IMAGE\0",
+            "device kernel image is invalid\0",
+        ),
         201 => ("CUDA_ERROR_INVALID_CONTEXT\0", "invalid device context\0"),
         211 => ("CUDA_ERROR_NOT_MAPPED\0", "resource not mapped\0"),
         400 => ("CUDA_ERROR_INVALID_HANDLE\0", "invalid resource handle\0"),
         500 => ("CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),
         600 => ("CUDA_ERROR_NOT_READY\0", "device not ready\0"),
-        700 => ("CUDA_ERROR_ILLEGAL_ADDRESS\0", "an illegal memory access was encountered\0"),
-        701 => ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES\0", "too many resources requested for launch\0"),
-        704 => ("CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED\0", "peer access is already enabled\0"),
-        708 => ("CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE\0", "primary context active\0"),
-        709 => ("CUDA_ERROR_CONTEXT_IS_DESTROYED\0", "context is destroyed\0"),
+        700 => (
+            "CUDA_ERROR_ILLEGAL_ADDRESS\0",
+            "an illegal memory access was encountered\0",
+        ),
+        701 => (
+            "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES\0",
+            "too many resources requested for launch\0",
+        ),
+        704 => (
+            "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED\0",
+            "peer access is already enabled\0",
+        ),
+        708 => (
+            "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE\0",
+            "primary context active\0",
+        ),
+        709 => (
+            "CUDA_ERROR_CONTEXT_IS_DESTROYED\0",
+            "context is destroyed\0",
+        ),
         719 => ("CUDA_ERROR_LAUNCH_FAILED\0", "unspecified launch failure\0"),
         801 => ("CUDA_ERROR_NOT_SUPPORTED\0", "operation not supported\0"),
-        900 => ("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\0", "operation not permitted when stream is capturing\0"),
+        900 => (
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\0",
+            "operation not permitted when stream is capturing\0",
+        ),
         999 => ("CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
-        214 => ("CUDA_ERROR_ECC_UNCORRECTABLE\0", "uncorrectable ECC error encountered\0"),
+        214 => (
+            "CUDA_ERROR_ECC_UNCORRECTABLE\0",
+            "uncorrectable ECC error encountered\0",
+        ),
         _ => return None,
     })
 }
@@ -215,10 +260,22 @@ mod tests {
         assert_eq!(e("cuCtxCreate", 11040, false), Ok("cuCtxCreate_v3"));
         assert_eq!(e("cuCtxCreate", 12050, false), Ok("cuCtxCreate_v4"));
         assert_eq!(e("cuCtxCreate", 12000, false), Ok("cuCtxCreate_v3"));
-        assert_eq!(e("cuStreamGetCaptureInfo", 10010, false), Ok("cuStreamGetCaptureInfo"));
-        assert_eq!(e("cuStreamGetCaptureInfo", 11030, false), Ok("cuStreamGetCaptureInfo_v2"));
-        assert_eq!(e("cuStreamGetCaptureInfo", 12030, false), Ok("cuStreamGetCaptureInfo_v3"));
-        assert_eq!(e("cuStreamGetCaptureInfo", 12030, true), Ok("cuStreamGetCaptureInfo_v3_ptsz"));
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 10010, false),
+            Ok("cuStreamGetCaptureInfo")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 11030, false),
+            Ok("cuStreamGetCaptureInfo_v2")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 12030, false),
+            Ok("cuStreamGetCaptureInfo_v3")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 12030, true),
+            Ok("cuStreamGetCaptureInfo_v3_ptsz")
+        );
         assert_eq!(e("cuCtxGetDevice", 13000, false), Ok("cuCtxGetDevice_v2"));
         assert_eq!(e("cuCtxGetDevice", 12090, false), Ok("cuCtxGetDevice"));
         assert_eq!(e("cuMemcpyHtoD", 7000, true), Ok("cuMemcpyHtoD_v2_ptds"));

@@ -11,21 +11,34 @@ use std::sync::atomic::Ordering::*;
 
 use super::module::{blocks_per_sm, function, Function};
 use super::{stream_ref, submit, R};
+use crate::driver_ptds;
 use crate::engine::{Op, Resource};
 use crate::sim::{sim, Sim};
 use crate::types::*;
-use crate::driver_ptds;
 
 /// Modelled duration of one launch, ns.
-pub fn kernel_ns(s: &Sim, f: &Function, dev: usize, grid: [u32; 3], block: [u32; 3], params: *mut *mut c_void) -> u64 {
+///
+/// # Safety
+/// `params` is the launch's kernelParams array (or NULL).
+pub unsafe fn kernel_ns(
+    s: &Sim,
+    f: &Function,
+    dev: usize,
+    grid: [u32; 3],
+    block: [u32; 3],
+    params: *mut *mut c_void,
+) -> u64 {
     if let Some(ns) = s.cfg.kernel_override(&f.name) {
         return ns;
     }
     if f.name.contains("simgpu_spin") && !params.is_null() {
-        let first_is_u64 = f.params.as_ref().is_none_or(|p| p.first().is_some_and(|p| p.size == 8));
+        let first_is_u64 = f
+            .params
+            .as_ref()
+            .is_none_or(|p| p.first().is_some_and(|p| p.size == 8));
         if first_is_u64 {
             // SAFETY: kernelParams[0] points to the first argument, a u64 for this kernel.
-            return unsafe { (*(*params as *const u64)).min(3_600_000_000_000) };
+            return (*(*params as *const u64)).min(3_600_000_000_000);
         }
     }
     let c = &s.cfg.cost;
@@ -53,10 +66,20 @@ fn pointer_args(f: &Function, params: *mut *mut c_void) -> Option<Vec<u64>> {
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn launch(f: *mut c_void, grid: [u32; 3], block: [u32; 3], h: CUstream, params: *mut *mut c_void, ptds: bool) -> R {
+unsafe fn launch(
+    f: *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    h: CUstream,
+    params: *mut *mut c_void,
+    ptds: bool,
+) -> R {
     let s = sim()?;
     let func = function(f)?;
-    if grid.contains(&0) || block.contains(&0) || block.iter().map(|&x| x as u64).product::<u64>() > 1024 {
+    if grid.contains(&0)
+        || block.contains(&0)
+        || block.iter().map(|&x| x as u64).product::<u64>() > 1024
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let r = stream_ref(h, ptds)?;
@@ -68,14 +91,22 @@ unsafe fn launch(f: *mut c_void, grid: [u32; 3], block: [u32; 3], h: CUstream, p
         }
     }
     let dev = r.ctx.device;
-    let mut op = Op::new(Resource::Compute(dev), kernel_ns(s, &func, dev, grid, block, params));
+    let mut op = Op::new(
+        Resource::Compute(dev),
+        kernel_ns(s, &func, dev, grid, block, params),
+    );
     op.is_kernel = true;
     op.extra = super::managed::touch_for_kernel(s, dev, pointer_args(&func, params));
     submit(s, &r, op);
     Ok(())
 }
 
-unsafe fn launch_ex(cfg: *const LaunchConfig, f: *mut c_void, params: *mut *mut c_void, ptds: bool) -> R {
+unsafe fn launch_ex(
+    cfg: *const LaunchConfig,
+    f: *mut c_void,
+    params: *mut *mut c_void,
+    ptds: bool,
+) -> R {
     let c = cfg.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
     launch(f, c.grid, c.block, c.stream, params, ptds)
 }

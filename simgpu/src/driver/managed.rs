@@ -67,7 +67,11 @@ fn evict(s: &Sim, dev: usize, need: u64, before: u64) -> (u64, u64) {
         if freed >= need {
             break;
         }
-        if table[i].owner.compare_exchange(o, 0, AcqRel, Acquire).is_ok() {
+        if table[i]
+            .owner
+            .compare_exchange(o, 0, AcqRel, Acquire)
+            .is_ok()
+        {
             crate::shared::sub_saturating(&s.shared.dev(dev).mem_used, CHUNK);
             s.shared.dev(dev).evicted_bytes.fetch_add(CHUNK, AcqRel);
             freed += CHUNK;
@@ -104,12 +108,21 @@ fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64) -> u64 {
                 continue;
             }
             // Room on the device: charge one chunk, evicting older chunks if needed.
-            let mut charged = d.mem_used.fetch_update(AcqRel, Acquire, |u| (u + CHUNK <= total).then_some(u + CHUNK)).is_ok();
+            let mut charged = d
+                .mem_used
+                .fetch_update(AcqRel, Acquire, |u| {
+                    (u + CHUNK <= total).then_some(u + CHUNK)
+                })
+                .is_ok();
             if !charged {
                 let (freed, wb) = evict(s, dev, CHUNK, now);
                 cost += wb;
                 charged = freed > 0
-                    && d.mem_used.fetch_update(AcqRel, Acquire, |u| (u + CHUNK <= total).then_some(u + CHUNK)).is_ok();
+                    && d.mem_used
+                        .fetch_update(AcqRel, Acquire, |u| {
+                            (u + CHUNK <= total).then_some(u + CHUNK)
+                        })
+                        .is_ok();
             }
             if !charged {
                 cost += transfer_ns(s, CHUNK); // working set larger than the device: remote access
@@ -119,7 +132,12 @@ fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64) -> u64 {
             let mut placed = false;
             for k in 0..table.len() {
                 let i = (hint + k) % table.len();
-                if table[i].owner.load(Acquire) == 0 && table[i].owner.compare_exchange(0, word, AcqRel, Acquire).is_ok() {
+                if table[i].owner.load(Acquire) == 0
+                    && table[i]
+                        .owner
+                        .compare_exchange(0, word, AcqRel, Acquire)
+                        .is_ok()
+                {
                     let tag = NEXT_TAG.fetch_add(1, Relaxed);
                     table[i].tag.store(tag, Release);
                     table[i].last_use.store(now, Release);
@@ -155,7 +173,10 @@ fn evict_range(s: &Sim, p: u64, len: u64) -> u64 {
                 continue;
             }
             let e = &s.shared.chunks(m.dev)[c.0 as usize];
-            if e.owner.compare_exchange(my_word(s), 0, AcqRel, Acquire).is_ok() {
+            if e.owner
+                .compare_exchange(my_word(s), 0, AcqRel, Acquire)
+                .is_ok()
+            {
                 crate::shared::sub_saturating(&s.shared.dev(m.dev).mem_used, CHUNK);
                 bytes += CHUNK;
             }
@@ -174,15 +195,26 @@ pub fn touch_for_kernel(_s: &Sim, dev: usize, ptr_args: Option<Vec<u64>>) -> Opt
     let bases: Vec<u64> = match ptr_args {
         Some(args) => args
             .into_iter()
-            .filter_map(|a| st.range(..=a).next_back().filter(|(b, m)| a < *b + m.size).map(|(b, _)| *b))
+            .filter_map(|a| {
+                st.range(..=a)
+                    .next_back()
+                    .filter(|(b, m)| a < *b + m.size)
+                    .map(|(b, _)| *b)
+            })
             .collect(),
-        None => st.iter().filter(|(_, m)| m.dev == dev).map(|(b, _)| *b).collect(),
+        None => st
+            .iter()
+            .filter(|(_, m)| m.dev == dev)
+            .map(|(b, _)| *b)
+            .collect(),
     };
     drop(st);
     if bases.is_empty() {
         return None;
     }
-    Some(Box::new(move |now| crate::sim::get().map_or(0, |s| fault_in(s, dev, &bases, now))))
+    Some(Box::new(move |now| {
+        crate::sim::get().map_or(0, |s| fault_in(s, dev, &bases, now))
+    }))
 }
 
 /// Called when a managed allocation is freed: releases its resident chunks.
@@ -191,7 +223,11 @@ pub fn forget(s: &Sim, base: u64, _a: &Alloc) {
         for c in m.chunks {
             if c.0 != u32::MAX {
                 let e = &s.shared.chunks(m.dev)[c.0 as usize];
-                if e.owner.compare_exchange(my_word(s), 0, AcqRel, Acquire).is_ok() && e.tag.load(Acquire) == c.1 {
+                if e.owner
+                    .compare_exchange(my_word(s), 0, AcqRel, Acquire)
+                    .is_ok()
+                    && e.tag.load(Acquire) == c.1
+                {
                     crate::shared::sub_saturating(&s.shared.dev(m.dev).mem_used, CHUNK);
                 }
             }
@@ -204,7 +240,13 @@ pub fn resident_bytes(s: &Sim, dev: usize) -> u64 {
     let st = STATE.lock();
     st.values()
         .filter(|m| m.dev == dev)
-        .map(|m| m.chunks.iter().filter(|c| is_resident(s, dev, c.0, c.1)).count() as u64 * CHUNK)
+        .map(|m| {
+            m.chunks
+                .iter()
+                .filter(|c| is_resident(s, dev, c.0, c.1))
+                .count() as u64
+                * CHUNK
+        })
         .sum()
 }
 
@@ -231,12 +273,23 @@ unsafe fn advise(p: CUdeviceptr, len: usize, advice: u32, loc_kind: u32, loc_id:
     }
 }
 
-unsafe fn prefetch(p: CUdeviceptr, len: usize, to_cpu: bool, dev: i32, h: CUstream, ptds: bool) -> R {
+unsafe fn prefetch(
+    p: CUdeviceptr,
+    len: usize,
+    to_cpu: bool,
+    dev: i32,
+    h: CUstream,
+    ptds: bool,
+) -> R {
     let s = sim()?;
     let r = stream_ref(h, ptds)?;
     let bases: Vec<u64> = {
         let st = STATE.lock();
-        let v: Vec<u64> = st.range(..p + len as u64).filter(|(b, m)| *b + m.size > p).map(|(b, _)| *b).collect();
+        let v: Vec<u64> = st
+            .range(..p + len as u64)
+            .filter(|(b, m)| *b + m.size > p)
+            .map(|(b, _)| *b)
+            .collect();
         if v.is_empty() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -245,12 +298,16 @@ unsafe fn prefetch(p: CUdeviceptr, len: usize, to_cpu: bool, dev: i32, h: CUstre
     let (start, n) = (p, len as u64);
     let op = if to_cpu {
         let mut op = Op::new(Resource::D2H(r.ctx.device), 0);
-        op.extra = Some(Box::new(move |_| crate::sim::get().map_or(0, |s| evict_range(s, start, n))));
+        op.extra = Some(Box::new(move |_| {
+            crate::sim::get().map_or(0, |s| evict_range(s, start, n))
+        }));
         op
     } else {
         let d = s.device(dev)?;
         let mut op = Op::new(Resource::H2D(d), 0);
-        op.extra = Some(Box::new(move |now| crate::sim::get().map_or(0, |s| fault_in(s, d, &bases, now))));
+        op.extra = Some(Box::new(move |now| {
+            crate::sim::get().map_or(0, |s| fault_in(s, d, &bases, now))
+        }));
         op
     };
     submit(s, &r, op);

@@ -93,7 +93,9 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
     let d = s.shared.dev(dev);
     let total = d.mem_total.load(Acquire);
     for attempt in 0..3 {
-        let r = d.mem_used.fetch_update(AcqRel, Acquire, |u| (u + bytes <= total).then_some(u + bytes));
+        let r = d.mem_used.fetch_update(AcqRel, Acquire, |u| {
+            (u + bytes <= total).then_some(u + bytes)
+        });
         if r.is_ok() {
             let p = &s.shared.slot(s.slot).dev[dev];
             p.mem_used.fetch_add(bytes, AcqRel);
@@ -126,7 +128,12 @@ pub fn uncharge(s: &Sim, dev: usize, bytes: u64) {
 /// Allocates device memory on the current context's device.
 pub fn alloc_device(size: u64, pool: usize) -> Result<u64, CUresult> {
     let ctx = current_ctx()?;
-    alloc_on(ctx.device, std::sync::Arc::as_ptr(&ctx) as usize, size, pool)
+    alloc_on(
+        ctx.device,
+        std::sync::Arc::as_ptr(&ctx) as usize,
+        size,
+        pool,
+    )
 }
 
 /// Allocates device memory on `dev` (context-independent callers such as library globals).
@@ -143,7 +150,15 @@ pub fn alloc_on(dev: usize, ctx: usize, size: u64, pool: usize) -> Result<u64, C
             return Err(e);
         }
     };
-    let a = Alloc { size, kind: Kind::Device, device: dev, charged: size, ctx, pool, id: 0 };
+    let a = Alloc {
+        size,
+        kind: Kind::Device,
+        device: dev,
+        charged: size,
+        ctx,
+        pool,
+        id: 0,
+    };
     s.mem.lock().insert(base, a);
     Ok(base)
 }
@@ -201,7 +216,10 @@ fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
 }
 
 fn is_pinned(s: &Sim, p: u64, len: u64) -> bool {
-    matches!(device_range(s, p, len), Some((Kind::Host | Kind::Registered, _)))
+    matches!(
+        device_range(s, p, len),
+        Some((Kind::Host | Kind::Registered, _))
+    )
 }
 
 /// Builds the operation that copies `len` bytes from `src` to `dst` (either side host or device).
@@ -213,7 +231,10 @@ fn copy_op(s: &Sim, dst: u64, src: u64, len: u64, stage: bool) -> Result<Op, CUr
     let (res, dur) = match (sd, dd) {
         (None, Some(d)) => (Resource::H2D(d), copy_cost(s, len, c.pcie_bytes_per_s)),
         (Some(d), None) => (Resource::D2H(d), copy_cost(s, len, c.pcie_bytes_per_s)),
-        (Some(d), Some(_)) => (Resource::Compute(d), copy_cost(s, len, c.hbm_bytes_per_s / 2)),
+        (Some(d), Some(_)) => (
+            Resource::Compute(d),
+            copy_cost(s, len, c.hbm_bytes_per_s / 2),
+        ),
         (None, None) => (Resource::None, 0),
     };
     if let Resource::H2D(d) | Resource::D2H(d) | Resource::Compute(d) = res {
@@ -271,13 +292,18 @@ unsafe fn memcpy2d(p: &Memcpy2D, stream: Option<(CUstream, bool)>, ptds: bool) -
             _ => Err(CUDA_ERROR_NOT_SUPPORTED), // CUDA arrays are not simulated
         }
     };
-    let src0 = addr(p.src_memory_type, p.src_host as u64, p.src_device)? + (p.src_y * p.src_pitch + p.src_x_in_bytes) as u64;
-    let dst0 = addr(p.dst_memory_type, p.dst_host as u64, p.dst_device)? + (p.dst_y * p.dst_pitch + p.dst_x_in_bytes) as u64;
+    let src0 = addr(p.src_memory_type, p.src_host as u64, p.src_device)?
+        + (p.src_y * p.src_pitch + p.src_x_in_bytes) as u64;
+    let dst0 = addr(p.dst_memory_type, p.dst_host as u64, p.dst_device)?
+        + (p.dst_y * p.dst_pitch + p.dst_x_in_bytes) as u64;
     let (w, h) = (p.width_in_bytes as u64, p.height as u64);
     if w == 0 || h == 0 {
         return Ok(());
     }
-    let (sp, dp) = (p.src_pitch.max(p.width_in_bytes) as u64, p.dst_pitch.max(p.width_in_bytes) as u64);
+    let (sp, dp) = (
+        p.src_pitch.max(p.width_in_bytes) as u64,
+        p.dst_pitch.max(p.width_in_bytes) as u64,
+    );
     // Validate the whole extents, then build one op with the total byte count.
     let mut op = copy_op(s, dst0, src0, w, false)?;
     classify(s, dst0 + dp * (h - 1), w)?;
@@ -292,7 +318,13 @@ unsafe fn memcpy2d(p: &Memcpy2D, stream: Option<(CUstream, bool)>, ptds: bool) -
         let (d, sr0) = (d, sr0);
         for row in 0..h {
             // SAFETY: extents validated above (device sides) or owned by the caller (host sides).
-            unsafe { std::ptr::copy((sr0.0 + row * sp) as *const u8, (d.0 + row * dp) as *mut u8, w as usize) }
+            unsafe {
+                std::ptr::copy(
+                    (sr0.0 + row * sp) as *const u8,
+                    (d.0 + row * dp) as *mut u8,
+                    w as usize,
+                )
+            }
         }
     }));
     let sref = match stream {
@@ -355,7 +387,17 @@ unsafe fn memcpy3d(p: &Memcpy3D, stream: Option<(CUstream, bool)>, ptds: bool) -
 }
 
 /// memset of `count` elements of `elem` bytes (1, 2, 4) in `rows` rows of `pitch` bytes.
-unsafe fn memset(dst: u64, pitch: u64, value: u32, elem: u64, count: u64, rows: u64, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
+#[allow(clippy::too_many_arguments)]
+unsafe fn memset(
+    dst: u64,
+    pitch: u64,
+    value: u32,
+    elem: u64,
+    count: u64,
+    rows: u64,
+    stream: Option<(CUstream, bool)>,
+    ptds: bool,
+) -> R {
     let s = sim()?;
     let width = count * elem;
     if width == 0 || rows == 0 {
@@ -376,8 +418,11 @@ unsafe fn memset(dst: u64, pitch: u64, value: u32, elem: u64, count: u64, rows: 
             unsafe {
                 match elem {
                     1 => std::ptr::write_bytes(row, value as u8, count as usize),
-                    2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize).fill(value as u16),
-                    _ => std::slice::from_raw_parts_mut(row as *mut u32, count as usize).fill(value),
+                    2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize)
+                        .fill(value as u16),
+                    _ => {
+                        std::slice::from_raw_parts_mut(row as *mut u32, count as usize).fill(value)
+                    }
                 }
             }
         }
@@ -401,7 +446,15 @@ fn host_alloc(size: usize) -> Result<u64, CUresult> {
     let base = map_anon(size as u64)?;
     s.mem.lock().insert(
         base,
-        Alloc { size: size as u64, kind: Kind::Host, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0 },
+        Alloc {
+            size: size as u64,
+            kind: Kind::Host,
+            device: ctx.device,
+            charged: 0,
+            ctx: 0,
+            pool: 0,
+            id: 0,
+        },
     );
     Ok(base)
 }

@@ -23,6 +23,7 @@ pub mod stats;
 pub mod stream;
 pub mod vmm;
 
+pub use crate::export_tables::cuGetExportTable;
 pub use context::*;
 pub use device::*;
 pub use event::*;
@@ -35,7 +36,6 @@ pub use module::*;
 pub use pool::*;
 pub use stream::*;
 pub use vmm::*;
-pub use crate::export_tables::cuGetExportTable;
 
 pub type R = Result<(), CUresult>;
 
@@ -138,7 +138,12 @@ pub fn stream_ref(h: CUstream, ptds: bool) -> Result<StreamRef, CUresult> {
     let hv = h as usize;
     if hv == CU_STREAM_LEGACY || (hv == 0 && !ptds) {
         let ctx = current_ctx()?;
-        return Ok(StreamRef { id: ctx.null_stream, ctx, legacy: true, blocking: true });
+        return Ok(StreamRef {
+            id: ctx.null_stream,
+            ctx,
+            legacy: true,
+            blocking: true,
+        });
     }
     if hv == CU_STREAM_PER_THREAD || hv == 0 {
         let ctx = current_ctx()?;
@@ -152,7 +157,12 @@ pub fn stream_ref(h: CUstream, ptds: bool) -> Result<StreamRef, CUresult> {
             p.push((ctx.id, id));
             id
         });
-        return Ok(StreamRef { id, ctx, legacy: false, blocking: true });
+        return Ok(StreamRef {
+            id,
+            ctx,
+            legacy: false,
+            blocking: true,
+        });
     }
     let st = s.streams.get(hv).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     Ok(StreamRef {
@@ -173,7 +183,8 @@ pub fn submit(sim: &'static Sim, s: &StreamRef, mut op: Op) -> u64 {
             }
         }
     } else if s.blocking {
-        op.deps.push((s.ctx.null_stream, sim.engine.tail(s.ctx.null_stream)));
+        op.deps
+            .push((s.ctx.null_stream, sim.engine.tail(s.ctx.null_stream)));
     }
     sim.engine.enqueue(s.id, op)
 }
@@ -189,5 +200,7 @@ pub unsafe fn cstr<'a>(p: *const std::ffi::c_char) -> Result<&'a str, CUresult> 
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    std::ffi::CStr::from_ptr(p).to_str().map_err(|_| CUDA_ERROR_INVALID_VALUE)
+    std::ffi::CStr::from_ptr(p)
+        .to_str()
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)
 }

@@ -46,7 +46,12 @@ unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
             (ImageInfo::default(), true)
         }
     };
-    let m = Arc::new(Module { info, lenient, globals: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) });
+    let m = Arc::new(Module {
+        info,
+        lenient,
+        globals: Mutex::new(HashMap::new()),
+        functions: Mutex::new(HashMap::new()),
+    });
     let h = s.modules.insert(m);
     *pm = h as *mut c_void;
     Ok(())
@@ -64,7 +69,10 @@ unsafe fn load_file(pm: *mut *mut c_void, path: *const c_char) -> R {
 
 unsafe fn unload(h: *mut c_void) -> R {
     let s = sim()?;
-    let m = s.modules.remove(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let m = s
+        .modules
+        .remove(h as usize)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     for (_, f) in m.functions.lock().drain() {
         s.functions.remove(f);
     }
@@ -87,13 +95,23 @@ unsafe fn get_function(pf: *mut *mut c_void, h: *mut c_void, name: *const c_char
         None if m.lenient => None,
         None => return Err(CUDA_ERROR_NOT_FOUND),
     };
-    let f = Arc::new(Function { name: name.to_string(), params, module: h as usize, attrs: Mutex::new(HashMap::new()) });
+    let f = Arc::new(Function {
+        name: name.to_string(),
+        params,
+        module: h as usize,
+        attrs: Mutex::new(HashMap::new()),
+    });
     let fh = s.functions.insert(f);
     m.functions.lock().insert(name.to_string(), fh);
     out(pf, fh as *mut c_void)
 }
 
-unsafe fn get_global(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, name: *const c_char) -> R {
+unsafe fn get_global(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    h: *mut c_void,
+    name: *const c_char,
+) -> R {
     let s = sim()?;
     let m = s.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     let name = cstr(name)?;
@@ -110,10 +128,20 @@ unsafe fn get_global(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, 
             };
             let ctx = super::current_ctx_opt();
             let dev = ctx.as_ref().map_or(0, |c| c.device);
-            let p = super::memory::alloc_on(dev, ctx.as_ref().map_or(0, |c| std::sync::Arc::as_ptr(c) as usize), size, 0)?;
+            let p = super::memory::alloc_on(
+                dev,
+                ctx.as_ref()
+                    .map_or(0, |c| std::sync::Arc::as_ptr(c) as usize),
+                size,
+                0,
+            )?;
             if let Some(init) = init {
                 // SAFETY: p is a fresh mapping of at least `size` bytes.
-                std::ptr::copy_nonoverlapping(init.as_ptr(), p as *mut u8, init.len().min(size as usize));
+                std::ptr::copy_nonoverlapping(
+                    init.as_ptr(),
+                    p as *mut u8,
+                    init.len().min(size as usize),
+                );
             }
             globals.insert(name.to_string(), (p, size));
             (p, size)
@@ -129,7 +157,10 @@ unsafe fn get_global(dptr: *mut CUdeviceptr, bytes: *mut usize, h: *mut c_void, 
 }
 
 pub fn function(h: *mut c_void) -> Result<Arc<Function>, CUresult> {
-    sim()?.functions.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    sim()?
+        .functions
+        .get(h as usize)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// `cuFuncGetAttribute` answers (CUfunction_attribute ids).

@@ -27,7 +27,12 @@ fn pools() -> &'static Mutex<HashMap<usize, Arc<Pool>>> {
 }
 
 fn new_pool(dev: usize) -> usize {
-    let p = Arc::new(Pool { dev, used: AtomicU64::new(0), used_high: AtomicU64::new(0), release_threshold: AtomicU64::new(0) });
+    let p = Arc::new(Pool {
+        dev,
+        used: AtomicU64::new(0),
+        used_high: AtomicU64::new(0),
+        release_threshold: AtomicU64::new(0),
+    });
     let h = Arc::as_ptr(&p) as usize;
     pools().lock().insert(h, p);
     h
@@ -46,10 +51,20 @@ fn device_pool(dev: usize) -> usize {
 }
 
 fn pool(h: *mut c_void) -> Result<Arc<Pool>, CUresult> {
-    pools().lock().get(&(h as usize)).cloned().ok_or(CUDA_ERROR_INVALID_HANDLE)
+    pools()
+        .lock()
+        .get(&(h as usize))
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
-unsafe fn alloc_async(dptr: *mut CUdeviceptr, size: usize, ph: usize, h: CUstream, ptds: bool) -> R {
+unsafe fn alloc_async(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    ph: usize,
+    h: CUstream,
+    ptds: bool,
+) -> R {
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

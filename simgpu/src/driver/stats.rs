@@ -32,7 +32,11 @@ pub fn stats_json(s: &Sim) -> String {
 pub fn write_stats_file(s: &Sim) {
     use std::io::Write;
     if let Some(path) = std::env::var_os("SIMGPU_STATS_FILE") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = writeln!(f, "{}", stats_json(s));
         }
     }

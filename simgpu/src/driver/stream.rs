@@ -17,14 +17,22 @@ unsafe fn create(ph: *mut CUstream, flags: u32, priority: i32) -> R {
     let ctx = current_ctx()?;
     let id = s.engine.create_stream();
     ctx.streams.lock().push((id, flags));
-    let h = s.streams.insert(Arc::new(Stream { id, ctx, flags, priority }));
+    let h = s.streams.insert(Arc::new(Stream {
+        id,
+        ctx,
+        flags,
+        priority,
+    }));
     *ph = h as CUstream;
     Ok(())
 }
 
 unsafe fn destroy(h: CUstream) -> R {
     let s = sim()?;
-    let st = s.streams.remove(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let st = s
+        .streams
+        .remove(h as usize)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     st.ctx.streams.lock().retain(|(id, _)| *id != st.id);
     s.engine.destroy_stream(st.id);
     Ok(())
@@ -178,15 +186,19 @@ unsafe fn write_value(h: CUstream, ptds: bool, addr: CUdeviceptr, value: u64, si
     let r = stream_ref(h, ptds)?;
     super::memory::device_range(s, addr, size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let a = addr;
-    submit(s, &r, Op::marker().with_effect(move || {
-        // SAFETY: address range validated against the allocation table.
-        unsafe {
-            if size == 4 {
-                (a as *mut u32).write_volatile(value as u32)
-            } else {
-                (a as *mut u64).write_volatile(value)
+    submit(
+        s,
+        &r,
+        Op::marker().with_effect(move || {
+            // SAFETY: address range validated against the allocation table.
+            unsafe {
+                if size == 4 {
+                    (a as *mut u32).write_volatile(value as u32)
+                } else {
+                    (a as *mut u64).write_volatile(value)
+                }
             }
-        }
-    }));
+        }),
+    );
     Ok(())
 }

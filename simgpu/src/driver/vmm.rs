@@ -56,7 +56,7 @@ driver! {
     fn cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, _flags: u64) {
         let s = sim()?;
         let prop = *prop.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if handle.is_null() || size == 0 || size % GRANULARITY != 0 {
+        if handle.is_null() || size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if prop.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
