@@ -92,68 +92,80 @@ fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64) -> u64 {
     let total = d.mem_total.load(Acquire);
     let table = s.shared.chunks(dev);
     let mut cost = 0u64;
-    let mut hint = 0usize;
+    // Pass 1: refresh what is resident, count what is missing.
+    let mut missing = 0u64;
     for base in bases {
-        let Some(m) = st.get_mut(base) else { continue };
-        if m.dev != dev {
+        let Some(m) = st.get(base).filter(|m| m.dev == dev) else {
             continue;
-        }
+        };
         if m.prefer_cpu {
             cost += transfer_ns(s, m.size); // read remotely over PCIe, no migration
             continue;
         }
-        for c in m.chunks.iter_mut() {
+        for c in &m.chunks {
             if is_resident(s, dev, c.0, c.1) {
                 table[c.0 as usize].last_use.store(now, Release);
+            } else {
+                missing += 1;
+            }
+        }
+    }
+    if missing == 0 {
+        return cost;
+    }
+    // Make room once for all of them (least recently used first, never this kernel's chunks).
+    let free = total.saturating_sub(d.mem_used.load(Acquire));
+    if missing * CHUNK > free {
+        cost += evict(s, dev, missing * CHUNK - free, now).1;
+    }
+    // Pass 2: claim a table entry per missing chunk while device memory lasts.
+    let word = my_word(s);
+    let mut hint = 0usize;
+    for base in bases {
+        let Some(m) = st.get_mut(base).filter(|m| m.dev == dev && !m.prefer_cpu) else {
+            continue;
+        };
+        for c in m.chunks.iter_mut() {
+            if is_resident(s, dev, c.0, c.1) {
                 continue;
             }
-            // Room on the device: charge one chunk, evicting older chunks if needed.
-            let mut charged = d
+            let charged = d
                 .mem_used
                 .fetch_update(AcqRel, Acquire, |u| {
                     (u + CHUNK <= total).then_some(u + CHUNK)
                 })
                 .is_ok();
-            if !charged {
-                let (freed, wb) = evict(s, dev, CHUNK, now);
-                cost += wb;
-                charged = freed > 0
-                    && d.mem_used
-                        .fetch_update(AcqRel, Acquire, |u| {
-                            (u + CHUNK <= total).then_some(u + CHUNK)
-                        })
-                        .is_ok();
-            }
-            if !charged {
-                cost += transfer_ns(s, CHUNK); // working set larger than the device: remote access
-                continue;
-            }
-            let word = my_word(s);
-            let mut placed = false;
-            for k in 0..table.len() {
-                let i = (hint + k) % table.len();
-                if table[i].owner.load(Acquire) == 0
-                    && table[i]
-                        .owner
-                        .compare_exchange(0, word, AcqRel, Acquire)
-                        .is_ok()
-                {
+            let slot = if charged {
+                (0..table.len())
+                    .map(|k| (hint + k) % table.len())
+                    .find(|&i| {
+                        table[i].owner.load(Acquire) == 0
+                            && table[i]
+                                .owner
+                                .compare_exchange(0, word, AcqRel, Acquire)
+                                .is_ok()
+                    })
+            } else {
+                None
+            };
+            match slot {
+                Some(i) => {
                     let tag = NEXT_TAG.fetch_add(1, Relaxed);
                     table[i].tag.store(tag, Release);
                     table[i].last_use.store(now, Release);
                     *c = (i as u32, tag);
                     hint = i + 1;
-                    placed = true;
-                    break;
+                    d.migrated_bytes.fetch_add(CHUNK, AcqRel);
+                    cost += s.cfg.cost.fault_ns + transfer_ns(s, CHUNK);
+                }
+                None => {
+                    if charged {
+                        crate::shared::sub_saturating(&d.mem_used, CHUNK);
+                    }
+                    // Working set larger than the device: this chunk is read remotely.
+                    cost += transfer_ns(s, CHUNK);
                 }
             }
-            if !placed {
-                crate::shared::sub_saturating(&d.mem_used, CHUNK);
-                cost += transfer_ns(s, CHUNK);
-                continue;
-            }
-            d.migrated_bytes.fetch_add(CHUNK, AcqRel);
-            cost += s.cfg.cost.fault_ns + transfer_ns(s, CHUNK);
         }
     }
     cost
