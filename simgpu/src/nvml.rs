@@ -1,1 +1,1471 @@
-//! NVML subset (to be filled in).
+//! The NVML subset: what `nvidia-smi`-like tools, pynvml (`nvidia-ml-py`) and PyTorch ask
+//! `libnvidia-ml.so.1` for — device identity, memory, utilisation, running processes and
+//! per-process utilisation — answered from the simulated machine's shared state file.
+//!
+//! NVML works without `cuInit`: `nvmlInit*` loads the configuration and maps the state file itself
+//! but does not register a process slot (a monitoring process is not a GPU user). Devices are the
+//! configured ones (at most as many as the state file was created with); a device handle is the
+//! address of a per-device record that lives as long as the process.
+//!
+//! What the numbers mean here:
+//! - memory: `used` is the device's allocations plus resident managed chunks (`DevState.mem_used`);
+//!   slots of processes that died without exiting are reclaimed first, as the driver would;
+//! - utilisation: `gpu` is the share of the last second the compute timeline was busy (all
+//!   processes); `memory` is 0 (the model has no memory-bandwidth counter);
+//! - running compute processes: live processes that hold memory on, or have launched kernels
+//!   on, the device; `usedGpuMemory` is their allocations there;
+//! - process utilisation: one sample per such process, `smUtil` its share of the last second,
+//!   time stamped now (CPU clock, µs); none if `lastSeenTimeStamp` is not in the past;
+//! - graphics processes: none. Temperature is a constant 40 °C; power follows utilisation
+//!   (55 W idle to 400 W busy, like an A100 SXM4).
+//!
+//! Every export is NULL-safe (`NVML_ERROR_INVALID_ARGUMENT`), returns
+//! `NVML_ERROR_UNINITIALIZED` before `nvmlInit` (and after the matching `nvmlShutdown`) and
+//! turns an internal panic into `NVML_ERROR_UNKNOWN`. Struct layouts are NVIDIA's `nvml.h`
+//! (checked by the size assertions below). NVML functions not listed here are not exported:
+//! NVML callers resolve functions by name and handle a missing one.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::OnceLock;
+
+use crate::config::{format_uuid, ConfigError, DeviceConfig, SimConfig};
+use crate::shared::{now_ns, Shared};
+
+pub type NvmlReturn = c_uint;
+/// `nvmlDevice_t`: an opaque pointer.
+pub type NvmlDevice = *mut c_void;
+
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
+pub const NVML_ERROR_ALREADY_INITIALIZED: NvmlReturn = 5;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// `nvmlTemperatureSensors_t`
+pub const NVML_TEMPERATURE_GPU: c_uint = 0;
+/// `nvmlComputeMode_t`
+pub const NVML_COMPUTEMODE_DEFAULT: c_uint = 0;
+/// `gpuInstanceId` / `computeInstanceId` when MIG is disabled.
+pub const NVML_INSTANCE_ID_NONE: c_uint = 0xFFFF_FFFF;
+/// `NVML_STRUCT_VERSION(Memory, 2)`: sizeof(nvmlMemory_v2_t) | 2 << 24.
+pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+
+/// PCI ids reported for every device: an A100-SXM4-40GB (device 0x20B0, vendor 0x10DE).
+pub const PCI_DEVICE_ID: c_uint = 0x20B0_10DE;
+pub const PCI_SUBSYSTEM_ID: c_uint = 0x134F_10DE;
+
+const TEMPERATURE_C: c_uint = 40;
+const IDLE_POWER_MW: f64 = 55_000.0;
+const MAX_POWER_MW: f64 = 400_000.0;
+/// Utilisation is measured over this window.
+const UTIL_WINDOW_NS: u64 = 1_000_000_000;
+
+/// `nvmlMemory_t`
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlMemory {
+    pub total: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `nvmlMemory_v2_t`
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: c_ulonglong,
+    pub reserved: c_ulonglong,
+    pub free: c_ulonglong,
+    pub used: c_ulonglong,
+}
+
+/// `nvmlUtilization_t`
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlPciInfo_t` (NVML ≥ 9, `nvmlDeviceGetPciInfo_v3`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NvmlPciInfo {
+    pub bus_id_legacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub bus_id: [c_char; 32],
+}
+
+/// The pre-9 `nvmlPciInfo_t` of `nvmlDeviceGetPciInfo` / `_v2` (pynvml's `nvmlPciInfo_v2_t`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NvmlPciInfoV2 {
+    pub bus_id: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub reserved: [c_uint; 4],
+}
+
+/// `nvmlProcessInfo_v1_t`
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: c_ulonglong,
+}
+
+/// `nvmlProcessInfo_v2_t` (`nvmlProcessInfo_t` for the `_v2` and `_v3` functions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlProcessInfoV2 {
+    pub pid: c_uint,
+    pub used_gpu_memory: c_ulonglong,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// `nvmlProcessUtilizationSample_t`
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NvmlProcessUtilizationSample {
+    pub pid: c_uint,
+    /// CPU time stamp, µs.
+    pub time_stamp: c_ulonglong,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
+// The ABI: sizes (and the offsets that padding decides) as in nvml.h on x86-64 / aarch64.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<NvmlMemory>() == 24);
+    assert!(size_of::<NvmlMemoryV2>() == 40);
+    assert!(offset_of!(NvmlMemoryV2, total) == 8);
+    assert!(NVML_MEMORY_V2 == 0x0200_0028);
+    assert!(size_of::<NvmlUtilization>() == 8);
+    assert!(size_of::<NvmlPciInfo>() == 68);
+    assert!(offset_of!(NvmlPciInfo, bus_id) == 36);
+    assert!(size_of::<NvmlPciInfoV2>() == 52);
+    assert!(size_of::<NvmlProcessInfoV1>() == 16);
+    assert!(offset_of!(NvmlProcessInfoV1, used_gpu_memory) == 8);
+    assert!(size_of::<NvmlProcessInfoV2>() == 24);
+    assert!(offset_of!(NvmlProcessInfoV2, gpu_instance_id) == 16);
+    assert!(size_of::<NvmlProcessUtilizationSample>() == 32);
+    assert!(offset_of!(NvmlProcessUtilizationSample, time_stamp) == 8);
+    assert!(offset_of!(NvmlProcessUtilizationSample, sm_util) == 16);
+};
+
+// ---------------------------------------------------------------------------------------------
+// State
+
+/// One device: its handle is the address of this record.
+pub struct Device {
+    pub index: usize,
+    pub cfg: DeviceConfig,
+}
+
+struct Nvml {
+    cfg: SimConfig,
+    shared: Shared,
+    devices: Vec<Device>,
+}
+
+static STATE: OnceLock<Result<Nvml, NvmlReturn>> = OnceLock::new();
+/// nvmlInit calls not yet matched by nvmlShutdown.
+static REFS: AtomicU32 = AtomicU32::new(0);
+
+type R = Result<(), NvmlReturn>;
+
+/// Loads the configuration (once per process) with `load` and maps the state file.
+fn init_with(load: impl FnOnce() -> Result<SimConfig, ConfigError>) -> NvmlReturn {
+    let state = STATE.get_or_init(|| {
+        let cfg = load().map_err(|e| {
+            eprintln!("{e}");
+            NVML_ERROR_DRIVER_NOT_LOADED
+        })?;
+        if crate::sim::get().is_none() {
+            crate::log::LEVEL.store(cfg.log_level, Relaxed);
+        }
+        let mem: Vec<u64> = cfg.devices.iter().map(|d| d.memory).collect();
+        let shared = Shared::open(&cfg.state_dir, &mem).map_err(|e| {
+            eprintln!("simgpu: {e} (set SIMGPU_STATE_DIR to a writable directory)");
+            NVML_ERROR_DRIVER_NOT_LOADED
+        })?;
+        let ndev = cfg.devices.len().min(shared.ndev);
+        let devices = cfg.devices[..ndev]
+            .iter()
+            .enumerate()
+            .map(|(index, d)| Device {
+                index,
+                cfg: d.clone(),
+            })
+            .collect();
+        Ok(Nvml {
+            cfg,
+            shared,
+            devices,
+        })
+    });
+    match state {
+        Ok(_) => {
+            REFS.fetch_add(1, AcqRel);
+            NVML_SUCCESS
+        }
+        Err(e) => *e,
+    }
+}
+
+fn state() -> Result<&'static Nvml, NvmlReturn> {
+    match STATE.get() {
+        Some(Ok(s)) if REFS.load(Acquire) > 0 => Ok(s),
+        _ => Err(NVML_ERROR_UNINITIALIZED),
+    }
+}
+
+impl Nvml {
+    fn handle(&self, i: usize) -> NvmlDevice {
+        &self.devices[i] as *const Device as NvmlDevice
+    }
+
+    /// The device a handle names (handles are checked, never dereferenced blindly).
+    fn device(&self, h: NvmlDevice) -> Result<&Device, NvmlReturn> {
+        self.devices
+            .iter()
+            .find(|d| std::ptr::eq(*d as *const Device as *const c_void, h))
+            .ok_or(NVML_ERROR_INVALID_ARGUMENT)
+    }
+}
+
+/// The state and the device of `h`, in NVML's order of checks.
+fn dev(h: NvmlDevice) -> Result<(&'static Nvml, &'static Device), NvmlReturn> {
+    let s = state()?;
+    Ok((s, s.device(h)?))
+}
+
+/// Runs an export's body: a panic becomes NVML_ERROR_UNKNOWN, never an unwind into C.
+fn run(name: &str, f: impl FnOnce() -> R) -> NvmlReturn {
+    crate::debug!("{name}");
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NVML_SUCCESS,
+        Ok(Err(e)) => {
+            crate::debug!("{name} -> {e}");
+            e
+        }
+        Err(_) => {
+            crate::warn!("{name}: internal error (panic), returning NVML_ERROR_UNKNOWN");
+            NVML_ERROR_UNKNOWN
+        }
+    }
+}
+
+fn out<T>(p: *mut T, v: T) -> R {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: the caller passed a pointer to a T (NVML's contract); not NULL.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Copies `s` and a NUL into `buf` of `len` bytes.
+fn out_str(buf: *mut c_char, len: c_uint, s: &str) -> R {
+    if buf.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (len as usize) < s.len() + 1 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: buf holds at least len >= s.len() + 1 bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, s.len());
+        *buf.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+fn in_str(p: *const c_char) -> Result<String, NvmlReturn> {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: NUL-terminated string from the caller.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(str::to_owned)
+        .map_err(|_| NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// NVML's size protocol for lists: `*count` is the capacity of `out` in, the number of entries
+/// out. Too small (including a NULL `out` with `*count == 0`) → INSUFFICIENT_SIZE with the
+/// number needed. An empty list is SUCCESS with `*count = 0`.
+fn out_list<T: Copy>(items: &[T], count: *mut c_uint, out: *mut T) -> R {
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: count is a valid pointer (checked).
+    let capacity = unsafe { *count } as usize;
+    let n = items.len();
+    // SAFETY: as above.
+    unsafe { *count = n as c_uint };
+    if n == 0 {
+        return Ok(());
+    }
+    if capacity < n {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if out.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: out holds capacity >= n entries.
+    unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), out, n) };
+    Ok(())
+}
+
+fn to_percent(fraction: f64) -> c_uint {
+    (fraction * 100.0).round().clamp(0.0, 100.0) as c_uint
+}
+
+/// CLOCK_REALTIME in µs: NVML's sample time stamps.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure parts
+
+/// `NVML_DEVICE_PCI_BUS_ID_FMT`: `00000000:10:00.0`.
+pub fn bus_id(d: &DeviceConfig) -> String {
+    format!(
+        "{:08X}:{:02X}:{:02X}.0",
+        d.pci_domain, d.pci_bus, d.pci_device
+    )
+}
+
+/// `NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT`: `0000:10:00.0`.
+pub fn bus_id_legacy(d: &DeviceConfig) -> String {
+    format!(
+        "{:04X}:{:02X}:{:02X}.0",
+        d.pci_domain, d.pci_bus, d.pci_device
+    )
+}
+
+/// Parses a PCI bus id the way `nvmlDeviceGetHandleByPciBusId` accepts it (hex numbers):
+/// `domain:bus:device.function`, `domain:bus:device` or `bus:device.function`.
+/// Returns (domain, bus, device, function).
+pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
+    let hex = |t: &str| {
+        (!t.is_empty() && t.len() <= 8)
+            .then(|| u32::from_str_radix(t, 16).ok())
+            .flatten()
+    };
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    let (domain, bus, devfn, need_fn) = match parts.as_slice() {
+        [domain, bus, devfn] => (hex(domain)?, hex(bus)?, *devfn, false),
+        [bus, devfn] => (0, hex(bus)?, *devfn, true),
+        _ => return None,
+    };
+    let (device, function) = match devfn.split_once('.') {
+        Some((d, f)) => (hex(d)?, hex(f)?),
+        None if !need_fn => (hex(devfn)?, 0),
+        None => return None,
+    };
+    Some((domain, bus, device, function))
+}
+
+fn fill_c<const N: usize>(s: &str) -> [c_char; N] {
+    let mut a = [0 as c_char; N];
+    for (dst, src) in a.iter_mut().zip(s.bytes().take(N - 1)) {
+        *dst = src as c_char;
+    }
+    a
+}
+
+/// The driver branch a CUDA driver version ships with (13000 → 580), for version strings.
+pub fn driver_branch(cuda_version: i32) -> u32 {
+    let (major, minor) = (cuda_version / 1000, ((cuda_version % 1000) / 10) as u32);
+    match major {
+        ..=11 => 470,
+        12 => [525, 530, 535, 545, 550, 555, 560, 565, 570, 575][minor.min(9) as usize],
+        _ => 580 + 5 * (minor + 10 * (major as u32 - 13)),
+    }
+}
+
+/// What `nvmlSystemGetDriverVersion` reports, e.g. `580.00` for CUDA 13.0.
+pub fn driver_version_string(cuda_version: i32) -> String {
+    format!("{}.00", driver_branch(cuda_version))
+}
+
+/// Live processes using device `dev`: (slot, pid, bytes allocated there), in slot order.
+pub fn running_processes(shared: &Shared, dev: usize) -> Vec<(usize, u32, u64)> {
+    shared
+        .live_slots()
+        .into_iter()
+        .filter_map(|(slot, pid)| {
+            let pd = &shared.slot(slot).dev[dev];
+            let mem = pd.mem_used.load(Acquire);
+            (mem > 0 || pd.kernels.load(Acquire) > 0).then_some((slot, pid, mem))
+        })
+        .collect()
+}
+
+/// One utilisation sample per process using `dev`, time stamped `stamp_us`, with `smUtil` its
+/// busy share of the `UTIL_WINDOW_NS` before `now` (CLOCK_MONOTONIC ns).
+pub fn process_samples(
+    shared: &Shared,
+    dev: usize,
+    now: u64,
+    stamp_us: u64,
+) -> Vec<NvmlProcessUtilizationSample> {
+    running_processes(shared, dev)
+        .into_iter()
+        .map(|(slot, pid, _)| NvmlProcessUtilizationSample {
+            pid,
+            time_stamp: stamp_us,
+            sm_util: to_percent(
+                shared.slot(slot).dev[dev]
+                    .window
+                    .utilisation(now, UTIL_WINDOW_NS),
+            ),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The device's memory: (total, used), with used ≤ total.
+fn memory(s: &Nvml, d: &Device) -> (u64, u64) {
+    // Memory of processes that were killed goes back to the device, as with the real driver.
+    s.shared.reclaim_dead();
+    let ds = s.shared.dev(d.index);
+    let total = ds.mem_total.load(Acquire);
+    (total, ds.mem_used.load(Acquire).min(total))
+}
+
+fn gpu_utilisation(s: &Nvml, d: &Device) -> f64 {
+    s.shared
+        .dev(d.index)
+        .window
+        .utilisation(now_ns(), UTIL_WINDOW_NS)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exports: initialisation and system queries
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    run("nvmlInit_v2", || match init_with(SimConfig::from_env) {
+        NVML_SUCCESS => Ok(()),
+        e => Err(e),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit() -> NvmlReturn {
+    nvmlInit_v2()
+}
+
+/// `flags` (NVML_INIT_FLAG_NO_GPUS, NVML_INIT_FLAG_NO_ATTACH) change nothing here.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    nvmlInit_v2()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlShutdown() -> NvmlReturn {
+    run("nvmlShutdown", || {
+        REFS.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1))
+            .map(|_| ())
+            .map_err(|_| NVML_ERROR_UNINITIALIZED)
+    })
+}
+
+/// A static description of `result`; valid without nvmlInit.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    let s: &'static CStr = match result {
+        0 => c"Success",
+        1 => c"Uninitialized",
+        2 => c"Invalid Argument",
+        3 => c"Not Supported",
+        4 => c"Insufficient Permissions",
+        5 => c"Already Initialized",
+        6 => c"Not Found",
+        7 => c"Insufficient Size",
+        8 => c"Insufficient External Power",
+        9 => c"Driver Not Loaded",
+        10 => c"Timeout",
+        11 => c"Interrupt request issue",
+        12 => c"NVML Shared Library Not Found",
+        13 => c"Function Not Found",
+        14 => c"Corrupted infoROM",
+        15 => c"GPU is lost",
+        16 => c"GPU requires restart",
+        17 => c"The operating system has blocked the request.",
+        18 => c"RM has detected an NVML/RM version mismatch.",
+        19 => c"In use by another client",
+        20 => c"Insufficient Memory",
+        21 => c"No data",
+        22 => c"The requested vgpu operation is not available on target device, becasue ECC is enabled",
+        23 => c"Insufficient resources",
+        24 => c"Frequency not supported",
+        25 => c"Argument version mismatch",
+        26 => c"Deprecated",
+        27 => c"Not Ready",
+        28 => c"GPU not found",
+        29 => c"Invalid state",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run("nvmlSystemGetDriverVersion", || {
+        let s = state()?;
+        out_str(
+            version,
+            length,
+            &driver_version_string(s.cfg.driver_version),
+        )
+    })
+}
+
+/// `<CUDA major>.<driver version>`, e.g. `13.580.00`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run("nvmlSystemGetNVMLVersion", || {
+        let s = state()?;
+        let v = s.cfg.driver_version;
+        out_str(
+            version,
+            length,
+            &format!("{}.{}", v / 1000, driver_version_string(v)),
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> NvmlReturn {
+    run("nvmlSystemGetCudaDriverVersion", || {
+        out(version, state()?.cfg.driver_version)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
+    run("nvmlSystemGetCudaDriverVersion_v2", || {
+        out(version, state()?.cfg.driver_version)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exports: devices and handles
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    run("nvmlDeviceGetCount_v2", || {
+        out(count, state()?.devices.len() as c_uint)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
+    nvmlDeviceGetCount_v2(count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    run("nvmlDeviceGetHandleByIndex_v2", || {
+        let s = state()?;
+        if index as usize >= s.devices.len() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        out(device, s.handle(index as usize))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    nvmlDeviceGetHandleByIndex_v2(index, device)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    run("nvmlDeviceGetHandleByUUID", || {
+        let s = state()?;
+        let want = in_str(uuid)?;
+        if device.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let i = s
+            .devices
+            .iter()
+            .position(|d| format_uuid(&d.cfg.uuid).eq_ignore_ascii_case(want.trim()))
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
+        out(device, s.handle(i))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    pci_bus_id: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    run("nvmlDeviceGetHandleByPciBusId_v2", || {
+        let s = state()?;
+        let want = parse_bus_id(&in_str(pci_bus_id)?).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        if device.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let i = s
+            .devices
+            .iter()
+            .position(|d| want == (d.cfg.pci_domain, d.cfg.pci_bus, d.cfg.pci_device, 0))
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
+        out(device, s.handle(i))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    pci_bus_id: *const c_char,
+    device: *mut NvmlDevice,
+) -> NvmlReturn {
+    nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
+    run("nvmlDeviceGetIndex", || {
+        out(index, dev(device)?.1.index as c_uint)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: NvmlDevice,
+    minor: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetMinorNumber", || {
+        out(minor, dev(device)?.1.index as c_uint)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: NvmlDevice,
+    name: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetName", || {
+        out_str(name, length, &dev(device)?.1.cfg.name)
+    })
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`: the bytes `cuDeviceGetUuid` returns.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: NvmlDevice,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetUUID", || {
+        out_str(uuid, length, &format_uuid(&dev(device)?.1.cfg.uuid))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: NvmlDevice,
+    pci: *mut NvmlPciInfo,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPciInfo_v3", || {
+        let d = &dev(device)?.1.cfg;
+        out(
+            pci,
+            NvmlPciInfo {
+                bus_id_legacy: fill_c(&bus_id_legacy(d)),
+                domain: d.pci_domain,
+                bus: d.pci_bus,
+                device: d.pci_device,
+                pci_device_id: PCI_DEVICE_ID,
+                pci_sub_system_id: PCI_SUBSYSTEM_ID,
+                bus_id: fill_c(&bus_id(d)),
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
+    device: NvmlDevice,
+    pci: *mut NvmlPciInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPciInfo_v2", || {
+        let d = &dev(device)?.1.cfg;
+        out(
+            pci,
+            NvmlPciInfoV2 {
+                bus_id: fill_c(&bus_id_legacy(d)),
+                domain: d.pci_domain,
+                bus: d.pci_bus,
+                device: d.pci_device,
+                pci_device_id: PCI_DEVICE_ID,
+                pci_sub_system_id: PCI_SUBSYSTEM_ID,
+                reserved: [0; 4],
+            },
+        )
+    })
+}
+
+/// The oldest layout: only the first 36 bytes of [`NvmlPciInfoV2`] (no reserved words) are written.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo(
+    device: NvmlDevice,
+    pci: *mut NvmlPciInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPciInfo", || {
+        let d = &dev(device)?.1.cfg;
+        if pci.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: pci points to at least the 36 bytes of the legacy struct.
+        unsafe {
+            let p = pci as *mut u8;
+            let id: [c_char; 16] = fill_c(&bus_id_legacy(d));
+            std::ptr::copy_nonoverlapping(id.as_ptr() as *const u8, p, 16);
+            let words = [
+                d.pci_domain,
+                d.pci_bus,
+                d.pci_device,
+                PCI_DEVICE_ID,
+                PCI_SUBSYSTEM_ID,
+            ];
+            std::ptr::copy_nonoverlapping(words.as_ptr() as *const u8, p.add(16), 20);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: NvmlDevice,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> NvmlReturn {
+    run("nvmlDeviceGetCudaComputeCapability", || {
+        let (ma, mi) = dev(device)?.1.cfg.compute_capability;
+        if major.is_null() || minor.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        out(major, ma as c_int)?;
+        out(minor, mi as c_int)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
+    device: NvmlDevice,
+    mode: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetComputeMode", || {
+        dev(device)?;
+        out(mode, NVML_COMPUTEMODE_DEFAULT)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMultiGpuBoard(
+    device: NvmlDevice,
+    multi_gpu: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetMultiGpuBoard", || {
+        dev(device)?;
+        out(multi_gpu, 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: NvmlDevice,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetTemperature", || {
+        dev(device)?;
+        if sensor != NVML_TEMPERATURE_GPU {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        out(temp, TEMPERATURE_C)
+    })
+}
+
+/// Milliwatts: 55 W idle to 400 W at full utilisation.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    device: NvmlDevice,
+    power: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPowerUsage", || {
+        let (s, d) = dev(device)?;
+        let u = gpu_utilisation(s, d);
+        out(
+            power,
+            (IDLE_POWER_MW + u * (MAX_POWER_MW - IDLE_POWER_MW)) as c_uint,
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exports: memory and utilisation
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: NvmlDevice,
+    memory_out: *mut NvmlMemory,
+) -> NvmlReturn {
+    run("nvmlDeviceGetMemoryInfo", || {
+        let (s, d) = dev(device)?;
+        if memory_out.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let (total, used) = memory(s, d);
+        out(
+            memory_out,
+            NvmlMemory {
+                total,
+                free: total - used,
+                used,
+            },
+        )
+    })
+}
+
+/// Requires `version == nvmlMemory_v2` (else NVML_ERROR_ARGUMENT_VERSION_MISMATCH); reserved is 0.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: NvmlDevice,
+    memory_out: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetMemoryInfo_v2", || {
+        let (s, d) = dev(device)?;
+        if memory_out.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: not NULL; the caller set the version field.
+        let version = unsafe { std::ptr::addr_of!((*memory_out).version).read_unaligned() };
+        if version != NVML_MEMORY_V2 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (total, used) = memory(s, d);
+        out(
+            memory_out,
+            NvmlMemoryV2 {
+                version,
+                total,
+                reserved: 0,
+                free: total - used,
+                used,
+            },
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: NvmlDevice,
+    utilization: *mut NvmlUtilization,
+) -> NvmlReturn {
+    run("nvmlDeviceGetUtilizationRates", || {
+        let (s, d) = dev(device)?;
+        out(
+            utilization,
+            NvmlUtilization {
+                gpu: to_percent(gpu_utilisation(s, d)),
+                memory: 0,
+            },
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exports: processes
+
+fn compute_processes<T: Copy>(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut T,
+    make: impl Fn(u32, u64) -> T,
+) -> R {
+    let (s, d) = dev(device)?;
+    let list: Vec<T> = running_processes(&s.shared, d.index)
+        .into_iter()
+        .map(|(_, pid, mem)| make(pid, mem))
+        .collect();
+    out_list(&list, count, infos)
+}
+
+fn info_v2(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV2 {
+    NvmlProcessInfoV2 {
+        pid,
+        used_gpu_memory,
+        gpu_instance_id: NVML_INSTANCE_ID_NONE,
+        compute_instance_id: NVML_INSTANCE_ID_NONE,
+    }
+}
+
+fn info_v1(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV1 {
+    NvmlProcessInfoV1 {
+        pid,
+        used_gpu_memory,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    run("nvmlDeviceGetComputeRunningProcesses", || {
+        compute_processes(device, count, infos, info_v1)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetComputeRunningProcesses_v2", || {
+        compute_processes(device, count, infos, info_v2)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetComputeRunningProcesses_v3", || {
+        compute_processes(device, count, infos, info_v2)
+    })
+}
+
+/// No graphics (or MPS) processes run on the simulated GPU.
+fn no_processes<T: Copy>(device: NvmlDevice, count: *mut c_uint, infos: *mut T) -> R {
+    dev(device)?;
+    out_list::<T>(&[], count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV1,
+) -> NvmlReturn {
+    run("nvmlDeviceGetGraphicsRunningProcesses", || {
+        no_processes(device, count, infos)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetGraphicsRunningProcesses_v2", || {
+        no_processes(device, count, infos)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetGraphicsRunningProcesses_v3", || {
+        no_processes(device, count, infos)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: NvmlDevice,
+    count: *mut c_uint,
+    infos: *mut NvmlProcessInfoV2,
+) -> NvmlReturn {
+    run("nvmlDeviceGetMPSComputeRunningProcesses_v3", || {
+        no_processes(device, count, infos)
+    })
+}
+
+/// One sample per process using the device (see the module doc). With `utilization` NULL,
+/// `*count` returns the number of samples and the result is INSUFFICIENT_SIZE; with no samples
+/// (no processes, or `last_seen` not in the past) it is NOT_FOUND.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: NvmlDevice,
+    utilization: *mut NvmlProcessUtilizationSample,
+    count: *mut c_uint,
+    last_seen: c_ulonglong,
+) -> NvmlReturn {
+    run("nvmlDeviceGetProcessUtilization", || {
+        let (s, d) = dev(device)?;
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let stamp = wall_us();
+        let samples = if stamp > last_seen {
+            process_samples(&s.shared, d.index, now_ns(), stamp)
+        } else {
+            Vec::new()
+        };
+        if samples.is_empty() {
+            // SAFETY: count is not NULL.
+            unsafe { *count = 0 };
+            return Err(NVML_ERROR_NOT_FOUND);
+        }
+        if utilization.is_null() {
+            // SAFETY: as above.
+            unsafe { *count = samples.len() as c_uint };
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        out_list(&samples, count, utilization)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::BUCKET_NS;
+    use std::ptr::{null, null_mut};
+
+    #[test]
+    fn uuid_and_bus_ids() {
+        let d = DeviceConfig::a100(0);
+        assert_eq!(
+            format_uuid(&d.uuid),
+            "GPU-73696d67-7075-2d64-6576-6963652d0000"
+        );
+        assert_eq!(bus_id(&d), "00000000:10:00.0");
+        assert_eq!(bus_id_legacy(&d), "0000:10:00.0");
+        let mut d = DeviceConfig::a100(3);
+        d.pci_domain = 0xab;
+        d.pci_device = 0x1f;
+        assert_eq!(bus_id(&d), "000000AB:13:1F.0");
+        assert_eq!(bus_id_legacy(&d), "00AB:13:1F.0");
+        let legacy: [c_char; 16] = fill_c(&bus_id_legacy(&d));
+        assert_eq!(legacy[12], 0);
+    }
+
+    #[test]
+    fn bus_id_formats_accepted() {
+        assert_eq!(parse_bus_id("00000000:10:00.0"), Some((0, 0x10, 0, 0)));
+        assert_eq!(parse_bus_id("0000:10:00.0"), Some((0, 0x10, 0, 0)));
+        assert_eq!(parse_bus_id("0:1a:1f"), Some((0, 0x1a, 0x1f, 0)));
+        assert_eq!(parse_bus_id("10:00.1"), Some((0, 0x10, 0, 1)));
+        assert_eq!(
+            parse_bus_id("000000AB:13:1F.0"),
+            Some((0xab, 0x13, 0x1f, 0))
+        );
+        for bad in [
+            "",
+            "10",
+            "10:00",
+            "x:10:00.0",
+            "0:0:0:0",
+            "0:10:.0",
+            "123456789:0:0.0",
+        ] {
+            assert_eq!(parse_bus_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn version_strings() {
+        assert_eq!(driver_version_string(13000), "580.00");
+        assert_eq!(driver_version_string(13050), "605.00");
+        assert_eq!(driver_version_string(12020), "535.00");
+        assert_eq!(driver_version_string(12090), "575.00");
+    }
+
+    #[test]
+    fn list_size_protocol() {
+        let items = [info_v1(1, 10), info_v1(2, 20)];
+        let mut count = 0;
+        assert_eq!(
+            out_list(&items, &mut count, null_mut()),
+            Err(NVML_ERROR_INSUFFICIENT_SIZE)
+        );
+        assert_eq!(count, 2);
+        let mut buf = [NvmlProcessInfoV1::default(); 1];
+        count = 1;
+        assert_eq!(
+            out_list(&items, &mut count, buf.as_mut_ptr()),
+            Err(NVML_ERROR_INSUFFICIENT_SIZE)
+        );
+        assert_eq!(count, 2);
+        let mut buf = [NvmlProcessInfoV1::default(); 5];
+        count = 5;
+        assert_eq!(out_list(&items, &mut count, buf.as_mut_ptr()), Ok(()));
+        assert_eq!((count, &buf[..2]), (2, &items[..]));
+        count = 5;
+        assert_eq!(
+            out_list(&items, &mut count, null_mut()),
+            Err(NVML_ERROR_INVALID_ARGUMENT)
+        );
+        count = 0;
+        assert_eq!(
+            out_list::<NvmlProcessInfoV1>(&[], &mut count, null_mut()),
+            Ok(())
+        );
+        assert_eq!(count, 0);
+        assert_eq!(
+            out_list(&items, null_mut(), buf.as_mut_ptr()),
+            Err(NVML_ERROR_INVALID_ARGUMENT)
+        );
+    }
+
+    #[test]
+    fn strings_need_room_for_the_nul() {
+        let mut buf = [1 as c_char; 8];
+        assert_eq!(
+            out_str(buf.as_mut_ptr(), 4, "abcd"),
+            Err(NVML_ERROR_INSUFFICIENT_SIZE)
+        );
+        assert_eq!(out_str(buf.as_mut_ptr(), 5, "abcd"), Ok(()));
+        assert_eq!(buf[..6], [97, 98, 99, 100, 0, 1]);
+        assert_eq!(
+            out_str(null_mut(), 5, "abcd"),
+            Err(NVML_ERROR_INVALID_ARGUMENT)
+        );
+    }
+
+    /// A child process that lives until dropped: a second live pid for the process tables.
+    struct Child(std::process::Child);
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn processes_and_samples_from_shared_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let sh = Shared::open(dir.path(), &[1 << 30, 1 << 30]).unwrap();
+        let child = Child(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap(),
+        );
+        let me = std::process::id();
+        let (a, _) = sh.register(me).unwrap();
+        let (b, _) = sh.register(child.0.id()).unwrap();
+        let (idle, _) = sh.register(child.0.id()).unwrap(); // a slot with nothing on any device
+        let dead = (0..crate::shared::MAX_PROCS)
+            .find(|i| ![a, b, idle].contains(i))
+            .unwrap();
+        sh.slot(dead).pid.store(u32::MAX - 7, Release); // no such process
+        sh.slot(dead).dev[0].mem_used.store(1 << 20, Release);
+
+        sh.slot(a).dev[0].mem_used.store(64 << 20, Release);
+        sh.slot(b).dev[0].kernels.store(3, Release); // kernels only, no memory
+        sh.slot(b).dev[1].mem_used.store(4096, Release);
+        let now = 1000 * BUCKET_NS;
+        sh.slot(a).dev[0]
+            .window
+            .add(now - 500_000_000, now - 250_000_000); // 25 %
+        sh.slot(b).dev[0].window.add(now - 100_000_000, now); // 10 %
+
+        let p0 = running_processes(&sh, 0);
+        assert_eq!(p0, vec![(a, me, 64 << 20), (b, child.0.id(), 0)]);
+        let p1 = running_processes(&sh, 1);
+        assert_eq!(p1, vec![(b, child.0.id(), 4096)]);
+
+        let s0 = process_samples(&sh, 0, now, 77);
+        assert_eq!(s0.len(), 2);
+        assert_eq!((s0[0].pid, s0[0].time_stamp, s0[0].sm_util), (me, 77, 25));
+        assert_eq!((s0[1].pid, s0[1].sm_util), (child.0.id(), 10));
+        assert_eq!(process_samples(&sh, 1, now, 77)[0].sm_util, 0);
+
+        // Once the child is gone it is no longer listed.
+        drop(child);
+        assert_eq!(running_processes(&sh, 0), vec![(a, me, 64 << 20)]);
+        assert!(running_processes(&sh, 1).is_empty());
+    }
+
+    /// The exports end to end on a temporary machine (the only test that initialises NVML:
+    /// the state is per process).
+    #[test]
+    fn exports_end_to_end() {
+        unsafe {
+            let mut count = 0;
+            assert_eq!(nvmlDeviceGetCount_v2(&mut count), NVML_ERROR_UNINITIALIZED);
+            assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = SimConfig::default();
+            cfg.state_dir = dir.path().to_path_buf();
+            cfg.devices = vec![DeviceConfig::a100(0), DeviceConfig::a100(1)];
+            cfg.devices[1].memory = 8 << 30;
+            assert_eq!(init_with(|| Ok(cfg)), NVML_SUCCESS);
+            assert_eq!(nvmlInit_v2(), NVML_SUCCESS); // refcounted; config already loaded
+
+            assert_eq!(
+                nvmlDeviceGetCount_v2(null_mut()),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(nvmlDeviceGetCount(&mut count), NVML_SUCCESS);
+            assert_eq!(count, 2);
+            let mut h = null_mut();
+            assert_eq!(
+                nvmlDeviceGetHandleByIndex_v2(2, &mut h),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut h), NVML_SUCCESS);
+            let mut index = 9;
+            assert_eq!(nvmlDeviceGetIndex(h, &mut index), NVML_SUCCESS);
+            assert_eq!(index, 1);
+            let mut x = 0u8;
+            let bogus = &mut x as *mut u8 as NvmlDevice;
+            assert_eq!(
+                nvmlDeviceGetIndex(bogus, &mut index),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetIndex(null_mut(), &mut index),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+
+            let mut buf = [0 as c_char; 96];
+            assert_eq!(nvmlDeviceGetUUID(h, buf.as_mut_ptr(), 96), NVML_SUCCESS);
+            let uuid = CStr::from_ptr(buf.as_ptr()).to_owned();
+            assert_eq!(
+                uuid.to_str().unwrap(),
+                format_uuid(&DeviceConfig::a100(1).uuid)
+            );
+            assert_eq!(
+                nvmlDeviceGetUUID(h, buf.as_mut_ptr(), 40),
+                NVML_ERROR_INSUFFICIENT_SIZE
+            );
+            let mut h2 = null_mut();
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(uuid.as_ptr(), &mut h2),
+                NVML_SUCCESS
+            );
+            assert_eq!(h2, h);
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(
+                    c"GPU-00000000-0000-0000-0000-000000000000".as_ptr(),
+                    &mut h2
+                ),
+                NVML_ERROR_NOT_FOUND
+            );
+            assert_eq!(
+                nvmlDeviceGetHandleByUUID(null(), &mut h2),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            h2 = null_mut();
+            assert_eq!(
+                nvmlDeviceGetHandleByPciBusId_v2(c"0000:11:00.0".as_ptr(), &mut h2),
+                NVML_SUCCESS
+            );
+            assert_eq!(h2, h);
+            assert_eq!(
+                nvmlDeviceGetHandleByPciBusId_v2(c"0000:42:00.0".as_ptr(), &mut h2),
+                NVML_ERROR_NOT_FOUND
+            );
+
+            let mut pci: NvmlPciInfo = std::mem::zeroed();
+            assert_eq!(nvmlDeviceGetPciInfo_v3(h, &mut pci), NVML_SUCCESS);
+            assert_eq!(
+                CStr::from_ptr(pci.bus_id.as_ptr()).to_str().unwrap(),
+                "00000000:11:00.0"
+            );
+            assert_eq!(
+                CStr::from_ptr(pci.bus_id_legacy.as_ptr()).to_str().unwrap(),
+                "0000:11:00.0"
+            );
+            assert_eq!((pci.domain, pci.bus, pci.device), (0, 0x11, 0));
+            let mut old: NvmlPciInfoV2 = std::mem::zeroed();
+            old.reserved = [7; 4];
+            assert_eq!(nvmlDeviceGetPciInfo(h, &mut old), NVML_SUCCESS);
+            assert_eq!(
+                (old.bus, old.pci_device_id, old.reserved),
+                (0x11, PCI_DEVICE_ID, [7; 4])
+            );
+
+            let mut mem = NvmlMemory::default();
+            assert_eq!(nvmlDeviceGetMemoryInfo(h, &mut mem), NVML_SUCCESS);
+            assert_eq!(
+                mem,
+                NvmlMemory {
+                    total: 8 << 30,
+                    free: 8 << 30,
+                    used: 0
+                }
+            );
+            let mut mem2 = NvmlMemoryV2::default();
+            assert_eq!(
+                nvmlDeviceGetMemoryInfo_v2(h, &mut mem2),
+                NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            );
+            mem2.version = NVML_MEMORY_V2;
+            mem2.reserved = 5;
+            assert_eq!(nvmlDeviceGetMemoryInfo_v2(h, &mut mem2), NVML_SUCCESS);
+            assert_eq!((mem2.total, mem2.reserved, mem2.used), (8 << 30, 0, 0));
+
+            let mut util = NvmlUtilization { gpu: 9, memory: 9 };
+            assert_eq!(nvmlDeviceGetUtilizationRates(h, &mut util), NVML_SUCCESS);
+            assert_eq!(util, NvmlUtilization::default());
+
+            let mut n = 0;
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v3(h, &mut n, null_mut()),
+                NVML_SUCCESS
+            );
+            assert_eq!(n, 0);
+            assert_eq!(
+                nvmlDeviceGetProcessUtilization(h, null_mut(), &mut n, 0),
+                NVML_ERROR_NOT_FOUND
+            );
+
+            // A process using device 1 shows up in the lists and the memory total.
+            let st = state().unwrap();
+            let (slot, _) = st.shared.register(std::process::id()).unwrap();
+            let pd = &st.shared.slot(slot).dev[1];
+            pd.mem_used.store(64 << 20, Release);
+            st.shared.dev(1).mem_used.store(64 << 20, Release);
+            let t = now_ns();
+            pd.window.add(t - 300_000_000, t);
+            st.shared.dev(1).window.add(t - 300_000_000, t);
+            assert_eq!(nvmlDeviceGetMemoryInfo(h, &mut mem), NVML_SUCCESS);
+            assert_eq!((mem.used, mem.free), (64 << 20, (8 << 30) - (64 << 20)));
+            assert_eq!(nvmlDeviceGetUtilizationRates(h, &mut util), NVML_SUCCESS);
+            assert!((25..=35).contains(&util.gpu), "{util:?}");
+
+            n = 0;
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v3(h, &mut n, null_mut()),
+                NVML_ERROR_INSUFFICIENT_SIZE
+            );
+            assert_eq!(n, 1);
+            let mut procs = [NvmlProcessInfoV2::default(); 4];
+            n = 4;
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses_v2(h, &mut n, procs.as_mut_ptr()),
+                NVML_SUCCESS
+            );
+            assert_eq!((n, procs[0]), (1, info_v2(std::process::id(), 64 << 20)));
+            let mut procs1 = [NvmlProcessInfoV1::default(); 1];
+            assert_eq!(
+                nvmlDeviceGetComputeRunningProcesses(h, &mut n, procs1.as_mut_ptr()),
+                NVML_SUCCESS
+            );
+            assert_eq!(procs1[0], info_v1(std::process::id(), 64 << 20));
+            n = 4;
+            assert_eq!(
+                nvmlDeviceGetGraphicsRunningProcesses_v3(h, &mut n, procs.as_mut_ptr()),
+                NVML_SUCCESS
+            );
+            assert_eq!(n, 0);
+
+            n = 0;
+            assert_eq!(
+                nvmlDeviceGetProcessUtilization(h, null_mut(), &mut n, 0),
+                NVML_ERROR_INSUFFICIENT_SIZE
+            );
+            assert_eq!(n, 1);
+            let mut samples = [NvmlProcessUtilizationSample::default(); 1];
+            assert_eq!(
+                nvmlDeviceGetProcessUtilization(h, samples.as_mut_ptr(), &mut n, 0),
+                NVML_SUCCESS
+            );
+            assert_eq!(samples[0].pid, std::process::id());
+            assert!((25..=35).contains(&samples[0].sm_util), "{:?}", samples[0]);
+            assert!(samples[0].time_stamp > 0);
+            assert_eq!(
+                nvmlDeviceGetProcessUtilization(h, samples.as_mut_ptr(), &mut n, u64::MAX),
+                NVML_ERROR_NOT_FOUND
+            );
+            st.shared.release_slot(slot);
+
+            let (mut major, mut minor) = (0, 0);
+            assert_eq!(
+                nvmlDeviceGetCudaComputeCapability(h, &mut major, &mut minor),
+                NVML_SUCCESS
+            );
+            assert_eq!((major, minor), (8, 0));
+            let mut v = 0;
+            assert_eq!(nvmlSystemGetCudaDriverVersion_v2(&mut v), NVML_SUCCESS);
+            assert_eq!(v, SimConfig::default().driver_version);
+            assert_eq!(
+                nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 80),
+                NVML_SUCCESS
+            );
+            let mut temp = 0;
+            assert_eq!(nvmlDeviceGetTemperature(h, 0, &mut temp), NVML_SUCCESS);
+            assert_eq!(
+                nvmlDeviceGetTemperature(h, 1, &mut temp),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            assert_eq!(
+                CStr::from_ptr(nvmlErrorString(7)).to_str().unwrap(),
+                "Insufficient Size"
+            );
+
+            assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetCount(&mut count), NVML_SUCCESS); // one init still open
+            assert_eq!(nvmlShutdown(), NVML_SUCCESS);
+            assert_eq!(nvmlDeviceGetCount(&mut count), NVML_ERROR_UNINITIALIZED);
+            assert_eq!(
+                nvmlDeviceGetMemoryInfo(h, &mut mem),
+                NVML_ERROR_UNINITIALIZED
+            );
+            assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
+        }
+    }
+}

@@ -10,7 +10,9 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
 use super::module::{blocks_per_sm, function, Function};
-use super::{stream_ref, submit, R};
+use std::sync::Arc;
+
+use super::{stream_ref, submit_or_capture, Builder, R};
 use crate::driver_ptds;
 use crate::engine::{Op, Resource};
 use crate::sim::{sim, Sim};
@@ -65,7 +67,33 @@ fn pointer_args(f: &Function, params: *mut *mut c_void) -> Option<Vec<u64>> {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Validates a launch and returns the builder of its stream operation. Everything that depends on
+/// the caller's argument memory (duration, pointer arguments) is read now.
+pub unsafe fn kernel_op(
+    f: *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    params: *mut *mut c_void,
+) -> Result<Builder, CUresult> {
+    let s = sim()?;
+    let func = function(f)?;
+    if grid.contains(&0)
+        || block.contains(&0)
+        || block.iter().map(|&x| x as u64).product::<u64>() > 1024
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = super::current_ctx_opt().map_or(0, |c| c.device);
+    let dur = kernel_ns(s, &func, dev, grid, block, params);
+    let ptr_args = pointer_args(&func, params);
+    Ok(Arc::new(move || {
+        let mut op = Op::new(Resource::Compute(dev), dur);
+        op.is_kernel = true;
+        op.extra = super::managed::touch_for_kernel(s, dev, ptr_args.clone());
+        Ok(op)
+    }))
+}
+
 unsafe fn launch(
     f: *mut c_void,
     grid: [u32; 3],
@@ -75,14 +103,8 @@ unsafe fn launch(
     ptds: bool,
 ) -> R {
     let s = sim()?;
-    let func = function(f)?;
-    if grid.contains(&0)
-        || block.contains(&0)
-        || block.iter().map(|&x| x as u64).product::<u64>() > 1024
-    {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
     let r = stream_ref(h, ptds)?;
+    let build = kernel_op(f, grid, block, params)?;
     let n = s.launch_count.fetch_add(1, AcqRel) + 1;
     if let Some((nth, code)) = s.cfg.faults.launch_error {
         if nth == n {
@@ -90,15 +112,7 @@ unsafe fn launch(
             return Err(code);
         }
     }
-    let dev = r.ctx.device;
-    let mut op = Op::new(
-        Resource::Compute(dev),
-        kernel_ns(s, &func, dev, grid, block, params),
-    );
-    op.is_kernel = true;
-    op.extra = super::managed::touch_for_kernel(s, dev, pointer_args(&func, params));
-    submit(s, &r, op);
-    Ok(())
+    submit_or_capture(s, &r, super::graph::NODE_KERNEL, move || build())
 }
 
 unsafe fn launch_ex(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-use super::{current_ctx, out, stream_ref, submit, submit_sync, StreamRef, R};
+use super::{current_ctx, out, stream_ref, submit, submit_or_capture, submit_sync, R};
 use crate::engine::{Op, Resource};
 use crate::sim::{sim, Sim};
 use crate::types::*;
@@ -193,6 +193,8 @@ pub fn device_range(s: &Sim, p: u64, len: u64) -> Option<(Kind, usize)> {
 
 #[derive(Clone, Copy)]
 struct SendPtr(u64);
+// SAFETY: as for Send; graph builders share these addresses between threads.
+unsafe impl Sync for SendPtr {}
 // SAFETY: the addresses are plain memory owned by the application or by simgpu's mappings.
 unsafe impl Send for SendPtr {}
 
@@ -274,8 +276,10 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
         }
         Some((h, ptds)) => {
             let sr = stream_ref(h, ptds)?;
-            let op = copy_op(s, dst, src, len, true)?;
-            submit(s, &sr, op);
+            // A captured copy reads its source when the graph runs, so it is not staged.
+            let stage = crate::driver::graph::capturing(sr.id).is_none();
+            let node = crate::driver::graph::NODE_MEMCPY;
+            submit_or_capture(s, &sr, node, move || copy_op(s, dst, src, len, stage))?;
         }
     }
     Ok(())
@@ -410,31 +414,32 @@ unsafe fn memset(
     let _ = kind;
     let dur = copy_cost(s, width * rows, s.cfg.cost.hbm_bytes_per_s);
     let d = SendPtr(dst);
-    let op = Op::new(Resource::Compute(dev), dur).with_effect(move || {
-        let d = d;
-        for r in 0..rows {
-            let row = (d.0 + r * pitch) as *mut u8;
-            // SAFETY: extent validated against the allocation table above.
-            unsafe {
-                match elem {
-                    1 => std::ptr::write_bytes(row, value as u8, count as usize),
-                    2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize)
-                        .fill(value as u16),
-                    _ => {
-                        std::slice::from_raw_parts_mut(row as *mut u32, count as usize).fill(value)
+    let build = move || {
+        Ok(Op::new(Resource::Compute(dev), dur).with_effect(move || {
+            let d = d;
+            for r in 0..rows {
+                let row = (d.0 + r * pitch) as *mut u8;
+                // SAFETY: extent validated against the allocation table above.
+                unsafe {
+                    match elem {
+                        1 => std::ptr::write_bytes(row, value as u8, count as usize),
+                        2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize)
+                            .fill(value as u16),
+                        _ => std::slice::from_raw_parts_mut(row as *mut u32, count as usize)
+                            .fill(value),
                     }
                 }
             }
-        }
-    });
-    let sref: StreamRef = match stream {
-        None => stream_ref(std::ptr::null_mut(), ptds)?,
-        Some((h, pt)) => stream_ref(h, pt)?,
+        }))
     };
-    if stream.is_none() {
-        submit_sync(s, &sref, op);
-    } else {
-        submit(s, &sref, op);
+    match stream {
+        None => submit_sync(s, &stream_ref(std::ptr::null_mut(), ptds)?, build()?),
+        Some((h, pt)) => submit_or_capture(
+            s,
+            &stream_ref(h, pt)?,
+            crate::driver::graph::NODE_MEMSET,
+            build,
+        )?,
     }
     Ok(())
 }

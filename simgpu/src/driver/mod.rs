@@ -189,6 +189,26 @@ pub fn submit(sim: &'static Sim, s: &StreamRef, mut op: Op) -> u64 {
     sim.engine.enqueue(s.id, op)
 }
 
+/// Builds a stream operation; called again at every launch of a graph that captured it.
+pub type Builder = std::sync::Arc<dyn Fn() -> Result<Op, CUresult> + Send + Sync>;
+
+/// Submits the operation `build` makes, or, if the stream is capturing, records it as a node of
+/// type `node_type` (a `CUgraphNodeType`) of the graph being captured.
+pub fn submit_or_capture(
+    sim: &'static Sim,
+    s: &StreamRef,
+    node_type: u32,
+    build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
+) -> R {
+    if let Some(g) = graph::capturing(s.id) {
+        build()?; // validate now, as the driver does at capture time
+        g.add(node_type, std::sync::Arc::new(build), None);
+        return Ok(());
+    }
+    submit(sim, s, build()?);
+    Ok(())
+}
+
 /// Enqueues and waits for completion (synchronous API calls).
 pub fn submit_sync(sim: &'static Sim, s: &StreamRef, op: Op) {
     let seq = submit(sim, s, op);

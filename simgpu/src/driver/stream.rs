@@ -42,6 +42,8 @@ unsafe fn destroy(h: CUstream) -> R {
 struct HostFn(usize, usize);
 // SAFETY: the application hands us a function and its argument to call from a driver thread.
 unsafe impl Send for HostFn {}
+// SAFETY: only copied and called, never dereferenced by simgpu.
+unsafe impl Sync for HostFn {}
 
 driver! {
     fn cuStreamCreate(ph: *mut CUstream, flags: u32) {
@@ -108,6 +110,11 @@ driver_ptds! {
         let s = sim()?;
         let r = stream_ref(h, ptds)?;
         let e = s.events.get(ev as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if crate::driver::graph::join_if_captured(r.id, &e.state)
+            || crate::driver::graph::capturing(r.id).is_some()
+        {
+            return Ok(()); // the stream joins (or already is in) the capture
+        }
         let rec = *e.state.inner.lock();
         let mut op = Op::marker();
         if rec.recorded {
@@ -123,13 +130,15 @@ driver_ptds! {
         let s = sim()?;
         let r = stream_ref(h, ptds)?;
         let hf = HostFn(f as usize, user as usize);
-        submit(s, &r, Op::marker().with_effect(move || {
-            let hf = hf;
-            // SAFETY: CUhostFn is `void (*)(void *userData)`, given to us to call once.
-            let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(hf.0) };
-            unsafe { f(hf.1 as *mut c_void) }
-        }));
-        Ok(())
+        let node = crate::driver::graph::NODE_HOST;
+        super::submit_or_capture(s, &r, node, move || {
+            Ok(Op::marker().with_effect(move || {
+                let hf = hf;
+                // SAFETY: CUhostFn is `void (*)(void *userData)`, given to us to call.
+                let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(hf.0) };
+                unsafe { f(hf.1 as *mut c_void) }
+            }))
+        })
     }
     fn cuStreamAddCallback / cuStreamAddCallback_ptsz(h: CUstream, f: *mut c_void, user: *mut c_void, _flags: u32) |ptds| {
         if f.is_null() {
