@@ -1,0 +1,184 @@
+//! simjob-train: a training-like CUDA job.
+//!
+//! Allocates `--mem` up front (touched with a memset), then loops: launch `--kernels` kernels
+//! totalling `--gpu-ms` of GPU time, wait for them (like reading the loss), sleep `--cpu-ms` on
+//! the host (data loading, optimiser bookkeeping). Reports iterations/s.
+
+use anyhow::Context;
+use clap::Parser;
+use jobs::cli::{self, CommonArgs};
+use jobs::gpu::Gpu;
+use jobs::report::Reporter;
+use jobs::stats::{round3, RateWindow, Summary};
+use serde_json::json;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+const JOB: &str = "simjob-train";
+
+/// A training-like CUDA job: per iteration, kernels totalling --gpu-ms, then a --cpu-ms host gap.
+///
+/// Prints JSON lines on stdout: a start line, progress every --report-interval, and a final
+/// summary ("final": true) with iterations/s. Runs for --duration (default 10s) or --iters;
+/// SIGTERM/SIGINT stop it early, still with the final line.
+#[derive(Parser, Debug)]
+#[command(name = JOB, version, about, long_about)]
+struct Args {
+    /// GPU time per iteration, in milliseconds, split over --kernels kernels.
+    #[arg(long, value_name = "MS", default_value = "6", value_parser = cli::parse_ms)]
+    gpu_ms: f64,
+
+    /// Number of kernels launched per iteration.
+    #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    kernels: u32,
+
+    /// Host time between iterations (a sleep), in milliseconds.
+    #[arg(long, value_name = "MS", default_value = "4", value_parser = cli::parse_ms)]
+    cpu_ms: f64,
+
+    /// Device memory allocated up front and touched with a memset (e.g. 512MiB, 2GiB).
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = cli::parse_size)]
+    mem: u64,
+
+    /// Allocate --mem as managed memory (cuMemAllocManaged) instead of cuMemAlloc.
+    #[arg(long)]
+    managed: bool,
+
+    /// Also memset the whole buffer every N iterations (0 = only once, up front).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    touch_every: u64,
+
+    /// Stop after this many iterations.
+    #[arg(long, value_name = "N", conflicts_with = "duration")]
+    iters: Option<u64>,
+
+    /// Stop after this long (default 10s unless --iters is given).
+    #[arg(long, value_name = "DURATION", value_parser = cli::parse_duration)]
+    duration: Option<Duration>,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+fn main() -> ExitCode {
+    jobs::run::main_with(JOB, || run(Args::parse()))
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let gpu = Gpu::open(args.common.device)?;
+    let mem = gpu
+        .alloc(args.mem, args.managed)
+        .with_context(|| format!("allocating --mem {}", cli::format_size(args.mem)))?;
+    gpu.memset(&mem, 0)?;
+    gpu.sync()?;
+
+    let kernel_ns = cli::split_ns(args.gpu_ms, args.kernels);
+    let cpu_gap = Duration::from_secs_f64(args.cpu_ms / 1e3);
+    let (limit_iters, limit_time) = match (args.iters, args.duration) {
+        (Some(n), _) => (Some(n), None),
+        (None, Some(d)) => (None, Some(d)),
+        (None, None) => (None, Some(Duration::from_secs(10))),
+    };
+
+    let mut rep = Reporter::new(JOB, args.common.report_interval);
+    rep.started(json!({
+        "device": gpu.info.to_json(),
+        "gpu_ms": args.gpu_ms,
+        "kernels": args.kernels,
+        "cpu_ms": args.cpu_ms,
+        "mem_bytes": args.mem,
+        "managed": args.managed,
+        "touch_every": args.touch_every,
+        "iters_limit": limit_iters,
+        "duration_s": limit_time.map(|d| d.as_secs_f64()),
+    }));
+
+    let start = rep.start();
+    let mut window = RateWindow::new(0.0, 0);
+    let mut iter_ms: Vec<f64> = Vec::new();
+    let mut iters: u64 = 0;
+    loop {
+        if limit_iters.is_some_and(|n| iters >= n)
+            || limit_time.is_some_and(|d| start.elapsed() >= d)
+            || jobs::run::stop_requested()
+        {
+            break;
+        }
+        let t0 = Instant::now();
+        if args.touch_every > 0 && iters > 0 && iters % args.touch_every == 0 {
+            gpu.memset(&mem, (iters / args.touch_every) as u8)?;
+        }
+        for &ns in &kernel_ns {
+            gpu.spin(ns)?;
+        }
+        gpu.sync()?;
+        if !cpu_gap.is_zero() {
+            // A stop request cuts the gap short; the iteration still counts.
+            jobs::run::sleep_until(Instant::now() + cpu_gap);
+        }
+        iters += 1;
+        iter_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+
+        if rep.due() {
+            let t = rep.t();
+            rep.progress(json!({
+                "iters": iters,
+                "iters_per_s": round3(window.tick(t, iters)),
+                "avg_iters_per_s": round3(iters as f64 / t),
+            }));
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(mem);
+    rep.finish(json!({
+        "iters": iters,
+        "elapsed_s": round3(elapsed),
+        "iters_per_s": round3(if elapsed > 0.0 { iters as f64 / elapsed } else { 0.0 }),
+        "iter_ms": Summary::to_json(Summary::of(&iter_ms)),
+        "ideal_iter_ms": round3(args.gpu_ms + args.cpu_ms),
+        "gpu_ms": args.gpu_ms,
+        "cpu_ms": args.cpu_ms,
+        "kernels": args.kernels,
+        "mem_bytes": args.mem,
+        "managed": args.managed,
+        "device": gpu.info.to_json(),
+    }));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let a = Args::try_parse_from([JOB]).unwrap();
+        assert_eq!(a.gpu_ms, 6.0);
+        assert_eq!(a.kernels, 4);
+        assert_eq!(a.mem, 256 << 20);
+        assert!(a.iters.is_none() && a.duration.is_none());
+        let a = Args::try_parse_from([
+            JOB,
+            "--mem",
+            "2GiB",
+            "--managed",
+            "--gpu-ms",
+            "1.5",
+            "--duration",
+            "500ms",
+        ])
+        .unwrap();
+        assert_eq!(a.mem, 2 << 30);
+        assert!(a.managed);
+        assert_eq!(a.duration, Some(Duration::from_millis(500)));
+        assert!(Args::try_parse_from([JOB, "--iters", "5", "--duration", "1s"]).is_err());
+        assert!(Args::try_parse_from([JOB, "--kernels", "0"]).is_err());
+        assert!(Args::try_parse_from([JOB, "--mem", "lots"]).is_err());
+    }
+}

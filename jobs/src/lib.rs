@@ -1,0 +1,22 @@
+//! Ordinary CUDA driver-API programs used as "unmodified jobs" by `sharectl demo` and the benchmarks.
+//!
+//! Nothing here knows about libshare: the binaries (`simjob-train`, `simjob-infer`,
+//! `simjob-saturate`) load `libcuda.so.1` like any CUDA program, so they run on a real GPU, on
+//! simgpu, and later under the libshare shim without changes.
+//!
+//! Every binary prints one JSON object per line on stdout: a `"event": "start"` line, periodic
+//! `"event": "progress"` lines, and a final summary with `"event": "final", "final": true`.
+//! Every line carries `"job"` and `"t"` (seconds since the job's start, after CUDA setup).
+//! Errors go to stderr as one line, with a non-zero exit code.
+
+pub mod cli;
+pub mod gpu;
+pub mod report;
+pub mod run;
+pub mod stats;
+
+/// The PTX module with the `simgpu_spin(.param .u64 ns)` kernel (see `spin.ptx`).
+pub const SPIN_PTX: &str = include_str!("spin.ptx");
+
+/// Name of the kernel entry in [`SPIN_PTX`].
+pub const SPIN_KERNEL: &str = "simgpu_spin";

@@ -1,0 +1,77 @@
+//! The `main` of every job: errors and panics become one line on stderr and a non-zero exit;
+//! SIGTERM/SIGINT end the run early but still print the final summary.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Async-signal-safe only: an atomic swap, and _exit on the second signal (a job stuck in
+    // the driver can still be stopped).
+    if STOP.swap(true, Ordering::Relaxed) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(128 + sig) };
+    }
+}
+
+/// Whether SIGTERM or SIGINT asked the job to stop. Job loops check it each iteration and
+/// then finish normally (final line, exit 0).
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// Sleeps until `deadline`, in slices of at most 50 ms so a stop request is seen promptly.
+/// Returns `false` if a stop was requested (possibly before the deadline).
+pub fn sleep_until(deadline: Instant) -> bool {
+    loop {
+        if stop_requested() {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(50)));
+    }
+}
+
+fn install_stop_handlers() {
+    // SAFETY: a plain sigaction with a handler that only stores to an atomic.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Runs `body`; on error prints `"<job>: <error>"` on stderr and exits with 1. A panic (e.g. a
+/// driver symbol cudarc needs is missing) prints `"<job>: internal error: ..."` and exits with 101.
+pub fn main_with(job: &'static str, body: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = if let Some(s) = info.payload().downcast_ref::<&str>() {
+            (*s).to_string()
+        } else if let Some(s) = info.payload().downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "panic".to_string()
+        };
+        let at = info
+            .location()
+            .map(|l| format!(" (at {}:{})", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("{job}: internal error: {msg}{at}");
+    }));
+    install_stop_handlers();
+    match body() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{job}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

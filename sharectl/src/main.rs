@@ -1,0 +1,76 @@
+//! `sharectl`: libshare's node daemon and admin CLI.
+//!
+//! Each subcommand lives in its own module. For now only `demo` exists; the daemon and the admin
+//! commands (`daemon`, `status`, `top`, `set`, `get`, `reset`, `cdi`, `hook`) come with the
+//! shim and the daemon.
+
+mod demo;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// libshare: share one GPU between production and opportunistic jobs, unmodified.
+#[derive(Parser, Debug)]
+#[command(name = "sharectl", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // Like other Unix tools, stop quietly when the reader of stdout goes away.
+        Err(e) if e.downcast_ref::<demo::StdoutClosed>().is_some() => ExitCode::from(141),
+        Err(e) => {
+            eprintln!("sharectl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn demo_args() {
+        let cli = Cli::try_parse_from(["sharectl", "demo"]).unwrap();
+        let Command::Demo(a) = cli.command;
+        assert_eq!(a.duration, 5.0);
+        assert!(!a.sim && !a.json);
+        let cli = Cli::try_parse_from([
+            "sharectl",
+            "demo",
+            "--sim",
+            "--duration",
+            "2.5",
+            "--json",
+            "--simgpu-lib",
+            "/x",
+        ])
+        .unwrap();
+        let Command::Demo(a) = cli.command;
+        assert_eq!(a.duration, 2.5);
+        assert!(a.sim && a.json);
+        assert_eq!(a.simgpu_lib.as_deref(), Some(std::path::Path::new("/x")));
+        assert!(Cli::try_parse_from(["sharectl", "demo", "--duration", "0"]).is_err());
+        assert!(Cli::try_parse_from(["sharectl", "demo", "--duration", "abc"]).is_err());
+        assert!(Cli::try_parse_from(["sharectl"]).is_err());
+    }
+}
