@@ -118,6 +118,7 @@ pub struct Gpu {
     stream: sys::CUstream,
     module: sys::CUmodule,
     spin: sys::CUfunction,
+    spin_touch: sys::CUfunction,
     pub info: DeviceInfo,
 }
 
@@ -162,6 +163,7 @@ impl Gpu {
             stream: std::ptr::null_mut(),
             module: std::ptr::null_mut(),
             spin: std::ptr::null_mut(),
+            spin_touch: std::ptr::null_mut(),
             info: DeviceInfo {
                 ordinal,
                 name,
@@ -185,7 +187,35 @@ impl Gpu {
         gpu.spin = check("cuModuleGetFunction", unsafe {
             result::module::get_function(gpu.module, fname)
         })?;
+        let fname = CString::new(crate::SPIN_TOUCH_KERNEL).expect("no NUL");
+        // SAFETY: module is loaded.
+        gpu.spin_touch = check("cuModuleGetFunction", unsafe {
+            result::module::get_function(gpu.module, fname)
+        })?;
         Ok(gpu)
+    }
+
+    /// Launches `simgpu_spin_touch(ns, buf, bytes)`: the kernel's working set is `buf`.
+    pub fn spin_over(&self, ns: u64, buf: &DeviceBuffer<'_>) -> Result<(), CudaError> {
+        let (mut a, mut b, mut c) = (ns, buf.ptr, buf.bytes);
+        let mut params = [
+            &mut a as *mut u64 as *mut c_void,
+            &mut b as *mut u64 as *mut c_void,
+            &mut c as *mut u64 as *mut c_void,
+        ];
+        // SAFETY: the function takes three u64 parameters; the driver copies the parameter
+        // values before cuLaunchKernel returns; `buf` outlives the launch (freed on drop, after
+        // the caller synchronises).
+        check("cuLaunchKernel", unsafe {
+            result::launch_kernel(
+                self.spin_touch,
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                self.stream,
+                &mut params,
+            )
+        })
     }
 
     /// Launches `simgpu_spin(ns)` (grid 1×1×1, block 32) on the stream.

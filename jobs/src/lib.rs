@@ -20,3 +20,6 @@ pub const SPIN_PTX: &str = include_str!("spin.ptx");
 
 /// Name of the kernel entry in [`SPIN_PTX`].
 pub const SPIN_KERNEL: &str = "simgpu_spin";
+
+/// Name of the kernel entry that also touches a buffer (its working set).
+pub const SPIN_TOUCH_KERNEL: &str = "simgpu_spin_touch";

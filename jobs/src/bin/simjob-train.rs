@@ -108,8 +108,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         if args.touch_every > 0 && iters > 0 && iters % args.touch_every == 0 {
             gpu.memset(&mem, (iters / args.touch_every) as u8)?;
         }
+        // The kernels work on the job's memory, so --managed memory is faulted in as it is used.
         for &ns in &kernel_ns {
-            gpu.spin(ns)?;
+            gpu.spin_over(ns, &mem)?;
         }
         gpu.sync()?;
         if !cpu_gap.is_zero() {
