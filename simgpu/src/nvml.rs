@@ -1247,9 +1247,11 @@ mod tests {
             assert_eq!(nvmlShutdown(), NVML_ERROR_UNINITIALIZED);
 
             let dir = tempfile::tempdir().unwrap();
-            let mut cfg = SimConfig::default();
-            cfg.state_dir = dir.path().to_path_buf();
-            cfg.devices = vec![DeviceConfig::a100(0), DeviceConfig::a100(1)];
+            let mut cfg = SimConfig {
+                state_dir: dir.path().to_path_buf(),
+                devices: vec![DeviceConfig::a100(0), DeviceConfig::a100(1)],
+                ..SimConfig::default()
+            };
             cfg.devices[1].memory = 8 << 30;
             assert_eq!(init_with(|| Ok(cfg)), NVML_SUCCESS);
             assert_eq!(nvmlInit_v2(), NVML_SUCCESS); // refcounted; config already loaded
@@ -1431,7 +1433,7 @@ mod tests {
                 nvmlDeviceGetProcessUtilization(h, samples.as_mut_ptr(), &mut n, u64::MAX),
                 NVML_ERROR_NOT_FOUND
             );
-            st.shared.release_slot(slot);
+            st.shared.release_slot(slot, std::process::id());
 
             let (mut major, mut minor) = (0, 0);
             assert_eq!(

@@ -13,6 +13,8 @@ pub const MAGIC: u64 = 0x5349_4d47_5055_0002; // "SIMGPU" v2
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 256;
 pub const CHUNK: u64 = 2 << 20;
+/// A slot's pid while its resources are being released.
+const RELEASING: u32 = u32::MAX;
 /// Utilisation window: `BUCKETS` buckets of `BUCKET_NS`.
 pub const BUCKETS: usize = 64;
 pub const BUCKET_NS: u64 = 16_000_000;
@@ -297,18 +299,27 @@ impl Shared {
         for i in 0..MAX_PROCS {
             let s = self.slot(i);
             let pid = s.pid.load(Acquire);
-            if pid == 0 || proc_alive(pid, s.start_time.load(Acquire)) {
+            if pid == 0 || pid == RELEASING || proc_alive(pid, s.start_time.load(Acquire)) {
                 continue;
             }
-            self.release_slot(i);
-            n += 1;
+            if self.release_slot(i, pid) {
+                n += 1;
+            }
         }
         n
     }
 
-    /// Frees slot `i` (the process exited or died).
-    pub fn release_slot(&self, i: usize) {
+    /// Frees slot `i` if it still belongs to `pid` (the process exited or died). Claiming the
+    /// slot first means two processes reclaiming the same dead slot cannot both release it, and a
+    /// new owner that took it in between is left alone. Returns whether this call released it.
+    pub fn release_slot(&self, i: usize, pid: u32) -> bool {
         let s = self.slot(i);
+        if s.pid
+            .compare_exchange(pid, RELEASING, AcqRel, Acquire)
+            .is_err()
+        {
+            return false;
+        }
         let word = owner_word(i, s.generation.load(Acquire));
         for d in 0..self.ndev {
             for c in self.chunks(d) {
@@ -320,6 +331,7 @@ impl Shared {
             sub_saturating(&self.dev(d).mem_used, used);
         }
         s.pid.store(0, Release);
+        true
     }
 
     /// Slots of live processes: (slot index, pid).
@@ -328,7 +340,8 @@ impl Shared {
             .filter_map(|i| {
                 let s = self.slot(i);
                 let pid = s.pid.load(Acquire);
-                (pid != 0 && proc_alive(pid, s.start_time.load(Acquire))).then_some((i, pid))
+                (pid != 0 && pid != RELEASING && proc_alive(pid, s.start_time.load(Acquire)))
+                    .then_some((i, pid))
             })
             .collect()
     }

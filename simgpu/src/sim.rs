@@ -109,7 +109,7 @@ pub fn init() -> CUresult {
 extern "C" fn at_exit() {
     if let Some(s) = get() {
         crate::driver::stats::write_stats_file(s);
-        s.shared.release_slot(s.slot);
+        s.shared.release_slot(s.slot, s.pid);
     }
 }
 
