@@ -24,17 +24,6 @@ pub mod sim;
 pub mod stub;
 pub mod types;
 
-/// One cuGetProcAddress entry: `name` at ABI `version` (per-thread-default-stream twin if
-/// `per_thread`) is the export `export`.
-#[derive(Debug, Clone, Copy)]
-pub struct ProcEntry {
-    pub name: &'static str,
-    pub version: u32,
-    pub per_thread: bool,
-    pub export: &'static str,
-}
-
 pub mod table {
-    use crate::ProcEntry;
     include!(concat!(env!("OUT_DIR"), "/driver_table.rs"));
 }

@@ -1,52 +1,14 @@
 //! Initialisation, versions, entry-point lookup (`cuGetProcAddress`), error strings, logs.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
-use std::sync::OnceLock;
 
 use super::{cstr, out, R};
-use crate::table::{export_ptr, PROC_TABLE};
+use crate::driver;
+use crate::table::export_ptr;
 use crate::types::*;
-use crate::{driver, ProcEntry};
+use shim_headers::{resolve, LookupError, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
 
-const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 const CU_GET_PROC_ADDRESS_SUCCESS: i32 = 0;
-const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: i32 = 1;
-const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: i32 = 2;
-
-/// The ABI entry for (name, requested version, per-thread flag): the highest ABI version not newer
-/// than the request; the per-thread twin when asked for and one exists.
-/// `Err(status)` is CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND or _VERSION_NOT_SUFFICIENT.
-pub fn resolve(name: &str, version: u32, per_thread: bool) -> Result<&'static ProcEntry, i32> {
-    static BY_NAME: OnceLock<HashMap<&'static str, Vec<&'static ProcEntry>>> = OnceLock::new();
-    let map = BY_NAME.get_or_init(|| {
-        let mut m: HashMap<&str, Vec<&ProcEntry>> = HashMap::new();
-        for e in PROC_TABLE {
-            m.entry(e.name).or_default().push(e);
-        }
-        m
-    });
-    let entries = map.get(name).ok_or(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)?;
-    let best = |pt: bool| {
-        entries
-            .iter()
-            .filter(|e| e.per_thread == pt && e.version <= version)
-            .max_by_key(|e| e.version)
-            .copied()
-    };
-    let plain = best(false);
-    let pick = if per_thread {
-        match (best(true), plain) {
-            // The twin must be at least as new as the plain entry it replaces.
-            (Some(t), Some(p)) if t.version >= p.version => Some(t),
-            (Some(t), None) => Some(t),
-            _ => plain,
-        }
-    } else {
-        plain
-    };
-    pick.ok_or(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
-}
 
 unsafe fn get_proc_address(
     sym: *const c_char,
@@ -62,7 +24,8 @@ unsafe fn get_proc_address(
     let name = cstr(sym)?;
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let r = resolve(name, version.max(0) as u32, per_thread)
-        .and_then(|e| export_ptr(e.export).ok_or(1));
+        .map_err(|e| e as i32)
+        .and_then(|e| export_ptr(e.export).ok_or(LookupError::NotFound as i32));
     match r {
         Ok(p) => {
             *pfn = p;
@@ -245,45 +208,4 @@ fn error_strings(e: CUresult) -> Option<(&'static str, &'static str)> {
         ),
         _ => return None,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::resolve;
-
-    #[test]
-    fn version_aware_resolution() {
-        let e = |n, v, p| resolve(n, v, p).map(|e| e.export);
-        assert_eq!(e("cuMemAlloc", 3020, false), Ok("cuMemAlloc_v2"));
-        assert_eq!(e("cuMemAlloc", 2000, false), Ok("cuMemAlloc"));
-        assert_eq!(e("cuCtxCreate", 3020, false), Ok("cuCtxCreate_v2"));
-        assert_eq!(e("cuCtxCreate", 11040, false), Ok("cuCtxCreate_v3"));
-        assert_eq!(e("cuCtxCreate", 12050, false), Ok("cuCtxCreate_v4"));
-        assert_eq!(e("cuCtxCreate", 12000, false), Ok("cuCtxCreate_v3"));
-        assert_eq!(
-            e("cuStreamGetCaptureInfo", 10010, false),
-            Ok("cuStreamGetCaptureInfo")
-        );
-        assert_eq!(
-            e("cuStreamGetCaptureInfo", 11030, false),
-            Ok("cuStreamGetCaptureInfo_v2")
-        );
-        assert_eq!(
-            e("cuStreamGetCaptureInfo", 12030, false),
-            Ok("cuStreamGetCaptureInfo_v3")
-        );
-        assert_eq!(
-            e("cuStreamGetCaptureInfo", 12030, true),
-            Ok("cuStreamGetCaptureInfo_v3_ptsz")
-        );
-        assert_eq!(e("cuCtxGetDevice", 13000, false), Ok("cuCtxGetDevice_v2"));
-        assert_eq!(e("cuCtxGetDevice", 12090, false), Ok("cuCtxGetDevice"));
-        assert_eq!(e("cuMemcpyHtoD", 7000, true), Ok("cuMemcpyHtoD_v2_ptds"));
-        assert_eq!(e("cuMemcpyHtoD", 3020, true), Ok("cuMemcpyHtoD_v2"));
-        assert_eq!(e("cuLaunchKernel", 12000, true), Ok("cuLaunchKernel_ptsz"));
-        assert_eq!(e("cuInit", 12000, true), Ok("cuInit"));
-        assert_eq!(resolve("cuNoSuchThing", 12000, false).err(), Some(1));
-        assert_eq!(resolve("cuMemAllocAsync", 11000, false).err(), Some(2));
-        assert_eq!(resolve("", 0, false).err(), Some(1));
-    }
 }

@@ -1,0 +1,159 @@
+//! The one declaration list of the CUDA driver API, `cuda_driver_api.txt` (generated from the
+//! pinned CUDA 12.9/13.5 headers by `tools/gen_driver_api.py`), as Rust tables:
+//! - [`PROC_TABLE`]: every `cuGetProcAddress` entry (base name, ABI version, per-thread twin) and
+//!   the export symbol it means;
+//! - [`EXPORTS`]: every export symbol with its C parameter list;
+//! - [`resolve`]: the driver's version-aware lookup rule, used by simgpu to answer
+//!   `cuGetProcAddress` and by libshare to know which hook a returned pointer must become.
+
+/// One `cuGetProcAddress` entry: `name` at ABI `version` (the per-thread-default-stream twin if
+/// `per_thread`) is the export `export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub name: &'static str,
+    pub version: u32,
+    pub per_thread: bool,
+    pub export: &'static str,
+}
+
+include!(concat!(env!("OUT_DIR"), "/tables.rs"));
+
+/// `CUgetProcAddress_flags`: ask for the per-thread-default-stream variant.
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// Why a lookup failed, as `CUdriverProcAddressQueryResult` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupError {
+    /// CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+    NotFound = 1,
+    /// CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+    VersionNotSufficient = 2,
+}
+
+/// The ABI entry for (name, requested version, per-thread flag): the highest ABI version not newer
+/// than the request — never simply the newest `_vN` — and the per-thread twin when asked for and
+/// at least as new as the plain entry it replaces.
+pub fn resolve(
+    name: &str,
+    version: u32,
+    per_thread: bool,
+) -> Result<&'static ProcEntry, LookupError> {
+    let entries = by_name(name);
+    if entries.is_empty() {
+        return Err(LookupError::NotFound);
+    }
+    let best = |pt: bool| {
+        entries
+            .iter()
+            .filter(|e| e.per_thread == pt && e.version <= version)
+            .max_by_key(|e| e.version)
+    };
+    let plain = best(false);
+    let pick = if per_thread {
+        match (best(true), plain) {
+            (Some(t), Some(p)) if t.version >= p.version => Some(t),
+            (Some(t), None) => Some(t),
+            _ => plain,
+        }
+    } else {
+        plain
+    };
+    pick.ok_or(LookupError::VersionNotSufficient)
+}
+
+/// All entries for a base name (PROC_TABLE is sorted by name).
+pub fn by_name(name: &str) -> &'static [ProcEntry] {
+    let lo = PROC_TABLE.partition_point(|e| e.name < name);
+    let hi = lo + PROC_TABLE[lo..].partition_point(|e| e.name == name);
+    &PROC_TABLE[lo..hi]
+}
+
+/// The C parameter list of an export, if the declaration list has it.
+pub fn prototype(export: &str) -> Option<&'static str> {
+    EXPORTS
+        .binary_search_by(|(n, _)| n.cmp(&export))
+        .ok()
+        .map(|i| EXPORTS[i].1)
+}
+
+/// Number of parameters in a C parameter list such as `(CUdeviceptr_v2 *dptr, size_t bytesize)`.
+pub fn param_count(proto: &str) -> usize {
+    let inner = proto
+        .trim()
+        .trim_start_matches('(')
+        .trim_end_matches(')')
+        .trim();
+    if inner.is_empty() || inner == "void" {
+        0
+    } else {
+        inner.split(',').count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_sorted_for_binary_search() {
+        assert!(PROC_TABLE.windows(2).all(|w| w[0].name <= w[1].name));
+        assert!(EXPORTS.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn every_entry_names_a_known_export() {
+        for e in PROC_TABLE {
+            assert!(prototype(e.export).is_some(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn version_aware_resolution() {
+        let e = |n, v, p| resolve(n, v, p).map(|e| e.export);
+        assert_eq!(e("cuMemAlloc", 3020, false), Ok("cuMemAlloc_v2"));
+        assert_eq!(e("cuMemAlloc", 2000, false), Ok("cuMemAlloc"));
+        assert_eq!(e("cuCtxCreate", 3020, false), Ok("cuCtxCreate_v2"));
+        assert_eq!(e("cuCtxCreate", 11040, false), Ok("cuCtxCreate_v3"));
+        assert_eq!(e("cuCtxCreate", 12050, false), Ok("cuCtxCreate_v4"));
+        assert_eq!(e("cuCtxCreate", 12000, false), Ok("cuCtxCreate_v3"));
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 10010, false),
+            Ok("cuStreamGetCaptureInfo")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 11030, false),
+            Ok("cuStreamGetCaptureInfo_v2")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 12030, false),
+            Ok("cuStreamGetCaptureInfo_v3")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 12030, true),
+            Ok("cuStreamGetCaptureInfo_v3_ptsz")
+        );
+        assert_eq!(e("cuCtxGetDevice", 13000, false), Ok("cuCtxGetDevice_v2"));
+        assert_eq!(e("cuCtxGetDevice", 12090, false), Ok("cuCtxGetDevice"));
+        assert_eq!(e("cuMemcpyHtoD", 7000, true), Ok("cuMemcpyHtoD_v2_ptds"));
+        assert_eq!(e("cuMemcpyHtoD", 3020, true), Ok("cuMemcpyHtoD_v2"));
+        assert_eq!(e("cuLaunchKernel", 12000, true), Ok("cuLaunchKernel_ptsz"));
+        assert_eq!(e("cuInit", 12000, true), Ok("cuInit"));
+        assert_eq!(
+            resolve("cuNoSuchThing", 12000, false).err(),
+            Some(LookupError::NotFound)
+        );
+        assert_eq!(
+            resolve("cuMemAllocAsync", 11000, false).err(),
+            Some(LookupError::VersionNotSufficient)
+        );
+        assert_eq!(resolve("", 0, false).err(), Some(LookupError::NotFound));
+    }
+
+    #[test]
+    fn prototypes_parse() {
+        assert_eq!(param_count(prototype("cuMemAlloc_v2").unwrap()), 2);
+        assert_eq!(param_count(prototype("cuCtxSynchronize").unwrap()), 0);
+        assert_eq!(param_count(prototype("cuLaunchKernel").unwrap()), 11);
+        assert_eq!(param_count(prototype("cuCtxCreate_v3").unwrap()), 5);
+    }
+}
