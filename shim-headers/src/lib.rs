@@ -18,6 +18,8 @@ pub struct ProcEntry {
 
 include!(concat!(env!("OUT_DIR"), "/tables.rs"));
 
+pub mod types;
+
 /// `CUgetProcAddress_flags`: ask for the per-thread-default-stream variant.
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
