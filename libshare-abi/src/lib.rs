@@ -1,2 +1,460 @@
-//! Shared-memory layout and admin-socket protocol between `libshare.so` and `sharectl daemon`.
-//! (Filled in by issue 3: the shim.)
+//! The per-container shared-memory state between `libshare.so` (in every CUDA process of the
+//! container) and `sharectl daemon`, defined once here.
+//!
+//! One file per container, `<container dir>/state.shm`, mapped by every process of the container
+//! (and by the daemon). Everything in it is an atomic or written once before `magic` is
+//! published, so readers need no lock. Layout (all `#[repr(C)]`, little-endian, 64-byte aligned
+//! sections):
+//!
+//! ```text
+//! Header                      magic, version, sizes, class
+//! DeviceState × MAX_DEVICES   quota, used, peak, counters, rate-control budget
+//! ProcSlot    × MAX_PROCS     pid + start time, per-device used bytes and counters
+//! ```
+//! A process that dies leaves its slot; the next process of the container that registers or runs
+//! out of quota (or the daemon) returns the slot's memory to the quota.
+
+pub mod units;
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"LSHARE\0\x01");
+pub const VERSION: u32 = 1;
+pub const MAX_DEVICES: usize = 16;
+pub const MAX_PROCS: usize = 1024;
+pub const STATE_FILE: &str = "state.shm";
+
+/// Job classes (design §1).
+pub const CLASS_PRODUCTION: u32 = 0;
+pub const CLASS_OPPORTUNISTIC: u32 = 1;
+
+#[repr(C)]
+pub struct Header {
+    pub magic: AtomicU64,
+    pub version: u32,
+    pub header_size: u32,
+    pub device_size: u32,
+    pub proc_size: u32,
+    pub max_devices: u32,
+    pub max_procs: u32,
+    pub file_size: u64,
+    /// CLASS_PRODUCTION or CLASS_OPPORTUNISTIC (the daemon may change it).
+    pub class: AtomicU32,
+    pub _pad: u32,
+}
+
+#[repr(C, align(64))]
+pub struct DeviceState {
+    /// Bytes the container may hold on this device; 0 = no limit.
+    pub quota: AtomicU64,
+    /// Bytes held now (reserved before the driver is called, released on failure and free).
+    pub used: AtomicU64,
+    pub peak: AtomicU64,
+    /// Allocations refused because of the quota.
+    pub oom: AtomicU64,
+    pub launches: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    /// Rate control (written by the daemon; read by opportunistic shims): 0 = unthrottled.
+    pub budget: AtomicU64,
+    pub _reserved: [AtomicU64; 8],
+}
+
+#[repr(C, align(64))]
+pub struct ProcSlot {
+    /// 0 = free; else the host pid as this process sees it (its own pid namespace).
+    pub pid: AtomicU32,
+    pub _pad: u32,
+    /// /proc/<pid>/stat start time: a reused pid is not the same process.
+    pub start_time: AtomicU64,
+    pub used: [AtomicU64; MAX_DEVICES],
+    pub launches: [AtomicU64; MAX_DEVICES],
+    pub allocs: [AtomicU64; MAX_DEVICES],
+}
+
+/// Why a state file cannot be used: one line for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateError(pub String);
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+const fn align64(x: usize) -> usize {
+    (x + 63) & !63
+}
+
+pub const HEADER_SIZE: usize = align64(std::mem::size_of::<Header>());
+pub const DEVICES_OFFSET: usize = HEADER_SIZE;
+pub const PROCS_OFFSET: usize = DEVICES_OFFSET + std::mem::size_of::<DeviceState>() * MAX_DEVICES;
+pub const FILE_SIZE: usize = PROCS_OFFSET + std::mem::size_of::<ProcSlot>() * MAX_PROCS;
+
+/// A mapped container state file.
+pub struct State {
+    base: *mut u8,
+}
+
+// SAFETY: the mapping lives as long as the State and is only accessed through atomics.
+unsafe impl Send for State {}
+unsafe impl Sync for State {}
+
+impl State {
+    /// Maps `<dir>/state.shm`, creating and initialising it if it does not exist. An existing file
+    /// that is truncated, corrupt or of another version is an error (never silently reset: the
+    /// daemon or an operator decides).
+    pub fn open_or_create(dir: &Path) -> Result<State, StateError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StateError(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(STATE_FILE);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| StateError(format!("cannot open {}: {e}", path.display())))?;
+        let fd = f.as_raw_fd();
+        // SAFETY: flock on our fd serialises initialisation between processes.
+        unsafe { libc::flock(fd, libc::LOCK_EX) };
+        let r = Self::init_locked(&f, &path);
+        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        r
+    }
+
+    fn init_locked(f: &std::fs::File, path: &Path) -> Result<State, StateError> {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let fresh = len == 0;
+        if fresh {
+            f.set_len(FILE_SIZE as u64)
+                .map_err(|e| StateError(format!("cannot size {}: {e}", path.display())))?;
+        } else if len < FILE_SIZE as u64 {
+            return Err(StateError(format!(
+                "{} is truncated ({len} bytes, expected {FILE_SIZE}): remove it or restart the daemon",
+                path.display()
+            )));
+        }
+        let st = Self::map(f, path)?;
+        if fresh {
+            // SAFETY: we hold the init lock and MAGIC is not published yet: nobody reads these.
+            unsafe {
+                let h = st.base as *mut Header;
+                (*h).version = VERSION;
+                (*h).header_size = HEADER_SIZE as u32;
+                (*h).device_size = std::mem::size_of::<DeviceState>() as u32;
+                (*h).proc_size = std::mem::size_of::<ProcSlot>() as u32;
+                (*h).max_devices = MAX_DEVICES as u32;
+                (*h).max_procs = MAX_PROCS as u32;
+                (*h).file_size = FILE_SIZE as u64;
+            }
+            st.header().magic.store(MAGIC, Release);
+        } else {
+            st.validate(path)?;
+        }
+        Ok(st)
+    }
+
+    /// Maps an existing state file (the daemon, `sharectl status`); errors if it is not valid.
+    pub fn open_existing(path: &Path) -> Result<State, StateError> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| StateError(format!("cannot open {}: {e}", path.display())))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < FILE_SIZE as u64 {
+            return Err(StateError(format!(
+                "{} is truncated ({len} bytes)",
+                path.display()
+            )));
+        }
+        let st = Self::map(&f, path)?;
+        st.validate(path)?;
+        Ok(st)
+    }
+
+    fn map(f: &std::fs::File, path: &Path) -> Result<State, StateError> {
+        // SAFETY: shared read-write mapping of a file at least FILE_SIZE long.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(StateError(format!("cannot map {}", path.display())));
+        }
+        Ok(State { base: p as *mut u8 })
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), StateError> {
+        let h = self.header();
+        let ok = h.magic.load(Acquire) == MAGIC
+            && h.version == VERSION
+            && h.header_size as usize == HEADER_SIZE
+            && h.device_size as usize == std::mem::size_of::<DeviceState>()
+            && h.proc_size as usize == std::mem::size_of::<ProcSlot>()
+            && h.max_devices as usize == MAX_DEVICES
+            && h.max_procs as usize == MAX_PROCS
+            && h.file_size as usize == FILE_SIZE;
+        if ok {
+            Ok(())
+        } else {
+            Err(StateError(format!(
+                "{} is corrupt or from another libshare version (expected layout v{VERSION}): remove it or restart the daemon",
+                path.display()
+            )))
+        }
+    }
+
+    pub fn header(&self) -> &Header {
+        // SAFETY: offset 0 of a FILE_SIZE mapping.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    pub fn device(&self, i: usize) -> &DeviceState {
+        assert!(i < MAX_DEVICES);
+        // SAFETY: in bounds by construction; all fields are atomics (any bit pattern is valid).
+        unsafe { &*(self.base.add(DEVICES_OFFSET) as *const DeviceState).add(i) }
+    }
+
+    pub fn slot(&self, i: usize) -> &ProcSlot {
+        assert!(i < MAX_PROCS);
+        // SAFETY: as for device().
+        unsafe { &*(self.base.add(PROCS_OFFSET) as *const ProcSlot).add(i) }
+    }
+
+    /// Reserves `bytes` on device `dev` within the quota, with one atomic (no lock). A quota of 0
+    /// means unlimited. Returns false, changing nothing, if it does not fit.
+    pub fn reserve(&self, dev: usize, bytes: u64) -> bool {
+        let d = self.device(dev);
+        let quota = d.quota.load(Acquire);
+        let r = d.used.fetch_update(AcqRel, Acquire, |u| {
+            let n = u.checked_add(bytes)?;
+            (quota == 0 || n <= quota).then_some(n)
+        });
+        match r {
+            Ok(prev) => {
+                d.peak.fetch_max(prev + bytes, AcqRel);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Returns `bytes` reserved on `dev`.
+    pub fn release(&self, dev: usize, bytes: u64) {
+        let _ = self
+            .device(dev)
+            .used
+            .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
+    }
+
+    /// Claims a slot for `pid`, reclaiming slots of dead processes first.
+    pub fn register(&self, pid: u32) -> Option<usize> {
+        self.reclaim_dead();
+        let st = proc_start_time(pid);
+        (0..MAX_PROCS).find(|&i| {
+            let s = self.slot(i);
+            if s.pid
+                .compare_exchange(0, RELEASING, AcqRel, Acquire)
+                .is_err()
+            {
+                return false;
+            }
+            s.start_time.store(st, Release);
+            for d in 0..MAX_DEVICES {
+                s.used[d].store(0, Release);
+                s.launches[d].store(0, Release);
+                s.allocs[d].store(0, Release);
+            }
+            s.pid.store(pid, Release);
+            true
+        })
+    }
+
+    /// Returns to the quota everything held by processes that no longer exist. Returns the number
+    /// of slots reclaimed.
+    pub fn reclaim_dead(&self) -> usize {
+        (0..MAX_PROCS)
+            .filter(|&i| {
+                let s = self.slot(i);
+                let pid = s.pid.load(Acquire);
+                pid != 0
+                    && pid != RELEASING
+                    && !proc_alive(pid, s.start_time.load(Acquire))
+                    && self.release_slot(i, pid)
+            })
+            .count()
+    }
+
+    /// Frees slot `i` if it still belongs to `pid`, returning its memory to the quota. The slot is
+    /// claimed first, so two reclaimers never both release it.
+    pub fn release_slot(&self, i: usize, pid: u32) -> bool {
+        let s = self.slot(i);
+        if s.pid
+            .compare_exchange(pid, RELEASING, AcqRel, Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        for d in 0..MAX_DEVICES {
+            let used = s.used[d].swap(0, AcqRel);
+            if used > 0 {
+                self.release(d, used);
+            }
+        }
+        s.pid.store(0, Release);
+        true
+    }
+
+    /// (slot, pid) of every live registered process.
+    pub fn live_slots(&self) -> Vec<(usize, u32)> {
+        (0..MAX_PROCS)
+            .filter_map(|i| {
+                let s = self.slot(i);
+                let pid = s.pid.load(Acquire);
+                (pid != 0 && pid != RELEASING && proc_alive(pid, s.start_time.load(Acquire)))
+                    .then_some((i, pid))
+            })
+            .collect()
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.base as *mut _, FILE_SIZE) };
+    }
+}
+
+/// A slot's pid while it is being claimed or released.
+const RELEASING: u32 = u32::MAX;
+
+/// Field 22 of /proc/<pid>/stat (start time, clock ticks since boot), 0 if unreadable.
+pub fn proc_start_time(pid: u32) -> u64 {
+    let mut buf = [0u8; 512];
+    let Some(s) = read_small(&format!("/proc/{pid}/stat"), &mut buf) else {
+        return 0;
+    };
+    s.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn read_small<'a>(path: &str, buf: &'a mut [u8]) -> Option<&'a str> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let n = f.read(buf).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()
+}
+
+/// Is `pid` the same live (non-zombie) process that registered with `start_time`?
+pub fn proc_alive(pid: u32, start_time: u64) -> bool {
+    let mut buf = [0u8; 512];
+    let Some(s) = read_small(&format!("/proc/{pid}/stat"), &mut buf) else {
+        return false;
+    };
+    let Some((_, rest)) = s.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let zombie = fields.next() == Some("Z");
+    let st: u64 = rest
+        .split_whitespace()
+        .nth(19)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    !zombie && (start_time == 0 || st == start_time)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_stable() {
+        assert_eq!(HEADER_SIZE, 64);
+        assert_eq!(std::mem::size_of::<DeviceState>(), 128);
+        assert_eq!(FILE_SIZE % 64, 0);
+    }
+
+    #[test]
+    fn quota_is_never_exceeded_under_contention() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = std::sync::Arc::new(State::open_or_create(dir.path()).unwrap());
+        st.device(0).quota.store(1000, Release);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let st = st.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        if st.reserve(0, 7) {
+                            assert!(st.device(0).used.load(Acquire) <= 1000);
+                            st.release(0, 7);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(st.device(0).used.load(Acquire), 0);
+        assert!(st.device(0).peak.load(Acquire) <= 1000);
+        assert!(!st.reserve(0, 1001));
+    }
+
+    #[test]
+    fn second_open_sees_the_same_state_and_bad_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = State::open_or_create(dir.path()).unwrap();
+        a.device(1).quota.store(5, Release);
+        let b = State::open_or_create(dir.path()).unwrap();
+        assert_eq!(b.device(1).quota.load(Acquire), 5);
+        // Wrong version.
+        let p = dir.path().join(STATE_FILE);
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[8] = 99;
+        let bad = tempfile::tempdir().unwrap();
+        std::fs::write(bad.path().join(STATE_FILE), &bytes).unwrap();
+        let e = State::open_or_create(bad.path()).err().unwrap();
+        assert!(e.0.contains("another libshare version"), "{e}");
+        // Truncated.
+        std::fs::write(bad.path().join(STATE_FILE), &bytes[..100]).unwrap();
+        assert!(State::open_or_create(bad.path())
+            .err()
+            .unwrap()
+            .0
+            .contains("truncated"));
+    }
+
+    #[test]
+    fn dead_process_memory_returns_to_the_quota() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = State::open_or_create(dir.path()).unwrap();
+        st.device(0).quota.store(100, Release);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let slot = st.register(child.id()).unwrap();
+        assert!(st.reserve(0, 60));
+        st.slot(slot).used[0].store(60, Release);
+        assert!(!st.reserve(0, 60), "quota is full");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(st.reclaim_dead(), 1);
+        assert_eq!(st.device(0).used.load(Acquire), 0);
+        assert!(st.reserve(0, 60));
+    }
+}

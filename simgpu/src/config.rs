@@ -5,6 +5,9 @@
 //! `simgpu: invalid SIMGPU_MEMORY="banana": expected a size like 40GiB or 512MiB ...`.
 
 use std::collections::HashMap;
+
+pub use libshare_abi::units::{parse_duration_ns, parse_size};
+use libshare_abi::units::{NS_PER_S, TIB};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -105,11 +108,6 @@ pub const KNOWN_VARS: &[&str] = &[
 /// Most devices a simulated machine can have.
 pub const MAX_DEVICES: usize = 16;
 
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-const TIB: u64 = 1 << 40;
-const NS_PER_S: u64 = 1_000_000_000;
 const MAX_DURATION_NS: u64 = 3600 * NS_PER_S;
 
 impl SimConfig {
@@ -216,41 +214,6 @@ fn default_state_dir() -> std::path::PathBuf {
 // ---------------------------------------------------------------------------------------------
 // Public parsers
 
-/// Parses a size in bytes: `1073741824`, `512MiB`, `1.5GiB`, `40GB` (KiB/MiB/GiB/TiB are powers
-/// of 2, kB/MB/GB/TB powers of 10, `B` or no unit = bytes). Units are case-insensitive and may be
-/// separated by a space. Fractions of a byte are truncated; a bare byte count must be whole.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let (number, unit) = split_number(s.trim());
-    let multiplier = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" if number.contains('.') => return None,
-        "" | "b" => 1,
-        "kib" => KIB,
-        "mib" => MIB,
-        "gib" => GIB,
-        "tib" => TIB,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return None,
-    };
-    scale(number, multiplier)
-}
-
-/// Parses a duration into nanoseconds: `200ns`, `5us` (or `5µs`), `1.5ms`, `2s`. The unit is
-/// required.
-pub fn parse_duration_ns(s: &str) -> Option<u64> {
-    let (number, unit) = split_number(s.trim());
-    let multiplier = match unit.trim().to_lowercase().as_str() {
-        "ns" => 1,
-        "us" | "µs" | "μs" => 1_000,
-        "ms" => 1_000_000,
-        "s" => NS_PER_S,
-        _ => return None,
-    };
-    scale(number, multiplier)
-}
-
 /// Parses a bandwidth into bytes per second: a size (see [`parse_size`]) followed by `/s`,
 /// e.g. `25GB/s`, `12GiB/s`.
 pub fn parse_bandwidth(s: &str) -> Option<u64> {
@@ -286,40 +249,6 @@ pub fn format_uuid(uuid: &[u8; 16]) -> String {
         out.push_str(&format!("{byte:02x}"));
     }
     out
-}
-
-/// Splits `"1.5GiB"` into `("1.5", "GiB")`.
-fn split_number(s: &str) -> (&str, &str) {
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    s.split_at(end)
-}
-
-/// `number × multiplier` for a decimal `number` like `12` or `1.25`, truncated to an integer;
-/// None if it is malformed or does not fit in u64.
-fn scale(number: &str, multiplier: u64) -> Option<u64> {
-    let (whole, fraction) = match number.split_once('.') {
-        Some((whole, fraction)) if !fraction.is_empty() => (whole, fraction),
-        Some(_) => return None,
-        None => (number, ""),
-    };
-    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let whole: u128 = whole.parse().ok()?;
-    let mut total = whole.checked_mul(u128::from(multiplier))?;
-    // Digits past the 18th cannot change the truncated result of any u64 multiplier that matters.
-    let fraction = &fraction[..fraction.len().min(18)];
-    if !fraction.is_empty() {
-        let numerator: u128 = fraction.parse().ok()?;
-        let denominator = 10u128.pow(fraction.len() as u32);
-        total += numerator * u128::from(multiplier) / denominator;
-    }
-    u64::try_from(total).ok()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -36,10 +36,34 @@ unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
     if pm.is_null() || image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // Libraries are context-independent: no current context is needed (cudart loads them from
-    // threads that never made a context current).
+    let sm = current_sm()?;
+    // SAFETY: the caller passes an image the driver API accepts (fatbin wrapper, fatbin, cubin, PTX).
+    register(
+        pm,
+        crate::image::parse_image_for_arch(image as *const u8, sm),
+    )
+}
+
+unsafe fn load_file(pm: *mut *mut c_void, path: *const c_char) -> R {
+    let path = cstr(path)?;
+    let data = std::fs::read(path).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+    register(pm, crate::image::parse_bytes_for_arch(&data, current_sm()?))
+}
+
+/// Compute capability (major × 10 + minor) of the device whose cubins are used: the current
+/// context's, else device 0 (libraries are context-independent).
+fn current_sm() -> Result<u32, CUresult> {
     let s = sim()?;
-    let (info, lenient) = match crate::image::parse_image(image as *const u8) {
+    let dev = super::current_ctx_opt().map_or(0, |c| c.device);
+    let (major, minor) = s.cfg.devices[dev].compute_capability;
+    Ok(major * 10 + minor)
+}
+
+/// Registers a parsed module. Libraries are context-independent: no current context is needed
+/// (cudart loads them from threads that never made a context current).
+unsafe fn register(pm: *mut *mut c_void, parsed: Result<ImageInfo, crate::image::ImageError>) -> R {
+    let s = sim()?;
+    let (info, lenient) = match parsed {
         Ok(i) => (i, false),
         Err(e) => {
             crate::warn!("module image not understood ({e}); kernels will resolve by name with unknown parameters");
@@ -55,16 +79,6 @@ unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
     let h = s.modules.insert(m);
     *pm = h as *mut c_void;
     Ok(())
-}
-
-unsafe fn load_file(pm: *mut *mut c_void, path: *const c_char) -> R {
-    let path = cstr(path)?;
-    let data = std::fs::read(path).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
-    let mut data = data;
-    data.push(0); // PTX files are text: keep them NUL-terminated
-    let r = load(pm, data.as_ptr() as *const c_void);
-    std::mem::forget(data); // images stay valid for the module's lifetime
-    r
 }
 
 unsafe fn unload(h: *mut c_void) -> R {
