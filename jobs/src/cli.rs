@@ -14,49 +14,14 @@ pub struct CommonArgs {
     pub report_interval: Duration,
 }
 
-/// Parses a human byte size: a number (fractions allowed) with an optional unit.
-///
-/// Units (case-insensitive): none or `B` = bytes; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` are
-/// powers of 1024; `KB`, `MB`, `GB`, `TB` are powers of 1000. Examples: `2GiB`, `512MiB`, `4096`,
-/// `1.5G`.
+/// Parses a human byte size (`2GiB`, `512MiB`, `1.5GiB`, `4096`, `2GB`): libshare's one size
+/// syntax (`libshare_abi::units::parse_size`), with a clap-friendly error.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.is_empty() {
-        return Err(format!(
-            "invalid size '{s}': expected a number with an optional unit, e.g. 512MiB or 2GiB"
-        ));
-    }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size '{s}': '{num}' is not a number"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "ki" | "kib" => 1 << 10,
-        "m" | "mi" | "mib" => 1 << 20,
-        "g" | "gi" | "gib" => 1 << 30,
-        "t" | "ti" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-                "invalid size '{s}': unknown unit '{other}' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
-            ))
-        }
-    };
-    let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("invalid size '{s}': too large"));
-    }
-    if mult == 1 && value.fract() != 0.0 {
-        return Err(format!("invalid size '{s}': a byte count must be whole"));
-    }
-    Ok(bytes.round() as u64)
+    libshare_abi::units::parse_size(s).ok_or_else(|| {
+        format!(
+            "invalid size '{s}': expected a number with a unit, e.g. 512MiB, 2GiB, 1.5GiB or 4096"
+        )
+    })
 }
 
 /// Parses a duration: a number (fractions allowed) with an optional unit `ns`, `us`, `ms`, `s`
@@ -162,7 +127,10 @@ mod tests {
         assert_eq!(parse_size("512MiB"), Ok(512 << 20));
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("2gib"), Ok(2 << 30));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(
+            parse_size("2G").is_err(),
+            "GB or GiB? ambiguous units are refused"
+        );
         assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_size("1TiB"), Ok(1 << 40));
         assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
@@ -184,7 +152,9 @@ mod tests {
         ] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
-        assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("12XB")
+            .unwrap_err()
+            .contains("expected a number with a unit"));
     }
 
     #[test]
