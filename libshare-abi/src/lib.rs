@@ -43,8 +43,12 @@ pub struct Header {
     pub file_size: u64,
     /// CLASS_PRODUCTION or CLASS_OPPORTUNISTIC (the daemon may change it).
     pub class: AtomicU32,
-    pub _pad: u32,
+    /// FLAG_* bits.
+    pub flags: AtomicU32,
 }
+
+/// The daemon manages this container: quotas and class come from it, not from the environment.
+pub const FLAG_DAEMON_MANAGED: u32 = 1;
 
 #[repr(C, align(64))]
 pub struct DeviceState {
@@ -155,6 +159,28 @@ impl State {
         } else {
             st.validate(path)?;
         }
+        Ok(st)
+    }
+
+    /// A private, process-local state (when the container's file cannot be used): quotas then
+    /// apply to this process alone.
+    pub fn anonymous() -> Result<State, StateError> {
+        // SAFETY: a fresh anonymous shared mapping of FILE_SIZE zeroed bytes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                FILE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(StateError("cannot map a private state".into()));
+        }
+        let st = State { base: p as *mut u8 };
+        st.header().magic.store(MAGIC, Release);
         Ok(st)
     }
 

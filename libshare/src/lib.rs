@@ -1,1 +1,39 @@
-//! `libshare.so`: the CUDA driver interposer (issue 3; not built yet).
+//! `libshare.so` — preloaded into unmodified CUDA processes (`LD_PRELOAD` or `/etc/ld.so.preload`).
+//!
+//! - `hooks.rs`: THE list of hooked driver functions (one line each); `macros.rs` expands it.
+//! - `interpose.rs`: `dlsym` (how cudart/cuBLAS find the driver), `procaddr.rs`: `cuGetProcAddress`.
+//! - `memory.rs`: the quota on every allocation path (`cuMemAlloc_v2` → `memory::alloc`).
+//! - `launch.rs`: launch accounting (the rate gate comes with the daemon).
+//! - `state.rs`: lazy per-process state, the real driver, fork/exit handling; the shared-memory
+//!   layout itself is `libshare-abi`.
+//! - `config.rs`: `LIBSHARE_*` and HAMi-core variables.
+//!
+//! Rules (design §3.2): nothing runs until the first CUDA call; no allocation, lock, syscall or
+//! logging on the launch path; fork-safe; a panic never crosses into the job.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod config;
+pub mod hooks;
+pub mod init;
+pub mod interpose;
+pub mod launch;
+mod macros;
+pub mod memory;
+pub mod nvml;
+pub mod procaddr;
+pub mod state;
+
+pub use shim_headers::types;
+
+/// Runs a hook body; a panic becomes CUDA_ERROR_UNKNOWN instead of unwinding into the job.
+#[inline]
+pub fn guard(name: &str, f: impl FnOnce() -> types::CUresult) -> types::CUresult {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            eprintln!("libshare: internal error in {name}; returning CUDA_ERROR_UNKNOWN");
+            999
+        }
+    }
+}

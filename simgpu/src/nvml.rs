@@ -818,6 +818,57 @@ pub unsafe extern "C" fn nvmlDeviceGetMultiGpuBoard(
     })
 }
 
+/// One GPU, no NVLink, no fabric: PyTorch's c10 loads these (and asserts they exist) on its
+/// out-of-memory path; they answer as a PCIe-only node does.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
+    device1: NvmlDevice,
+    device2: NvmlDevice,
+    _index: c_uint,
+    status: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetP2PStatus", || {
+        dev(device1)?;
+        dev(device2)?;
+        out(status, 5) // NVML_P2P_STATUS_NOT_SUPPORTED
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    device: NvmlDevice,
+    _link: c_uint,
+    _kind: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkRemoteDeviceType", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: NvmlDevice,
+    _link: c_uint,
+    _pci: *mut c_void,
+) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkRemotePciInfo_v2", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    device: NvmlDevice,
+    _info: *mut c_void,
+) -> NvmlReturn {
+    run("nvmlDeviceGetGpuFabricInfoV", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     device: NvmlDevice,

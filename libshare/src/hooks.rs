@@ -1,0 +1,62 @@
+//! THE list of hooked driver functions. One line per function: how it is hooked, its exported
+//! name (the exact ABI symbol, e.g. `cuMemAlloc_v2`), its parameters, and its handler.
+//!
+//! - `wrap`: the handler receives the real function first, then the arguments;
+//! - `count`: the handler (no arguments) runs first, then the real function is called;
+//! - `call`: not exported; only the real function is resolved, for the shim's own use.
+//!
+//! From this list the `hooks!` macro generates the exported `extern "C"` functions, the table of
+//! real entry points, `hook_ptr` (which `dlsym` and `cuGetProcAddress` return instead of the real
+//! pointer), and `HOOKED` (checked against `shim-headers` by a test). Everything not listed passes
+//! through untouched.
+
+use std::ffi::{c_char, c_uint, c_void};
+
+use crate::types::*;
+use crate::{init, launch, memory, procaddr};
+
+crate::hooks! {
+    // Initialisation and entry-point lookup.
+    wrap cuInit(flags: c_uint) => init::cu_init;
+    wrap cuGetProcAddress(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) => procaddr::get_proc_address;
+    wrap cuGetProcAddress_v2(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) => procaddr::get_proc_address_v2;
+
+    // Launches (counted; the opportunistic rate gate will sit here).
+    count cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
+    count cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
+    count cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
+    count cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
+    count cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::counted;
+    count cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::counted;
+    count cuGraphLaunch(exec: *mut c_void, stream: CUstream) => launch::counted;
+    count cuGraphLaunch_ptsz(exec: *mut c_void, stream: CUstream) => launch::counted;
+
+    // Current device per thread (so a launch is charged without a driver call).
+    wrap cuCtxSetCurrent(ctx: CUcontext) => launch::ctx_set_current;
+    wrap cuCtxPushCurrent(ctx: CUcontext) => launch::ctx_push;
+    wrap cuCtxPushCurrent_v2(ctx: CUcontext) => launch::ctx_push;
+    wrap cuCtxPopCurrent(ctx: *mut CUcontext) => launch::ctx_pop;
+    wrap cuCtxPopCurrent_v2(ctx: *mut CUcontext) => launch::ctx_pop;
+
+    // Allocation paths, all charged to the container's quota.
+    wrap cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) => memory::alloc;
+    wrap cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => memory::alloc_pitch;
+    wrap cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) => memory::alloc_managed;
+    wrap cuMemFree_v2(ptr: CUdeviceptr) => memory::free;
+    wrap cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64) => memory::create;
+    wrap cuMemRelease(handle: u64) => memory::release;
+    wrap cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async;
+    wrap cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async;
+    wrap cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool;
+    wrap cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool;
+    wrap cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
+    wrap cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
+
+    // What the job sees of the device's memory: the quota.
+    wrap cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
+    wrap cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::total_mem;
+
+    // Used by the shim itself.
+    call cuCtxGetDevice(dev: *mut CUdevice);
+    call cuDeviceGetCount(count: *mut i32);
+}

@@ -1,0 +1,70 @@
+//! Launch accounting: every launch path is counted per process and device, without a driver call,
+//! lock or allocation. The thread's current device is tracked by the context hooks.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::types::*;
+
+thread_local! {
+    /// Device of this thread's current context (updated when it changes).
+    static DEVICE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Counts one launch on the current device. Hot path: an atomic load, a TLS read, an atomic add.
+#[inline(always)]
+pub fn counted() {
+    if let Some(s) = crate::state::get() {
+        let d = DEVICE.with(|d| d.get()) as usize;
+        s.launches()[d % libshare_abi::MAX_DEVICES].fetch_add(1, Relaxed);
+    }
+}
+
+/// The device of the current context, as tracked (for allocation paths, which may afford a
+/// driver call, see `memory::current_device`).
+pub fn tracked_device() -> usize {
+    DEVICE.with(|d| d.get()) as usize
+}
+
+fn refresh_device() {
+    if let Some(get) = crate::state::real().cuCtxGetDevice {
+        let mut d: CUdevice = 0;
+        // SAFETY: valid out-pointer.
+        if unsafe { get(&mut d) } == CUDA_SUCCESS && d >= 0 {
+            DEVICE.with(|c| c.set(d as u32));
+        }
+    }
+}
+
+pub unsafe fn ctx_set_current(
+    real: unsafe extern "C" fn(CUcontext) -> CUresult,
+    ctx: CUcontext,
+) -> CUresult {
+    let r = real(ctx);
+    if r == CUDA_SUCCESS && !ctx.is_null() {
+        refresh_device();
+    }
+    r
+}
+
+pub unsafe fn ctx_push(
+    real: unsafe extern "C" fn(CUcontext) -> CUresult,
+    ctx: CUcontext,
+) -> CUresult {
+    let r = real(ctx);
+    if r == CUDA_SUCCESS {
+        refresh_device();
+    }
+    r
+}
+
+pub unsafe fn ctx_pop(
+    real: unsafe extern "C" fn(*mut CUcontext) -> CUresult,
+    ctx: *mut CUcontext,
+) -> CUresult {
+    let r = real(ctx);
+    if r == CUDA_SUCCESS {
+        refresh_device();
+    }
+    r
+}

@@ -1,0 +1,331 @@
+//! Memory quota enforcement. Every allocation path reserves its bytes in the container's shared
+//! state with one atomic *before* calling the driver, releases them if the driver fails, and on
+//! free. Over quota → `CUDA_ERROR_OUT_OF_MEMORY`, exactly what the driver returns when a GPU is
+//! full, so PyTorch's caching allocator frees its cache, retries, and raises OutOfMemoryError.
+//! `cuMemGetInfo` / `cuDeviceTotalMem` report the quota as the device's memory.
+
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+use crate::state::{shim, Allocations, Shim};
+use crate::types::*;
+
+static ALLOCS: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
+static HANDLES: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
+
+fn table(slot: &AtomicPtr<Allocations>) -> &'static Allocations {
+    let p = slot.load(Acquire);
+    if !p.is_null() {
+        // SAFETY: tables are leaked, never freed.
+        return unsafe { &*p };
+    }
+    let fresh = Allocations::new() as *const Allocations as *mut Allocations;
+    match slot.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+        Ok(_) => unsafe { &*fresh },
+        // SAFETY: another thread installed one first (ours leaks: rare, small).
+        Err(other) => unsafe { &*other },
+    }
+}
+
+/// Live allocations by device pointer.
+fn allocs() -> &'static Allocations {
+    table(&ALLOCS)
+}
+
+/// Live VMM physical allocations by handle.
+fn handles() -> &'static Allocations {
+    table(&HANDLES)
+}
+
+/// In a forked child: the parent's allocations are not the child's. No allocation, no lock.
+pub fn forget_all_after_fork() {
+    ALLOCS.store(std::ptr::null_mut(), Release);
+    HANDLES.store(std::ptr::null_mut(), Release);
+}
+
+/// The device of the current context (allocation paths may afford the driver call).
+fn current_device() -> Option<usize> {
+    let get = crate::state::real().cuCtxGetDevice?;
+    let mut d: CUdevice = 0;
+    // SAFETY: valid out-pointer.
+    (unsafe { get(&mut d) } == CUDA_SUCCESS && d >= 0)
+        .then_some(d as usize % libshare_abi::MAX_DEVICES)
+}
+
+/// Charge `bytes`, run the driver's allocation, keep or return the charge.
+fn charged(
+    sh: &Shim,
+    dev: usize,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
+    table: &Allocations,
+) -> CUresult {
+    if !sh.charge(dev, bytes) {
+        tracing::debug!(dev, bytes, "allocation refused: over quota");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let r = call();
+    if r == CUDA_SUCCESS {
+        table.insert(key(), dev, bytes);
+    } else {
+        sh.uncharge(dev, bytes);
+    }
+    r
+}
+
+type AllocFn = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+
+pub unsafe fn alloc(real: AllocFn, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match current_device() {
+        Some(dev) if !dptr.is_null() && size > 0 => charged(
+            sh,
+            dev,
+            size as u64,
+            || real(dptr, size),
+            || *dptr,
+            allocs(),
+        ),
+        _ => real(dptr, size),
+    }
+}
+
+pub unsafe fn alloc_managed(
+    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match current_device() {
+        Some(dev) if !dptr.is_null() && size > 0 => charged(
+            sh,
+            dev,
+            size as u64,
+            || real(dptr, size, flags),
+            || *dptr,
+            allocs(),
+        ),
+        _ => real(dptr, size, flags),
+    }
+}
+
+pub unsafe fn alloc_pitch(
+    real: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let Some(dev) = current_device().filter(|_| !dptr.is_null() && !pitch.is_null()) else {
+        return real(dptr, pitch, width, height, elem);
+    };
+    // The pitch is known only afterwards: charge the width rounded to 512 (what drivers use), then
+    // correct the charge to pitch × height.
+    let estimate = (width.div_ceil(512) * 512 * height) as u64;
+    if !sh.charge(dev, estimate) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let r = real(dptr, pitch, width, height, elem);
+    if r != CUDA_SUCCESS {
+        sh.uncharge(dev, estimate);
+        return r;
+    }
+    let actual = (*pitch * height) as u64;
+    if actual > estimate && !sh.charge(dev, actual - estimate) {
+        if let Some(free) = crate::state::real().cuMemFree_v2 {
+            free(*dptr);
+        }
+        sh.uncharge(dev, estimate);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if actual < estimate {
+        sh.uncharge(dev, estimate - actual);
+    }
+    allocs().insert(*dptr, dev, actual);
+    CUDA_SUCCESS
+}
+
+pub unsafe fn free(
+    real: unsafe extern "C" fn(CUdeviceptr) -> CUresult,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    let r = real(ptr);
+    if r == CUDA_SUCCESS && ptr != 0 {
+        if let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) {
+            sh.uncharge(dev, bytes);
+        }
+    }
+    r
+}
+
+pub unsafe fn alloc_async(
+    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match current_device() {
+        Some(dev) if !dptr.is_null() && size > 0 => charged(
+            sh,
+            dev,
+            size as u64,
+            || real(dptr, size, stream),
+            || *dptr,
+            allocs(),
+        ),
+        _ => real(dptr, size, stream),
+    }
+}
+
+pub unsafe fn alloc_from_pool(
+    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, *mut c_void, CUstream) -> CUresult,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: *mut c_void,
+    stream: CUstream,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match current_device() {
+        Some(dev) if !dptr.is_null() && size > 0 => charged(
+            sh,
+            dev,
+            size as u64,
+            || real(dptr, size, pool, stream),
+            || *dptr,
+            allocs(),
+        ),
+        _ => real(dptr, size, pool, stream),
+    }
+}
+
+/// Stream-ordered free: the quota is returned when the free is issued (the memory is the pool's
+/// to reuse from then on).
+pub unsafe fn free_async(
+    real: unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult,
+    ptr: CUdeviceptr,
+    stream: CUstream,
+) -> CUresult {
+    let r = real(ptr, stream);
+    if r == CUDA_SUCCESS {
+        if let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) {
+            sh.uncharge(dev, bytes);
+        }
+    }
+    r
+}
+
+/// `cuMemCreate` on a device location is charged; host locations are not device memory.
+pub unsafe fn create(
+    real: unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CUresult,
+    handle: *mut u64,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match prop.as_ref() {
+        Some(p)
+            if p.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
+                && p.location.id >= 0
+                && !handle.is_null()
+                && size > 0 =>
+        {
+            let dev = p.location.id as usize % libshare_abi::MAX_DEVICES;
+            charged(
+                sh,
+                dev,
+                size as u64,
+                || real(handle, size, prop, flags),
+                || *handle,
+                handles(),
+            )
+        }
+        _ => real(handle, size, prop, flags),
+    }
+}
+
+pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) -> CUresult {
+    let r = real(handle);
+    if r == CUDA_SUCCESS {
+        if let (Some((dev, bytes)), Some(sh)) = (handles().remove(handle), crate::state::get()) {
+            sh.uncharge(dev, bytes);
+        }
+    }
+    r
+}
+
+/// (total, free) as the job must see them on `dev`: the quota as total, quota − used as free,
+/// never more than the device really has. Without a quota, the driver's figures.
+pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
+    let Some(sh) = crate::state::get() else {
+        return (real_free, real_total);
+    };
+    let (quota, used) = sh.quota(dev);
+    if quota == 0 {
+        return (real_free, real_total);
+    }
+    let total = quota.min(real_total);
+    (total.saturating_sub(used).min(real_free), total)
+}
+
+/// NULL-safe: either output may be NULL.
+pub unsafe fn get_info(
+    real: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let (mut f, mut t) = (0usize, 0usize);
+    let r = real(&mut f, &mut t);
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    let dev = current_device().unwrap_or(0);
+    let (vf, vt) = visible(dev, f as u64, t as u64);
+    if !free.is_null() {
+        *free = vf as usize;
+    }
+    if !total.is_null() {
+        *total = vt as usize;
+    }
+    CUDA_SUCCESS
+}
+
+pub unsafe fn total_mem(
+    real: unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult,
+    bytes: *mut usize,
+    dev: CUdevice,
+) -> CUresult {
+    let r = real(bytes, dev);
+    if r == CUDA_SUCCESS && !bytes.is_null() && dev >= 0 {
+        let (_, t) = visible(
+            dev as usize % libshare_abi::MAX_DEVICES,
+            u64::MAX,
+            *bytes as u64,
+        );
+        *bytes = t as usize;
+    }
+    r
+}

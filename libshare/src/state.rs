@@ -1,0 +1,306 @@
+//! Process-wide shim state: the real driver (loaded on first use), and the per-process shim
+//! (configuration, the container's shared state, this process's slot), created by the first
+//! `cuInit` — never by a constructor, so a process that does not use CUDA sees no difference.
+//! After `fork` the child starts uninitialised and registers anew on its first CUDA call.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::{Mutex, Once, OnceLock};
+
+use libshare_abi::{State, MAX_DEVICES};
+
+use crate::config::Config;
+use crate::hooks::Real;
+use crate::types::*;
+
+/// The real driver, opened by path (`LIBSHARE_REAL_LIBCUDA`, else the normal search for
+/// `libcuda.so.1`), never the shim itself.
+pub struct Driver {
+    pub handle: *mut c_void,
+    /// Load address of the real driver (to recognise its symbols in `dlsym`).
+    pub base: usize,
+    pub real: Real,
+}
+
+// SAFETY: the handle and addresses are immutable after loading.
+unsafe impl Send for Driver {}
+unsafe impl Sync for Driver {}
+
+static DRIVER: OnceLock<Driver> = OnceLock::new();
+
+thread_local! {
+    /// Set while this thread loads the driver: `dlsym` calls made by the driver's own
+    /// initialisation must not re-enter the loader.
+    pub static LOADING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+pub fn driver() -> &'static Driver {
+    DRIVER.get_or_init(|| {
+        LOADING.with(|l| l.set(true));
+        let d = load_driver();
+        LOADING.with(|l| l.set(false));
+        d
+    })
+}
+
+/// The real entry points (all None if the driver could not be loaded).
+#[inline]
+pub fn real() -> &'static Real {
+    &driver().real
+}
+
+fn load_driver() -> Driver {
+    let path = std::env::var("LIBSHARE_REAL_LIBCUDA").unwrap_or_else(|_| "libcuda.so.1".into());
+    let h = crate::interpose::dlopen_local(&path);
+    let empty = |why: String| {
+        eprintln!("libshare: {why}");
+        // SAFETY: a lookup that always fails yields an all-None table.
+        Driver {
+            handle: std::ptr::null_mut(),
+            base: 0,
+            real: unsafe { Real::load(|_| std::ptr::null_mut()) },
+        }
+    };
+    if h.is_null() {
+        return empty(format!("cannot load the CUDA driver {path} (set LIBSHARE_REAL_LIBCUDA to NVIDIA's libcuda.so.1)"));
+    }
+    let lookup = |name: &CStr| unsafe { crate::interpose::real_dlsym(h, name.as_ptr()) };
+    let base = crate::interpose::object_base(lookup(c"cuInit"));
+    if base == crate::interpose::object_base(crate::hooks::cuInit as *const () as *mut c_void) {
+        return empty(format!(
+            "{path} is libshare itself: set LIBSHARE_REAL_LIBCUDA to NVIDIA's libcuda.so.1"
+        ));
+    }
+    // SAFETY: `h` is the real driver; its exports have the prototypes of the declaration list.
+    let real = unsafe { Real::load(lookup) };
+    Driver {
+        handle: h,
+        base,
+        real,
+    }
+}
+
+/// The shim of this process, once `cuInit` has run.
+pub struct Shim {
+    pub cfg: Config,
+    pub state: State,
+    pub slot: usize,
+    pub pid: u32,
+}
+
+impl Shim {
+    /// This process's per-device launch counters.
+    pub fn launches(&self) -> &[AtomicU64; MAX_DEVICES] {
+        &self.state.slot(self.slot).launches
+    }
+
+    /// Charges `bytes` on `dev` to the container's quota (and to this process), returning the
+    /// memory of dead processes first if it does not fit. False: over quota, nothing changed.
+    pub fn charge(&self, dev: usize, bytes: u64) -> bool {
+        let st = &self.state;
+        let ok = st.reserve(dev, bytes) || (st.reclaim_dead() > 0 && st.reserve(dev, bytes));
+        if ok {
+            let s = st.slot(self.slot);
+            s.used[dev].fetch_add(bytes, AcqRel);
+            s.allocs[dev].fetch_add(1, AcqRel);
+            st.device(dev).allocs.fetch_add(1, AcqRel);
+        } else {
+            st.device(dev).oom.fetch_add(1, AcqRel);
+        }
+        ok
+    }
+
+    /// Returns `bytes` charged on `dev`.
+    pub fn uncharge(&self, dev: usize, bytes: u64) {
+        self.state.release(dev, bytes);
+        let _ = self.state.slot(self.slot).used[dev]
+            .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
+        self.state.device(dev).frees.fetch_add(1, AcqRel);
+    }
+
+    /// The quota on `dev` (0 = none) and what the container holds there.
+    pub fn quota(&self, dev: usize) -> (u64, u64) {
+        let d = self.state.device(dev);
+        (d.quota.load(Acquire), d.used.load(Acquire))
+    }
+}
+
+static SHIM: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
+/// 0 = not initialised in this process, 1 = ready, 2 = failed (invalid configuration).
+static STATUS: AtomicU8 = AtomicU8::new(0);
+static INIT: Mutex<()> = Mutex::new(());
+
+/// The shim, if initialised in this process. One atomic load: used on hot paths.
+#[inline]
+pub fn get() -> Option<&'static Shim> {
+    // SAFETY: SHIM is null or points to a leaked Shim that is never freed.
+    unsafe { SHIM.load(Acquire).as_ref() }
+}
+
+/// The shim, initialising it if the driver was initialised without our `cuInit` hook seeing it.
+/// Err: the configuration is invalid (the job must not run unlimited).
+pub fn shim() -> Result<&'static Shim, CUresult> {
+    match get() {
+        Some(s) => Ok(s),
+        None => init(),
+    }
+}
+
+/// Creates the shim (once per process; again in a forked child). Requires the real `cuInit` to
+/// have succeeded.
+pub fn init() -> Result<&'static Shim, CUresult> {
+    let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = get() {
+        return Ok(s);
+    }
+    if STATUS.load(Acquire) == 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match build() {
+        Ok(s) => {
+            SHIM.store(Box::into_raw(Box::new(s)), Release);
+            STATUS.store(1, Release);
+            register_process_hooks();
+            Ok(get().expect("just stored"))
+        }
+        Err(msg) => {
+            eprintln!("{msg}");
+            STATUS.store(2, Release);
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
+
+fn build() -> Result<Shim, String> {
+    let cfg = Config::from_env()?;
+    if let Some(level) = &cfg.log {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .try_init();
+    }
+    check_limits(&cfg)?;
+    let state = match State::open_or_create(&cfg.container_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            // The quota can still be enforced for this process alone; say so.
+            eprintln!(
+                "libshare: {e}; limits apply to this process only (check LIBSHARE_STATE_DIR)"
+            );
+            State::anonymous().map_err(|e| format!("libshare: {e}"))?
+        }
+    };
+    let managed = state.header().flags.load(Acquire) & libshare_abi::FLAG_DAEMON_MANAGED != 0;
+    if !managed {
+        for (d, limit) in cfg.memory_limit.iter().enumerate() {
+            if let Some(l) = limit {
+                state.device(d).quota.store(*l, Release);
+            }
+        }
+        state.header().class.store(cfg.class, Release);
+    }
+    let pid = std::process::id();
+    let slot = state.register(pid).ok_or_else(|| {
+        format!(
+            "libshare: more than {} processes in container {}",
+            libshare_abi::MAX_PROCS,
+            cfg.container
+        )
+    })?;
+    tracing::info!(container = %cfg.container, class = cfg.class, slot, "libshare initialised");
+    Ok(Shim {
+        cfg,
+        state,
+        slot,
+        pid,
+    })
+}
+
+/// A limit above what a device has is a configuration error.
+fn check_limits(cfg: &Config) -> Result<(), String> {
+    let r = real();
+    let (Some(count_fn), Some(total_fn)) = (r.cuDeviceGetCount, r.cuDeviceTotalMem_v2) else {
+        return Ok(());
+    };
+    let mut n = 0;
+    // SAFETY: valid out-pointers; the driver is initialised.
+    if unsafe { count_fn(&mut n) } != CUDA_SUCCESS {
+        return Ok(());
+    }
+    for d in 0..(n.max(0) as usize).min(MAX_DEVICES) {
+        let mut total = 0usize;
+        // SAFETY: as above.
+        if let (Some(l), CUDA_SUCCESS) = (cfg.memory_limit[d], unsafe {
+            total_fn(&mut total, d as CUdevice)
+        }) {
+            if l > total as u64 {
+                return Err(format!(
+                    "libshare: invalid {}: {} is more than device {d}'s {} of memory",
+                    cfg.memory_limit_source[d],
+                    libshare_abi::units::format_size(l),
+                    libshare_abi::units::format_size(total as u64)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn register_process_hooks() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: plain function pointers; both handlers are async-signal-safe in what they do.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_child));
+            libc::atexit(at_exit);
+        }
+    });
+}
+
+/// In a forked child: forget the parent's shim (its slot and allocations are the parent's).
+extern "C" fn after_fork_child() {
+    SHIM.store(std::ptr::null_mut(), Release);
+    STATUS.store(0, Release);
+    crate::memory::forget_all_after_fork();
+}
+
+/// At exit: return this process's memory to the quota now rather than when someone notices.
+extern "C" fn at_exit() {
+    if let Some(s) = get() {
+        if s.pid == std::process::id() {
+            s.state.release_slot(s.slot, s.pid);
+        }
+    }
+}
+
+/// Per-process map of live allocations (pointer or VMM handle → (device, bytes)). Swapped for a
+/// fresh one in a forked child, so a lock held by another thread at fork time cannot deadlock it.
+pub struct Allocations(Mutex<HashMap<u64, (u32, u64)>>);
+
+impl Allocations {
+    pub fn new() -> &'static Allocations {
+        Box::leak(Box::new(Allocations(Mutex::new(HashMap::new()))))
+    }
+    pub fn insert(&self, key: u64, dev: usize, bytes: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (dev as u32, bytes));
+    }
+    pub fn get(&self, key: u64) -> Option<(usize, u64)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .map(|(d, b)| (*d as usize, *b))
+    }
+    pub fn remove(&self, key: u64) -> Option<(usize, u64)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+            .map(|(d, b)| (d as usize, b))
+    }
+}
