@@ -60,3 +60,86 @@ crate::hooks! {
     call cuCtxGetDevice(dev: *mut CUdevice);
     call cuDeviceGetCount(count: *mut i32);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HOOKED;
+    use shim_headers::{param_count, prototype, resolve, PROC_TABLE};
+
+    #[test]
+    fn every_hook_matches_a_prototype_of_the_declaration_list() {
+        for (name, params, _) in HOOKED {
+            let proto = prototype(name).unwrap_or_else(|| panic!("{name} is not a driver export"));
+            assert_eq!(
+                param_count(proto),
+                *params,
+                "{name}{proto}: parameter count differs"
+            );
+        }
+    }
+
+    #[test]
+    fn every_proc_address_mapping_to_a_hook_is_an_abi_entry_of_that_hook() {
+        // For each hooked export, every (name, version, flags) the driver would answer with it
+        // must map back to it through the same rule the shim applies.
+        let mut mapped = 0;
+        for e in PROC_TABLE.iter().filter(|e| {
+            HOOKED
+                .iter()
+                .any(|(n, _, exported)| *exported && *n == e.export)
+        }) {
+            assert_eq!(
+                resolve(e.name, e.version, e.per_thread).map(|r| r.export),
+                Ok(e.export),
+                "{e:?}"
+            );
+            mapped += 1;
+        }
+        assert!(
+            mapped >= 25,
+            "only {mapped} cuGetProcAddress entries reach hooks"
+        );
+    }
+
+    #[test]
+    fn resolution_table_for_hooked_functions() {
+        let e = |n, v, p| resolve(n, v, p).map(|e| e.export).ok();
+        // The cases that broke other interposers: never "the highest _vN".
+        assert_eq!(e("cuMemAlloc", 3020, false), Some("cuMemAlloc_v2"));
+        assert_eq!(e("cuLaunchKernel", 4000, false), Some("cuLaunchKernel"));
+        assert_eq!(e("cuLaunchKernel", 7000, true), Some("cuLaunchKernel_ptsz"));
+        assert_eq!(e("cuGraphLaunch", 10000, true), Some("cuGraphLaunch_ptsz"));
+        assert_eq!(
+            e("cuMemAllocAsync", 11020, true),
+            Some("cuMemAllocAsync_ptsz")
+        );
+        assert_eq!(
+            e("cuGetProcAddress", 11030, false),
+            Some("cuGetProcAddress")
+        );
+        assert_eq!(
+            e("cuGetProcAddress", 12000, false),
+            Some("cuGetProcAddress_v2")
+        );
+        assert_eq!(e("cuCtxCreate", 3020, false), Some("cuCtxCreate_v2"));
+        assert_eq!(e("cuCtxCreate", 11040, false), Some("cuCtxCreate_v3"));
+        assert_eq!(e("cuCtxCreate", 12050, false), Some("cuCtxCreate_v4"));
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 10010, false),
+            Some("cuStreamGetCaptureInfo")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 11030, false),
+            Some("cuStreamGetCaptureInfo_v2")
+        );
+        assert_eq!(
+            e("cuStreamGetCaptureInfo", 12030, false),
+            Some("cuStreamGetCaptureInfo_v3")
+        );
+        assert_eq!(e("cuCtxGetDevice", 13000, false), Some("cuCtxGetDevice_v2"));
+        assert_eq!(
+            e("cuCtxPushCurrent", 4000, false),
+            Some("cuCtxPushCurrent_v2")
+        );
+    }
+}
