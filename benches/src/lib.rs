@@ -12,7 +12,10 @@ use std::time::Instant;
 /// A job program from `jobs/`, configured for `sim`.
 pub fn job(sim: &SimGpu, name: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(libshare_tests::artifacts().bin(name));
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     sim.configure(&mut cmd);
     cmd
 }
@@ -58,5 +61,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// A numeric field of a job's final line.
 pub fn num(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or_else(|| panic!("no numeric `{key}` in {v}"))
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no numeric `{key}` in {v}"))
 }

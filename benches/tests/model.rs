@@ -7,15 +7,24 @@ use libshare_benches::{model, num};
 fn one_ms_kernel_occupies_about_one_ms() {
     let v = model::kernel_occupancy(3, 0.5);
     let ms = num(&v, "median_ms");
-    assert!((0.9..1.15).contains(&ms), "a 1 ms kernel occupied {ms} ms: {v}");
+    assert!(
+        (0.9..1.15).contains(&ms),
+        "a 1 ms kernel occupied {ms} ms: {v}"
+    );
 }
 
 #[test]
 fn two_saturating_processes_share_the_device() {
     let v = model::two_saturating(1.5);
     let (a, b) = (num(&v, "share_a"), num(&v, "share_b"));
-    assert!((0.35..0.65).contains(&a) && (0.35..0.65).contains(&b), "unfair split: {v}");
-    assert!(a + b > 0.85 && a + b < 1.1, "the device is not fully shared: {v}");
+    assert!(
+        (0.35..0.65).contains(&a) && (0.35..0.65).contains(&b),
+        "unfair split: {v}"
+    );
+    assert!(
+        a + b > 0.85 && a + b < 1.1,
+        "the device is not fully shared: {v}"
+    );
 }
 
 #[test]
@@ -23,17 +32,23 @@ fn training_job_slows_down_when_a_saturating_job_joins() {
     let v = model::train_colocation(2.0);
     let r = num(&v, "ratio");
     assert!(r < 0.9, "co-location did not slow the training job: {v}");
-    assert!(num(&v, "opportunistic_gpu_ms_per_s") > 200.0, "the saturating job got no GPU time: {v}");
+    assert!(
+        num(&v, "opportunistic_gpu_ms_per_s") > 200.0,
+        "the saturating job got no GPU time: {v}"
+    );
 }
 
 #[test]
 fn oversubscribed_managed_memory_thrashes() {
-    let v = model::managed_thrash(60);
+    let v = model::managed_thrash(200);
     assert!(num(&v, "slowdown") >= 2.0, "no thrashing: {v}");
 }
 
 #[test]
 fn managed_memory_beyond_the_device_runs_and_pays_migration() {
     let v = model::managed_oversubscribed(20);
-    assert!(num(&v, "slowdown") > 1.2, "oversubscription paid nothing: {v}");
+    assert!(
+        num(&v, "slowdown") > 1.2,
+        "oversubscription paid nothing: {v}"
+    );
 }

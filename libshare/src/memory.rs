@@ -283,6 +283,7 @@ pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
     let Some(sh) = crate::state::get() else {
         return (real_free, real_total);
     };
+    sh.reclaim_now_and_then();
     let (quota, used) = sh.quota(dev);
     if quota == 0 {
         return (real_free, real_total);

@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-pub const MAGIC: u64 = 0x5349_4d47_5055_0002; // "SIMGPU" v2
+pub const MAGIC: u64 = 0x5349_4d47_5055_0003; // "SIMGPU" v3
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 256;
 pub const CHUNK: u64 = 2 << 20;
@@ -81,6 +81,8 @@ pub struct DevState {
     pub mem_total: AtomicU64,
     /// Device memory in use: allocations plus resident managed chunks.
     pub mem_used: AtomicU64,
+    /// Highest `mem_used` seen.
+    pub mem_peak: AtomicU64,
     pub kernels: AtomicU64,
     pub busy_ns: AtomicU64,
     pub allocs: AtomicU64,

@@ -2,7 +2,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 use crate::config::SimConfig;
@@ -17,7 +17,7 @@ pub struct Sim {
     pub generation: u32,
     pub pid: u32,
     pub engine: Engine,
-    pub primary: Vec<Arc<Context>>,
+    pub primary: OnceLock<Vec<Arc<Context>>>,
     pub contexts: Registry<Context>,
     pub streams: Registry<Stream>,
     pub events: Registry<Event>,
@@ -27,17 +27,28 @@ pub struct Sim {
     /// Per-process counters (also used by fault injection).
     pub alloc_count: AtomicU64,
     pub launch_count: AtomicU64,
+    /// Allocations requested through the API (cuMemAlloc*, managed, async, cuMemCreate), not the
+    /// driver's own (module globals).
+    pub api_allocs: AtomicU64,
 }
 
-static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
+/// This process's simulator (leaked; a forked child builds its own and ignores the parent's).
+static SIM: AtomicPtr<Sim> = AtomicPtr::new(std::ptr::null_mut());
+static INIT: Mutex<()> = Mutex::new(());
+/// Pid for which initialisation failed (invalid configuration): later cuInit calls fail too.
+static FAILED_PID: AtomicU32 = AtomicU32::new(0);
 
-/// The simulator, if `cuInit` succeeded in this process (a forked child must initialise anew,
-/// and like with the real driver it cannot: CUDA state does not survive fork).
+/// The simulator, if `cuInit` succeeded in this process. A forked child sees None until it calls
+/// `cuInit` itself: like with the real driver, the parent's contexts and memory are not its own.
 pub fn get() -> Option<&'static Sim> {
-    match SIM.get() {
-        Some(Ok(s)) if s.pid == std::process::id() => Some(s),
-        _ => None,
-    }
+    // SAFETY: SIM is null or a leaked Sim that is never freed.
+    let s = unsafe { SIM.load(Acquire).as_ref()? };
+    (s.pid == std::process::id()).then_some(s)
+}
+
+/// The identity of the current simulator (contexts remember which one made them).
+pub fn current_id() -> usize {
+    SIM.load(Acquire) as usize
 }
 
 /// `Ok(sim)` or the CUresult a driver call must return when not initialised.
@@ -47,63 +58,69 @@ pub fn sim() -> Result<&'static Sim, CUresult> {
 
 /// cuInit: loads the configuration and maps the shared state (once per process).
 pub fn init() -> CUresult {
-    let r = SIM.get_or_init(|| {
-        let cfg = match SimConfig::from_env() {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("{e}");
-                return Err(e.0);
+    let _g = INIT.lock();
+    if let Some(s) = get() {
+        s.ensure_primaries();
+        return CUDA_SUCCESS;
+    }
+    let pid = std::process::id();
+    if FAILED_PID.load(Acquire) == pid {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match build(pid) {
+        Ok(sim) => {
+            if !SIM.load(Acquire).is_null() {
+                // A forked child: what the parent had in flight is not ours.
+                crate::driver::managed::forget_all();
             }
-        };
-        crate::log::LEVEL.store(cfg.log_level, Relaxed);
-        let mem: Vec<u64> = cfg.devices.iter().map(|d| d.memory).collect();
-        let shared = match Shared::open(&cfg.state_dir, &mem) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("simgpu: {e} (set SIMGPU_STATE_DIR to a writable directory)");
-                return Err(e);
-            }
-        };
-        let pid = std::process::id();
-        let Some((slot, generation)) = shared.register(pid) else {
-            eprintln!(
-                "simgpu: more than {} processes use the simulated GPU",
-                crate::shared::MAX_PROCS
-            );
-            return Err("no process slot".into());
-        };
-        let engine = Engine::new(cfg.faults.stall_stream_after);
-        let ndev = cfg.devices.len().min(shared.ndev);
-        let sim = Sim {
-            primary: Vec::new(),
-            contexts: Registry::default(),
-            streams: Registry::default(),
-            events: Registry::default(),
-            modules: Registry::default(),
-            functions: Registry::default(),
-            mem: Mutex::new(Default::default()),
-            alloc_count: AtomicU64::new(0),
-            launch_count: AtomicU64::new(0),
-            cfg,
-            shared,
-            slot,
-            generation,
-            pid,
-            engine,
-        };
-        let _ = ndev;
-        // SAFETY: registering a plain extern "C" function.
-        unsafe { libc::atexit(at_exit) };
-        Ok(sim)
-    });
-    match r {
-        Ok(s) if s.pid == std::process::id() => {
+            SIM.store(Box::into_raw(Box::new(sim)), Release);
+            let s = get().expect("just stored");
             s.ensure_primaries();
             CUDA_SUCCESS
         }
-        Ok(_) => CUDA_ERROR_NOT_INITIALIZED,
-        Err(_) => CUDA_ERROR_INVALID_VALUE,
+        Err(()) => {
+            FAILED_PID.store(pid, Release);
+            CUDA_ERROR_INVALID_VALUE
+        }
     }
+}
+
+fn build(pid: u32) -> Result<Sim, ()> {
+    let cfg = SimConfig::from_env().map_err(|e| eprintln!("{e}"))?;
+    crate::log::LEVEL.store(cfg.log_level, Relaxed);
+    let mem: Vec<u64> = cfg.devices.iter().map(|d| d.memory).collect();
+    let shared = Shared::open(&cfg.state_dir, &mem)
+        .map_err(|e| eprintln!("simgpu: {e} (set SIMGPU_STATE_DIR to a writable directory)"))?;
+    let (slot, generation) = shared.register(pid).ok_or_else(|| {
+        eprintln!(
+            "simgpu: more than {} processes use the simulated GPU",
+            crate::shared::MAX_PROCS
+        )
+    })?;
+    let engine = Engine::new(cfg.faults.stall_stream_after);
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registering a plain extern "C" function (once: it serves forked children too).
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(at_exit);
+    });
+    Ok(Sim {
+        primary: OnceLock::new(),
+        contexts: Registry::default(),
+        streams: Registry::default(),
+        events: Registry::default(),
+        modules: Registry::default(),
+        functions: Registry::default(),
+        mem: Mutex::new(Default::default()),
+        alloc_count: AtomicU64::new(0),
+        launch_count: AtomicU64::new(0),
+        api_allocs: AtomicU64::new(0),
+        cfg,
+        shared,
+        slot,
+        generation,
+        pid,
+        engine,
+    })
 }
 
 extern "C" fn at_exit() {
@@ -119,7 +136,7 @@ impl Sim {
     }
 
     fn ensure_primaries(&self) {
-        PRIMARY.get_or_init(|| {
+        self.primary.get_or_init(|| {
             (0..self.ndev())
                 .map(|d| Context::new(self, d, true))
                 .collect()
@@ -127,7 +144,7 @@ impl Sim {
     }
 
     pub fn primary(&self, dev: usize) -> Option<&Arc<Context>> {
-        PRIMARY.get().and_then(|p| p.get(dev))
+        self.primary.get().and_then(|p| p.get(dev))
     }
 
     pub fn device(&self, dev: CUdevice) -> Result<usize, CUresult> {
@@ -138,8 +155,6 @@ impl Sim {
         }
     }
 }
-
-static PRIMARY: OnceLock<Vec<Arc<Context>>> = OnceLock::new();
 
 /// Live objects by handle value, so a stale or made-up handle is an error, not a crash.
 pub struct Registry<T> {
@@ -186,6 +201,8 @@ pub struct Context {
     pub local_storage: Mutex<HashMap<usize, (usize, usize)>>,
     pub limits: Mutex<HashMap<u32, usize>>,
     pub id: u64,
+    /// The simulator that made it (`current_id()`): stale after fork.
+    pub sim_id: usize,
 }
 
 static NEXT_CTX_ID: AtomicU64 = AtomicU64::new(1);
@@ -203,6 +220,7 @@ impl Context {
             local_storage: Mutex::new(HashMap::new()),
             limits: Mutex::new(HashMap::new()),
             id: NEXT_CTX_ID.fetch_add(1, Relaxed),
+            sim_id: sim as *const Sim as usize,
         });
         sim.contexts.insert(ctx.clone());
         ctx

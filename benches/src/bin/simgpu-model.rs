@@ -11,7 +11,11 @@ const END: &str = "<!-- simgpu-model:end -->";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let write = args.iter().position(|a| a == "--write").map(|i| args.get(i + 1).cloned().unwrap_or_else(|| "BENCHMARKS.md".into()));
+    let write = args.iter().position(|a| a == "--write").map(|i| {
+        args.get(i + 1)
+            .cloned()
+            .unwrap_or_else(|| "BENCHMARKS.md".into())
+    });
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("usage: simgpu-model [--write BENCHMARKS.md]");
         return;
@@ -20,7 +24,7 @@ fn main() {
         model::kernel_occupancy(5, 1.0),
         model::two_saturating(3.0),
         model::train_colocation(3.0),
-        model::managed_thrash(100),
+        model::managed_thrash(300),
         model::managed_oversubscribed(50),
     ];
     for r in &results {
@@ -30,7 +34,9 @@ fn main() {
         let section = markdown(&results);
         let old = std::fs::read_to_string(&path).unwrap_or_default();
         let new = match (old.find(BEGIN), old.find(END)) {
-            (Some(a), Some(b)) if a < b => format!("{}{section}{}", &old[..a], &old[b + END.len()..]),
+            (Some(a), Some(b)) if a < b => {
+                format!("{}{section}{}", &old[..a], &old[b + END.len()..])
+            }
             _ => format!("{old}{}{section}\n", if old.is_empty() { "" } else { "\n" }),
         };
         std::fs::write(&path, new).unwrap_or_else(|e| {

@@ -376,6 +376,8 @@ driver_ptds! {
         let s = sim()?;
         let exec = execs().get(e as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let r = stream_ref(h, ptds)?;
+        // One launch call, like cuLaunchKernel (what an interposer counts).
+        s.launch_count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         for n in &exec.nodes {
             submit(s, &r, (n.build)()?);
         }

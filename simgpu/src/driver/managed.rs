@@ -247,6 +247,11 @@ pub fn forget(s: &Sim, base: u64, _a: &Alloc) {
     }
 }
 
+/// A forked child starts without the parent's managed allocations.
+pub fn forget_all() {
+    STATE.lock().clear();
+}
+
 /// Managed bytes of this process currently resident on `dev`.
 pub fn resident_bytes(s: &Sim, dev: usize) -> u64 {
     let st = STATE.lock();
@@ -333,6 +338,7 @@ driver! {
         }
         let s = sim()?;
         let ctx = current_ctx()?;
+        s.api_allocs.fetch_add(1, AcqRel);
         let base = map_anon(size as u64)?;
         s.mem.lock().insert(base, Alloc {
             size: size as u64, kind: Kind::Managed, device: ctx.device, charged: 0,

@@ -96,7 +96,8 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
         let r = d.mem_used.fetch_update(AcqRel, Acquire, |u| {
             (u + bytes <= total).then_some(u + bytes)
         });
-        if r.is_ok() {
+        if let Ok(prev) = r {
+            d.mem_peak.fetch_max(prev + bytes, AcqRel);
             let p = &s.shared.slot(s.slot).dev[dev];
             p.mem_used.fetch_add(bytes, AcqRel);
             p.allocs.fetch_add(1, AcqRel);
@@ -128,6 +129,7 @@ pub fn uncharge(s: &Sim, dev: usize, bytes: u64) {
 /// Allocates device memory on the current context's device.
 pub fn alloc_device(size: u64, pool: usize) -> Result<u64, CUresult> {
     let ctx = current_ctx()?;
+    sim()?.api_allocs.fetch_add(1, AcqRel);
     alloc_on(
         ctx.device,
         std::sync::Arc::as_ptr(&ctx) as usize,

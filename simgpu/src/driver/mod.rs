@@ -101,7 +101,10 @@ thread_local! {
 }
 
 pub fn current_ctx_opt() -> Option<Arc<Context>> {
-    CTX_STACK.with(|s| s.borrow().last().cloned())
+    // A context made before a fork belongs to the parent's simulator: not current here.
+    CTX_STACK
+        .with(|s| s.borrow().last().cloned())
+        .filter(|c| c.sim_id == crate::sim::current_id())
 }
 
 /// The current context, or CUDA_ERROR_INVALID_CONTEXT.

@@ -20,10 +20,11 @@ pub fn stats_json(s: &Sim) -> String {
         })
         .collect();
     format!(
-        "{{\"pid\":{},\"launches\":{},\"alloc_calls\":{},\"devices\":[{}]}}",
+        "{{\"pid\":{},\"launches\":{},\"alloc_calls\":{},\"api_allocs\":{},\"devices\":[{}]}}",
         s.pid,
         s.launch_count.load(Acquire),
         s.alloc_count.load(Acquire),
+        s.api_allocs.load(Acquire),
         devs.join(",")
     )
 }

@@ -63,6 +63,7 @@ driver! {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let dev = s.device(prop.location.id)?;
+        s.api_allocs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         charge(s, dev, size as u64)?;
         let fd = libc::memfd_create(c"simgpu-vmm".as_ptr(), libc::MFD_CLOEXEC);
         if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {

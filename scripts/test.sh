@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# THE test command: installs what is missing, builds, checks formatting and lints, runs every test.
+#   scripts/test.sh                 everything (what CI runs, via .ci/run)
+#   scripts/test.sh <nextest args>  extra arguments go to the test runner, e.g. a filter: torch
+# Works on a clean clone, without a GPU and without stdin (CI=true). Steps that fail do not stop
+# the later ones; the script exits non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+failed=()
+step() { echo; echo "==> $*"; }
+run() { # name, command...
+  local name=$1; shift
+  step "$name: $*"
+  local t0=$SECONDS
+  if "$@" </dev/null; then
+    echo "--- $name: ok ($((SECONDS - t0)) s)"
+  else
+    echo "--- $name: FAILED ($((SECONDS - t0)) s)"
+    failed+=("$name")
+  fi
+}
+
+# 1. The NVIDIA user-space pieces the tests run on simgpu (pinned pip wheels; idempotent).
+if ! command -v python3 >/dev/null; then
+  step "installing python3"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-pip python3-venv
+fi
+if ! command -v gcc >/dev/null || ! command -v g++ >/dev/null; then
+  step "installing gcc/g++"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential
+fi
+# Another fetch-cuda.sh (e.g. a background torch install) must finish first: never run two.
+while pgrep -f "scripts/fetch-cuda.sh" >/dev/null 2>&1; do
+  echo "waiting for a running scripts/fetch-cuda.sh to finish..."; sleep 10
+done
+run fetch-cuda bash scripts/fetch-cuda.sh
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "cannot install the CUDA wheels; the CUDA tests would all fail" >&2
+fi
+
+# 2. Build everything (simgpu's libcuda.so, the shim, sharectl, jobs).
+run build cargo build --release --workspace
+
+# 3. Format and lints.
+run fmt cargo fmt --all -- --check
+run clippy cargo clippy --workspace --all-targets --release -- -D warnings
+
+# 4. Tests. The harness builds simgpu itself when run alone; here it was just built.
+export LIBSHARE_SKIP_BUILD=1
+if cargo nextest --version >/dev/null 2>&1; then
+  run tests cargo nextest run --workspace --release --no-fail-fast "$@"
+else
+  echo "cargo-nextest not found: falling back to cargo test"
+  run tests cargo test --workspace --release --no-fail-fast "$@"
+fi
+
+echo
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "FAILED steps: ${failed[*]}"
+  exit 1
+fi
+echo "all steps passed"

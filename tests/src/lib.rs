@@ -1,0 +1,589 @@
+//! Harness for the integration tests in `tests/tests/`: real NVIDIA user-space code (cudart from the
+//! pip wheels, nvcc-compiled kernels, PyTorch) run unmodified on the simulated GPU.
+//!
+//! - [`artifacts`] builds simgpu once per test process and lays out `target/simgpu/lib/`
+//!   (`libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1` → `../../release/libcuda.so`).
+//! - [`cuda_cache`], [`Cudart`], [`nvcc`], [`torch_python`] locate the pinned wheels that
+//!   `scripts/fetch-cuda.sh` installs.
+//! - [`SimGpu`] runs a program on a fresh simulated machine (its own `SIMGPU_STATE_DIR`, so parallel
+//!   tests never share a device) with `LD_LIBRARY_PATH` pointing at simgpu first.
+//! - [`compile_c`], [`compile_driver_c`], [`compile_cu`] build the programs in `tests/cuda/`,
+//!   cached under `target/cuda-tests/` and rebuilt when the source is newer.
+//!
+//! Environment: `LIBSHARE_SKIP_BUILD=1` skips the cargo build (the artifacts must exist),
+//! `LIBSHARE_CACHE` overrides `~/.cache/libshare`, `SIMGPU_LOG` is passed through to the programs.
+
+use std::ffi::{OsStr, OsString};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The repository root (the directory holding the workspace `Cargo.toml`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR` or `<root>/target`).
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => workspace_root().join(dir),
+        _ => workspace_root().join("target"),
+    }
+}
+
+/// What the integration tests run against.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    /// `target/release`
+    pub release_dir: PathBuf,
+    /// `target/release/libcuda.so`, the simgpu cdylib.
+    pub libcuda: PathBuf,
+    /// `target/simgpu/lib`: put first on `LD_LIBRARY_PATH`.
+    pub lib_dir: PathBuf,
+}
+
+impl Artifacts {
+    /// A binary built into `target/release` (e.g. one of the `jobs` programs).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.release_dir.join(name)
+    }
+}
+
+/// Builds simgpu (and the `jobs` programs, when that crate exists) once per process with
+/// `cargo build --release`, unless `LIBSHARE_SKIP_BUILD=1`, and creates `target/simgpu/lib/`.
+pub fn artifacts() -> &'static Artifacts {
+    static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
+    ARTIFACTS.get_or_init(|| {
+        let root = workspace_root();
+        if std::env::var("LIBSHARE_SKIP_BUILD").as_deref() != Ok("1") {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.current_dir(&root)
+                .args(["build", "--release", "--quiet", "-p", "simgpu"]);
+            if root.join("jobs/Cargo.toml").exists() {
+                cmd.args(["-p", "jobs"]);
+            }
+            let out = cmd.stdin(Stdio::null()).output().expect("cannot run cargo");
+            if !out.status.success() {
+                panic!(
+                    "cargo build --release -p simgpu failed:\n{}",
+                    tail(&String::from_utf8_lossy(&out.stderr), 40)
+                );
+            }
+        }
+        let release_dir = target_dir().join("release");
+        let libcuda = release_dir.join("libcuda.so");
+        assert!(
+            libcuda.exists(),
+            "{} does not exist: build simgpu (cargo build --release -p simgpu)",
+            libcuda.display()
+        );
+        let lib_dir = target_dir().join("simgpu/lib");
+        std::fs::create_dir_all(&lib_dir).expect("create target/simgpu/lib");
+        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
+            symlink_atomic(Path::new("../../release/libcuda.so"), &lib_dir.join(name));
+        }
+        Artifacts {
+            release_dir,
+            libcuda,
+            lib_dir,
+        }
+    })
+}
+
+fn symlink_atomic(target: &Path, link: &Path) {
+    if std::fs::read_link(link).ok().as_deref() == Some(target) {
+        return;
+    }
+    let tmp = link.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).expect("create symlink");
+    std::fs::rename(&tmp, link).expect("rename symlink");
+}
+
+/// Where `scripts/fetch-cuda.sh` installs the NVIDIA wheels: `LIBSHARE_CACHE` or `~/.cache/libshare`.
+pub fn cuda_cache() -> PathBuf {
+    match std::env::var_os("LIBSHARE_CACHE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
+            .join(".cache/libshare"),
+    }
+}
+
+/// Returns `cuda_cache()/rel`, panicking with one line if it is missing.
+pub fn cache_path(rel: &str) -> PathBuf {
+    let path = cuda_cache().join(rel);
+    if !path.exists() {
+        panic!("{} is missing: run scripts/fetch-cuda.sh", path.display());
+    }
+    path
+}
+
+/// The CUDA 13.5 nvcc from the wheels.
+pub fn nvcc() -> PathBuf {
+    cache_path("cu13/nvidia/cu13/bin/nvcc")
+}
+
+/// The Python of the venv with torch and nvidia-ml-py.
+pub fn torch_python() -> PathBuf {
+    cache_path("torch-venv/bin/python")
+}
+
+/// A CUDA runtime from the pinned wheels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cudart {
+    /// nvidia-cuda-runtime-cu12 12.9.79
+    V12,
+    /// nvidia-cuda-runtime 13.5.37
+    V13,
+}
+
+impl Cudart {
+    pub fn tag(self) -> &'static str {
+        match self {
+            Cudart::V12 => "cu12",
+            Cudart::V13 => "cu13",
+        }
+    }
+
+    /// Include directories (runtime headers + crt headers).
+    pub fn include_dirs(self) -> Vec<PathBuf> {
+        match self {
+            Cudart::V12 => vec![
+                cache_path("cu12/nvidia/cuda_runtime/include"),
+                cache_path("cu12/nvidia/cuda_nvcc/include"),
+            ],
+            Cudart::V13 => vec![cache_path("cu13/nvidia/cu13/include")],
+        }
+    }
+
+    pub fn lib_dir(self) -> PathBuf {
+        match self {
+            Cudart::V12 => cache_path("cu12/nvidia/cuda_runtime/lib"),
+            Cudart::V13 => cache_path("cu13/nvidia/cu13/lib"),
+        }
+    }
+
+    /// The file name of the shared runtime (`libcudart.so.12` / `libcudart.so.13`).
+    pub fn soname(self) -> &'static str {
+        match self {
+            Cudart::V12 => "libcudart.so.12",
+            Cudart::V13 => "libcudart.so.13",
+        }
+    }
+}
+
+/// How an nvcc-built program links cudart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudartLink {
+    /// `-cudart shared`: libcudart.so.13 found through an rpath.
+    Shared,
+    /// nvcc's default: libcudart_static.a linked in.
+    Static,
+}
+
+/// `target/cuda-tests`: compiled test programs.
+pub fn cuda_tests_dir() -> PathBuf {
+    let dir = target_dir().join("cuda-tests");
+    std::fs::create_dir_all(&dir).expect("create target/cuda-tests");
+    dir
+}
+
+/// A source file in `tests/cuda/`.
+pub fn cuda_source(name: &str) -> PathBuf {
+    let path = workspace_root().join("tests/cuda").join(name);
+    assert!(path.exists(), "{} does not exist", path.display());
+    path
+}
+
+/// A script in `tests/python/`.
+pub fn python_source(name: &str) -> PathBuf {
+    let path = workspace_root().join("tests/python").join(name);
+    assert!(path.exists(), "{} does not exist", path.display());
+    path
+}
+
+fn mtime(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Runs `make(tmp_output)` unless `out` is newer than every input; writes atomically so parallel
+/// test processes can build the same program.
+fn build_cached(inputs: &[&Path], out: &Path, make: impl FnOnce(&Path) -> Command) -> PathBuf {
+    let newest = inputs.iter().filter_map(|p| mtime(p)).max();
+    if let (Some(out_time), Some(src_time)) = (mtime(out), newest) {
+        if out_time >= src_time {
+            return out.to_path_buf();
+        }
+    }
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    let mut cmd = make(&tmp);
+    let output = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    if !output.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        panic!(
+            "compile failed: {cmd:?}\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    std::fs::rename(&tmp, out).expect("rename compiled program");
+    out.to_path_buf()
+}
+
+/// Compiles a C program from `tests/cuda/` with gcc against a cudart wheel (rpath to its lib dir).
+/// Output: `target/cuda-tests/<stem>-<cu12|cu13>`.
+pub fn compile_c(source: &str, cudart: Cudart) -> PathBuf {
+    let src = cuda_source(source);
+    let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+    let out = cuda_tests_dir().join(format!("{stem}-{}", cudart.tag()));
+    let lib_dir = cudart.lib_dir();
+    let includes = cudart.include_dirs();
+    build_cached(&[&src], &out, |tmp| {
+        let mut cmd = Command::new("gcc");
+        cmd.args(["-std=gnu11", "-O1", "-Wall"]);
+        for inc in &includes {
+            cmd.arg("-I").arg(inc);
+        }
+        cmd.arg(&src).arg("-o").arg(tmp);
+        cmd.arg("-L").arg(&lib_dir);
+        cmd.arg(format!("-l:{}", cudart.soname()));
+        cmd.arg(format!("-Wl,-rpath,{}", lib_dir.display()));
+        cmd
+    })
+}
+
+/// Compiles a C program from `tests/cuda/` that uses the driver API directly (`cuda.h` from the
+/// CUDA 13.5 wheel) and dlopens `libcuda.so.1` itself. Output: `target/cuda-tests/<stem>`.
+pub fn compile_driver_c(source: &str) -> PathBuf {
+    let src = cuda_source(source);
+    let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+    let out = cuda_tests_dir().join(stem);
+    let include = cache_path("cu13/nvidia/cu13/include/cuda.h")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    build_cached(&[&src], &out, |tmp| {
+        let mut cmd = Command::new("gcc");
+        cmd.args(["-std=gnu11", "-O1", "-Wall"])
+            .arg("-I")
+            .arg(&include)
+            .arg(&src)
+            .arg("-o")
+            .arg(tmp)
+            .arg("-ldl");
+        cmd
+    })
+}
+
+/// Compiles a `.cu` program from `tests/cuda/` with the CUDA 13.5 nvcc for sm_80.
+/// Output: `target/cuda-tests/<stem>-<shared|static>`.
+pub fn compile_cu(source: &str, link: CudartLink) -> PathBuf {
+    let src = cuda_source(source);
+    let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+    let variant = match link {
+        CudartLink::Shared => "shared",
+        CudartLink::Static => "static",
+    };
+    let out = cuda_tests_dir().join(format!("{stem}-{variant}"));
+    let nvcc = nvcc();
+    let lib_dir = Cudart::V13.lib_dir();
+    cache_path("cu13/nvidia/cu13/lib/libcudart.so");
+    build_cached(&[&src], &out, |tmp| {
+        let mut cmd = Command::new(&nvcc);
+        cmd.args(["-arch=sm_80", "-O2"]);
+        if link == CudartLink::Shared {
+            cmd.args(["-cudart", "shared"]);
+        }
+        cmd.arg(&src).arg("-o").arg(tmp);
+        cmd.arg("-Xlinker")
+            .arg(format!("-rpath,{}", lib_dir.display()));
+        cmd
+    })
+}
+
+/// One simulated machine for one test: a fresh state directory, its own trace file, and
+/// `SIMGPU_*` settings. Inherited `SIMGPU_*` variables are removed from the programs' environment
+/// (except `SIMGPU_LOG`), so a test sees only what it configures.
+pub struct SimGpu {
+    state: tempfile::TempDir,
+    env: Vec<(OsString, OsString)>,
+    timeout: Duration,
+}
+
+impl Default for SimGpu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SimGpu {
+    /// Builds simgpu if needed and creates a fresh state directory.
+    pub fn new() -> SimGpu {
+        artifacts();
+        let state = tempfile::Builder::new()
+            .prefix("simgpu-test-")
+            .tempdir()
+            .expect("create simgpu state dir");
+        SimGpu {
+            state,
+            env: Vec::new(),
+            timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// `SIMGPU_MEMORY`, e.g. `"8GiB"`.
+    pub fn memory(self, value: &str) -> SimGpu {
+        self.env("SIMGPU_MEMORY", value)
+    }
+
+    /// Sets an environment variable for every program run on this machine.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> SimGpu {
+        self.env
+            .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// Kill a program that runs longer than this (default 120 s) and fail the test.
+    pub fn timeout(mut self, timeout: Duration) -> SimGpu {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// `SIMGPU_TRACE_FILE`: simgpu appends `stub <name>` for every call of an unimplemented function.
+    pub fn trace_file(&self) -> PathBuf {
+        self.state.path().join("trace.txt")
+    }
+
+    /// Applies the simulated machine's environment to `cmd`.
+    pub fn configure(&self, cmd: &mut Command) {
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("SIMGPU_") && k != "SIMGPU_LOG" {
+                cmd.env_remove(&key);
+            }
+        }
+        let lib_dir = &artifacts().lib_dir;
+        let mut ld_path = OsString::from(lib_dir.as_os_str());
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+            ld_path.push(":");
+            ld_path.push(old);
+        }
+        cmd.env("LD_LIBRARY_PATH", ld_path)
+            .env_remove("LD_PRELOAD")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env("SIMGPU_STATE_DIR", self.state_dir())
+            .env("SIMGPU_TRACE_FILE", self.trace_file());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+    }
+
+    /// Runs `cmd` on this machine (stdin closed, output captured). Panics on timeout.
+    pub fn run(&self, mut cmd: Command) -> Output {
+        self.configure(&mut cmd);
+        run_with_timeout(cmd, self.timeout)
+    }
+
+    /// Runs `program args…` and panics unless it exits 0. On failure the program is run a second
+    /// time with `SIMGPU_LOG=debug`, and the end of that log (the last driver calls) is shown too.
+    pub fn run_ok<S: AsRef<OsStr>>(&self, program: impl AsRef<OsStr>, args: &[S]) -> Output {
+        let make = || {
+            let mut cmd = Command::new(program.as_ref());
+            cmd.args(args);
+            cmd
+        };
+        let out = self.run(make());
+        if out.status.success() {
+            return out;
+        }
+        let mut debug_cmd = make();
+        self.configure(&mut debug_cmd);
+        debug_cmd.env("SIMGPU_LOG", "debug");
+        let debug = run_with_timeout(debug_cmd, self.timeout);
+        let debug_log = String::from_utf8_lossy(&debug.stderr);
+        panic!(
+            "{} {} failed\n{}\n---- re-run with SIMGPU_LOG=debug: {}\n{}\n{}\n---- stub calls\n{}",
+            program.as_ref().to_string_lossy(),
+            args.iter()
+                .map(|a| a.as_ref().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" "),
+            describe(&out),
+            debug.status,
+            tail(&debug_log, 60),
+            failed_calls(&debug_log),
+            self.stub_calls().join("\n"),
+        );
+    }
+
+    /// Lines `stub <name>` that simgpu wrote to the trace file: calls of unimplemented functions.
+    pub fn stub_calls(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.trace_file()).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("stub "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Fails listing every distinct unimplemented function that was called, with counts.
+    pub fn assert_no_stub_calls(&self) {
+        let calls = self.stub_calls();
+        if calls.is_empty() {
+            return;
+        }
+        let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+        for c in &calls {
+            *counts.entry(c.as_str()).or_default() += 1;
+        }
+        let list: Vec<String> = counts
+            .iter()
+            .map(|(k, n)| format!("  {k} ({n}x)"))
+            .collect();
+        panic!(
+            "{} call(s) of unimplemented simgpu functions:\n{}",
+            calls.len(),
+            list.join("\n")
+        );
+    }
+}
+
+fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for child") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = Output {
+                status: std::process::ExitStatus::default(),
+                stdout: out_reader.join().unwrap_or_default(),
+                stderr: err_reader.join().unwrap_or_default(),
+            };
+            panic!(
+                "{cmd:?} did not finish within {timeout:?} (killed)\n{}",
+                describe(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+/// The distinct driver calls that returned an error in a `SIMGPU_LOG=debug` log
+/// (`simgpu[pid/tid]: name -> code`), with counts, in order of first failure.
+pub fn failed_calls(debug_log: &str) -> String {
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for line in debug_log.lines() {
+        let Some((_, call)) = line.split_once("]: ") else {
+            continue;
+        };
+        if !line.starts_with("simgpu[") || !call.contains(" -> ") {
+            continue;
+        }
+        match seen.iter_mut().find(|(c, _)| c == call) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((call.to_owned(), 1)),
+        }
+    }
+    let mut s = String::from("---- driver calls that returned an error (first seen first)");
+    for (call, n) in seen.iter().take(30) {
+        s.push_str(&format!("\n  {call} ({n}x)"));
+    }
+    s
+}
+
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    let mut s = String::new();
+    if start > 0 {
+        s.push_str(&format!("[... {start} lines omitted]\n"));
+    }
+    s.push_str(&lines[start..].join("\n"));
+    s
+}
+
+/// Exit status, stdout and the end of stderr, for failure messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status: {}\n---- stdout\n{}\n---- stderr\n{}",
+        out.status,
+        tail(&String::from_utf8_lossy(&out.stdout), 80),
+        tail(&String::from_utf8_lossy(&out.stderr), 80)
+    )
+}
+
+/// The JSON objects a test program printed, one per line (other lines are ignored).
+pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+/// The single JSON line whose `"check"` field is `check`.
+pub fn json_check(out: &Output, check: &str) -> serde_json::Value {
+    let found: Vec<_> = json_lines(out)
+        .into_iter()
+        .filter(|v| v["check"] == check)
+        .collect();
+    match found.as_slice() {
+        [one] => one.clone(),
+        _ => panic!(
+            "expected one {check:?} line, found {}\n{}",
+            found.len(),
+            describe(out)
+        ),
+    }
+}
+
+/// Asserts `actual` is within `rel` (e.g. 0.2 for ±20 %) of `expected`.
+#[track_caller]
+pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64) {
+    let lo = expected * (1.0 - rel);
+    let hi = expected * (1.0 + rel);
+    assert!(
+        actual >= lo && actual <= hi,
+        "{what}: {actual:.3} not within ±{:.0} % of {expected:.3} [{lo:.3}, {hi:.3}]",
+        rel * 100.0
+    );
+}

@@ -1,0 +1,39 @@
+//! PyTorch (torch 2.15.0, CUDA 13.2 build from PyPI) on simgpu: `tests/python/torch_smoke.py`.
+//! Also the canary for driver drift: fails if simgpu's trace file shows any call of an
+//! unimplemented stub function.
+
+use libshare_tests::{json_lines, python_source, torch_python, SimGpu};
+
+const SIXTEEN_GIB: u64 = 16 << 30;
+
+#[test]
+fn torch_smoke() {
+    let python = torch_python();
+    let script = python_source("torch_smoke.py");
+    let gpu = SimGpu::new().memory("16GiB");
+    let out = gpu.run_ok(
+        &python,
+        &[script.to_str().unwrap(), &SIXTEEN_GIB.to_string()],
+    );
+    let lines = json_lines(&out);
+    let steps: Vec<&str> = lines.iter().filter_map(|v| v["step"].as_str()).collect();
+    for step in [
+        "is_available",
+        "properties",
+        "zeros",
+        "copy_roundtrip",
+        "linear_fwd_bwd",
+        "sgd_steps",
+        "events",
+        "mem_get_info",
+        "synchronize",
+    ] {
+        assert!(steps.contains(&step), "step {step} missing: {steps:?}");
+    }
+    assert!(lines.iter().all(|v| v["ok"] == true), "{lines:?}");
+    let props = lines.iter().find(|v| v["step"] == "properties").unwrap();
+    assert_eq!(props["total_memory"], SIXTEEN_GIB);
+    let mem = lines.iter().find(|v| v["step"] == "mem_get_info").unwrap();
+    assert_eq!(mem["total"], SIXTEEN_GIB);
+    gpu.assert_no_stub_calls();
+}
