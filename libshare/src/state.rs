@@ -87,12 +87,21 @@ pub struct Shim {
     pub state: State,
     pub slot: usize,
     pub pid: u32,
+    /// This process's per-device launch counters in the shared state (computed once: the launch
+    /// path only adds to them).
+    launch_counters: *const [AtomicU64; MAX_DEVICES],
 }
+
+// SAFETY: `launch_counters` points into `state`'s mapping, which lives as long as the Shim (leaked).
+unsafe impl Send for Shim {}
+unsafe impl Sync for Shim {}
 
 impl Shim {
     /// This process's per-device launch counters.
+    #[inline(always)]
     pub fn launches(&self) -> &[AtomicU64; MAX_DEVICES] {
-        &self.state.slot(self.slot).launches
+        // SAFETY: see the field.
+        unsafe { &*self.launch_counters }
     }
 
     /// Charges `bytes` on `dev` to the container's quota (and to this process), returning the
@@ -225,11 +234,13 @@ fn build() -> Result<Shim, String> {
         )
     })?;
     tracing::info!(container = %cfg.container, class = cfg.class, slot, "libshare initialised");
+    let launch_counters = &state.slot(slot).launches as *const _;
     Ok(Shim {
         cfg,
         state,
         slot,
         pid,
+        launch_counters,
     })
 }
 
