@@ -134,14 +134,26 @@ unsafe extern "C" fn dlsym_hooked(handle: *mut c_void, symbol: *const c_char) ->
     let Ok(name) = std::str::from_utf8(name) else {
         return p;
     };
-    let (hook, base) = if cuda {
-        (crate::hooks::hook_ptr(name), crate::state::driver().base)
+    // Only a hooked name may touch the driver: `dlsym(h, "curl_easy_init")` must not load libcuda.
+    let hook = if cuda {
+        crate::hooks::hook_ptr(name)
     } else {
-        (crate::nvml::hook_ptr(name), crate::nvml::library_base())
+        crate::nvml::hook_ptr(name)
     };
-    match hook {
-        Some(h) if base != 0 && object_base(p) == base => h,
-        _ => p,
+    let Some(h) = hook else { return p };
+    let found_in = object_base(p);
+    if found_in == object_base(h) {
+        return p; // resolved to the shim's own export (it is preloaded): already the hook
+    }
+    let base = if cuda {
+        crate::state::driver().base
+    } else {
+        crate::nvml::library_base()
+    };
+    if base != 0 && found_in == base {
+        h
+    } else {
+        p
     }
 }
 
