@@ -18,6 +18,9 @@ pub struct Config {
     pub container: String,
     /// The container's directory holding `state.shm`.
     pub container_dir: PathBuf,
+    /// Device memory charged once per process and device for its context (the driver's own use,
+    /// invisible to allocation hooks; a few hundred MiB on a real GPU). Default 0.
+    pub context_overhead: u64,
     /// Compute share in percent (HAMi's CUDA_DEVICE_SM_LIMIT; enforced by the rate controller).
     pub compute_percent: Option<u32>,
     pub log: Option<String>,
@@ -25,6 +28,7 @@ pub struct Config {
 
 pub const KNOWN: &[&str] = &[
     "LIBSHARE_MEMORY_LIMIT",
+    "LIBSHARE_CONTEXT_OVERHEAD",
     "LIBSHARE_CLASS",
     "LIBSHARE_CONTAINER",
     "LIBSHARE_CONTAINER_DIR",
@@ -210,6 +214,16 @@ impl Config {
             }
             None => state_dir.join("containers").join(&container),
         };
+        let context_overhead = match get("LIBSHARE_CONTEXT_OVERHEAD") {
+            None => 0,
+            Some(v) => parse_size(v).ok_or_else(|| {
+                invalid(
+                    "LIBSHARE_CONTEXT_OVERHEAD",
+                    v,
+                    "expected a size like 300MiB",
+                )
+            })?,
+        };
         let compute_percent = match get("CUDA_DEVICE_SM_LIMIT") {
             None => None,
             Some(v) => Some(
@@ -225,6 +239,7 @@ impl Config {
         Ok(Config {
             memory_limit,
             memory_limit_source: src,
+            context_overhead,
             class,
             container,
             container_dir,

@@ -31,6 +31,12 @@ crate::hooks! {
     count cuGraphLaunch(exec: *mut c_void, stream: CUstream) => launch::counted;
     count cuGraphLaunch_ptsz(exec: *mut c_void, stream: CUstream) => launch::counted;
 
+    // Contexts: the first one a process makes on a device is charged LIBSHARE_CONTEXT_OVERHEAD.
+    wrap cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => memory::primary_ctx_retain;
+    wrap cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => memory::ctx_create_v2;
+    wrap cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, n: i32, flags: c_uint, dev: CUdevice) => memory::ctx_create_v3;
+    wrap cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => memory::ctx_create_v4;
+
     // Current device per thread (so a launch is charged without a driver call).
     wrap cuCtxSetCurrent(ctx: CUcontext) => launch::ctx_set_current;
     wrap cuCtxPushCurrent(ctx: CUcontext) => launch::ctx_push;

@@ -26,6 +26,13 @@ pub fn tracked_device() -> usize {
     DEVICE.with(|d| d.get()) as usize
 }
 
+/// A context was created (and made current) or changed: track its device.
+pub fn context_changed(r: CUresult) {
+    if r == CUDA_SUCCESS {
+        refresh_device();
+    }
+}
+
 fn refresh_device() {
     if let Some(get) = crate::state::real().cuCtxGetDevice {
         let mut d: CUdevice = 0;

@@ -5,7 +5,7 @@
 //! `cuMemGetInfo` / `cuDeviceTotalMem` report the quota as the device's memory.
 
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
 
 use crate::state::{shim, Allocations, Shim};
 use crate::types::*;
@@ -41,6 +41,81 @@ fn handles() -> &'static Allocations {
 pub fn forget_all_after_fork() {
     ALLOCS.store(std::ptr::null_mut(), Release);
     HANDLES.store(std::ptr::null_mut(), Release);
+    CTX_CHARGED.store(0, Release);
+}
+
+/// Devices on which this process has been charged its context overhead (bit per device).
+static CTX_CHARGED: AtomicU32 = AtomicU32::new(0);
+
+/// Charges the context overhead on `dev` the first time this process makes a context there,
+/// then creates it. It stays charged until the process exits (when its slot is released).
+unsafe fn with_context_charge(dev: CUdevice, create: impl FnOnce() -> CUresult) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let overhead = sh.cfg.context_overhead;
+    if overhead == 0 || dev < 0 || dev as usize >= libshare_abi::MAX_DEVICES {
+        return create();
+    }
+    let bit = 1u32 << dev;
+    if CTX_CHARGED.fetch_or(bit, AcqRel) & bit != 0 {
+        return create();
+    }
+    if !sh.charge(dev as usize, overhead) {
+        CTX_CHARGED.fetch_and(!bit, AcqRel);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let r = create();
+    if r != CUDA_SUCCESS {
+        sh.uncharge(dev as usize, overhead);
+        CTX_CHARGED.fetch_and(!bit, AcqRel);
+    }
+    r
+}
+
+pub unsafe fn primary_ctx_retain(
+    real: unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
+    with_context_charge(dev, || real(pctx, dev))
+}
+
+pub unsafe fn ctx_create_v2(
+    real: unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult,
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let r = with_context_charge(dev, || real(pctx, flags, dev));
+    crate::launch::context_changed(r);
+    r
+}
+
+pub unsafe fn ctx_create_v3(
+    real: unsafe extern "C" fn(*mut CUcontext, *mut c_void, i32, c_uint, CUdevice) -> CUresult,
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    n: i32,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let r = with_context_charge(dev, || real(pctx, params, n, flags, dev));
+    crate::launch::context_changed(r);
+    r
+}
+
+pub unsafe fn ctx_create_v4(
+    real: unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult,
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let r = with_context_charge(dev, || real(pctx, params, flags, dev));
+    crate::launch::context_changed(r);
+    r
 }
 
 /// The device of the current context (allocation paths may afford the driver call).
