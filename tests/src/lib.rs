@@ -221,7 +221,10 @@ fn build_cached(inputs: &[&Path], out: &Path, make: impl FnOnce(&Path) -> Comman
             return out.to_path_buf();
         }
     }
-    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per process *and* call: `cargo test` runs tests as threads of one process.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = out.with_extension(format!("tmp{}-{n}", std::process::id()));
     let mut cmd = make(&tmp);
     let output = cmd
         .stdin(Stdio::null())

@@ -1,0 +1,88 @@
+// simgpu features beyond the smoke tests, through the real CUDA 13.5 runtime:
+//   sim_features faults_alloc    three cudaMalloc calls (run with SIMGPU_FAIL_ALLOC_NTH=2)
+//   sim_features faults_launch   three launches (run with SIMGPU_LAUNCH_ERROR=2:719)
+//   sim_features faults_stall    a stream that stops executing (SIMGPU_STALL_STREAM_AFTER=1)
+//   sim_features graph           stream capture -> graph, replayed: timing and bytes
+// Prints one JSON line {"check": ...}.
+#include <cstdio>
+#include <cstring>
+#include <chrono>
+
+__global__ void busy_kernel(float *x) { if (x) x[threadIdx.x] += 1.0f; }
+
+static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "faults_alloc")) {
+        int r[3];
+        void *p;
+        for (int i = 0; i < 3; i++) r[i] = (int)cudaMalloc(&p, 1 << 20);
+        printf("{\"check\":\"faults_alloc\",\"results\":[%d,%d,%d]}\n", r[0], r[1], r[2]);
+        return 0;
+    }
+    if (!strcmp(mode, "faults_launch")) {
+        int r[3];
+        for (int i = 0; i < 3; i++) {
+            busy_kernel<<<1, 32>>>(nullptr);
+            r[i] = (int)cudaGetLastError();
+        }
+        printf("{\"check\":\"faults_launch\",\"results\":[%d,%d,%d]}\n", r[0], r[1], r[2]);
+        return 0;
+    }
+    if (!strcmp(mode, "faults_stall")) {
+        cudaStream_t s;
+        cudaStreamCreate(&s);
+        busy_kernel<<<1, 32, 0, s>>>(nullptr);
+        busy_kernel<<<1, 32, 0, s>>>(nullptr);
+        // The first kernel runs; the stream then never executes anything again. Poll (never
+        // synchronize: that would hang, which is what the fault is for) for 300 ms of host time.
+        double t0 = now_ms();
+        int first = (int)cudaStreamQuery(s), last = first, polls = 0;
+        while (now_ms() - t0 < 300) { last = (int)cudaStreamQuery(s); polls++; }
+        printf("{\"check\":\"faults_stall\",\"first\":%d,\"last\":%d,\"polls\":%d}\n", first, last, polls);
+        return 0;
+    }
+    if (!strcmp(mode, "graph")) {
+        const int n = 256;
+        float host[n], back[n];
+        for (int i = 0; i < n; i++) host[i] = 1.0f;
+        float *d;
+        cudaMalloc(&d, n * sizeof(float));
+        cudaStream_t s;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaGraph_t g;
+        int e0 = (int)cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+        cudaStreamCaptureStatus st;
+        cudaStreamIsCapturing(s, &st);
+        cudaMemcpyAsync(d, host, sizeof host, cudaMemcpyHostToDevice, s);
+        for (int i = 0; i < 5; i++) busy_kernel<<<1, 32, 0, s>>>(d);
+        int e1 = (int)cudaStreamEndCapture(s, &g);
+        size_t nodes = 0;
+        cudaGraphGetNodes(g, nullptr, &nodes);
+        cudaGraphExec_t exec;
+        int e2 = (int)cudaGraphInstantiate(&exec, g, 0);
+        // Captured copies read their source when the graph runs, not when it was captured.
+        for (int i = 0; i < n; i++) host[i] = 7.0f;
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        cudaEventRecord(a, s);
+        int e3 = 0;
+        for (int i = 0; i < 3; i++) e3 |= (int)cudaGraphLaunch(exec, s);
+        cudaEventRecord(b, s);
+        cudaStreamSynchronize(s);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost);
+        // Kernels do not compute on simgpu, so the buffer holds what the graph's copy wrote.
+        printf("{\"check\":\"graph\",\"errors\":[%d,%d,%d,%d],\"capturing\":%d,\"nodes\":%zu,"
+               "\"elapsed_ms\":%.3f,\"value\":%.1f}\n",
+               e0, e1, e2, e3, (int)st, nodes, ms, back[n - 1]);
+        return 0;
+    }
+    fprintf(stderr, "usage: sim_features faults_alloc|faults_launch|faults_stall|graph\n");
+    return 2;
+}

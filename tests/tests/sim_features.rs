@@ -1,0 +1,62 @@
+//! simgpu's fault injection (for reliability tests) and CUDA graphs, through NVIDIA's cudart 13.5
+//! and nvcc-compiled kernels (`tests/cuda/sim_features.cu`).
+
+use libshare_tests::{compile_cu, json_check, CudartLink, SimGpu};
+
+fn run(gpu: &SimGpu, mode: &str) -> serde_json::Value {
+    let out = gpu.run_ok(compile_cu("sim_features.cu", CudartLink::Shared), &[mode]);
+    json_check(&out, mode)
+}
+
+#[test]
+fn nth_allocation_fails_with_out_of_memory() {
+    let v = run(
+        &SimGpu::new().env("SIMGPU_FAIL_ALLOC_NTH", "2"),
+        "faults_alloc",
+    );
+    // cudaSuccess, cudaErrorMemoryAllocation, cudaSuccess
+    assert_eq!(v["results"], serde_json::json!([0, 2, 0]), "{v}");
+}
+
+#[test]
+fn nth_launch_returns_the_injected_error() {
+    let v = run(
+        &SimGpu::new().env("SIMGPU_LAUNCH_ERROR", "2:719"),
+        "faults_launch",
+    );
+    assert_eq!(v["results"][0], 0, "{v}");
+    assert_eq!(v["results"][1], 719, "cudaErrorLaunchFailure expected: {v}");
+}
+
+#[test]
+fn stalled_stream_never_completes() {
+    let v = run(
+        &SimGpu::new().env("SIMGPU_STALL_STREAM_AFTER", "1"),
+        "faults_stall",
+    );
+    // cudaErrorNotReady (600) on every poll, long after the 15 µs of modelled work.
+    assert_eq!(v["last"], 600, "{v}");
+    assert!(v["polls"].as_u64().unwrap() > 10, "{v}");
+}
+
+#[test]
+fn captured_graph_replays_its_kernels_and_copies() {
+    let gpu = SimGpu::new().env("SIMGPU_KERNEL_TIME", "busy_kernel=2ms");
+    let v = run(&gpu, "graph");
+    assert_eq!(v["errors"], serde_json::json!([0, 0, 0, 0]), "{v}");
+    assert_eq!(
+        v["capturing"], 1,
+        "cudaStreamCaptureStatusActive during capture: {v}"
+    );
+    assert_eq!(v["nodes"], 6, "one copy and five kernels: {v}");
+    // 3 launches × 5 kernels × 2 ms (plus the copies' microseconds).
+    let ms = v["elapsed_ms"].as_f64().unwrap();
+    assert!(
+        (29.0..36.0).contains(&ms),
+        "3 replays of 5 × 2 ms kernels took {ms} ms: {v}"
+    );
+    assert_eq!(
+        v["value"], 7.0,
+        "the captured copy reads the host buffer at launch time: {v}"
+    );
+}
