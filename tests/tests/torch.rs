@@ -37,3 +37,21 @@ fn torch_smoke() {
     assert_eq!(mem["total"], SIXTEEN_GIB);
     gpu.assert_no_stub_calls();
 }
+
+#[test]
+fn torch_cuda_graph_capture_and_replay() {
+    let script = python_source("torch_graph.py");
+    // Every kernel takes 1 ms, so 10 replays take at least 10 ms of modelled device time.
+    let gpu = SimGpu::new().env("SIMGPU_KERNEL_BASE", "1ms");
+    let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+    let v = libshare_tests::json_check(&out, "graph");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["input_roundtrip"], true, "{v}");
+    assert_eq!(v["out_shape"], serde_json::json!([64, 256]), "{v}");
+    let ms = v["replay_ms"].as_f64().unwrap();
+    assert!(
+        ms >= 10.0,
+        "10 replays of >= 1 ms of kernels took {ms} ms: {v}"
+    );
+    gpu.assert_no_stub_calls();
+}
