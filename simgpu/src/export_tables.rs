@@ -291,8 +291,10 @@ unsafe extern "C" fn integrity_check(
     let Ok(s) = sim() else {
         return CUDA_ERROR_NOT_INITIALIZED;
     };
-    let devices: Vec<crate::integrity::DeviceId> = s.cfg.devices[..s.ndev()]
+    let devices: Vec<crate::integrity::DeviceId> = s
+        .visible
         .iter()
+        .map(|&p| &s.cfg.devices[p])
         .map(|d| crate::integrity::DeviceId {
             uuid: d.uuid,
             pci_domain: d.pci_domain as i32,

@@ -30,6 +30,8 @@ pub struct Sim {
     /// Allocations requested through the API (cuMemAlloc*, managed, async, cuMemCreate), not the
     /// driver's own (module globals).
     pub api_allocs: AtomicU64,
+    /// Physical device of each ordinal, from CUDA_VISIBLE_DEVICES (all devices if unset).
+    pub visible: Vec<usize>,
 }
 
 /// This process's simulator (leaked; a forked child builds its own and ignores the parent's).
@@ -61,7 +63,11 @@ pub fn init() -> CUresult {
     let _g = INIT.lock();
     if let Some(s) = get() {
         s.ensure_primaries();
-        return CUDA_SUCCESS;
+        return if s.ndev() == 0 {
+            CUDA_ERROR_NO_DEVICE
+        } else {
+            CUDA_SUCCESS
+        };
     }
     let pid = std::process::id();
     if FAILED_PID.load(Acquire) == pid {
@@ -76,6 +82,9 @@ pub fn init() -> CUresult {
             SIM.store(Box::into_raw(Box::new(sim)), Release);
             let s = get().expect("just stored");
             s.ensure_primaries();
+            if s.ndev() == 0 {
+                return CUDA_ERROR_NO_DEVICE; // CUDA_VISIBLE_DEVICES hides every device
+            }
             CUDA_SUCCESS
         }
         Err(()) => {
@@ -97,6 +106,11 @@ fn build(pid: u32) -> Result<Sim, ()> {
             crate::shared::MAX_PROCS
         )
     })?;
+    let ndev = cfg.devices.len().min(shared.ndev);
+    let visible = visible_devices(
+        std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+        &cfg.devices[..ndev],
+    );
     let engine = Engine::new(cfg.faults.stall_stream_after);
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     // SAFETY: registering a plain extern "C" function (once: it serves forked children too).
@@ -114,6 +128,7 @@ fn build(pid: u32) -> Result<Sim, ()> {
         alloc_count: AtomicU64::new(0),
         launch_count: AtomicU64::new(0),
         api_allocs: AtomicU64::new(0),
+        visible,
         cfg,
         shared,
         slot,
@@ -121,6 +136,34 @@ fn build(pid: u32) -> Result<Sim, ()> {
         pid,
         engine,
     })
+}
+
+/// Which physical devices an application sees, in ordinal order: CUDA_VISIBLE_DEVICES lists
+/// indices or (prefixes of) UUIDs as NVML prints them; like the real driver, the list stops at the
+/// first entry that names no device, and an empty value hides every device.
+pub fn visible_devices(var: Option<&str>, devices: &[crate::config::DeviceConfig]) -> Vec<usize> {
+    let Some(var) = var else {
+        return (0..devices.len()).collect();
+    };
+    let mut out = Vec::new();
+    for item in var.split(',').map(str::trim) {
+        let found = match item.parse::<usize>() {
+            Ok(i) => (i < devices.len()).then_some(i),
+            Err(_) if item.starts_with("GPU-") => {
+                let m: Vec<usize> = (0..devices.len())
+                    .filter(|&i| crate::config::format_uuid(&devices[i].uuid).starts_with(item))
+                    .collect();
+                (m.len() == 1).then(|| m[0])
+            }
+            Err(_) => None,
+        };
+        match found {
+            Some(i) if !out.contains(&i) => out.push(i),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    out
 }
 
 extern "C" fn at_exit() {
@@ -131,28 +174,45 @@ extern "C" fn at_exit() {
 }
 
 impl Sim {
+    /// Number of devices this process sees (after CUDA_VISIBLE_DEVICES).
     pub fn ndev(&self) -> usize {
-        self.cfg.devices.len().min(self.shared.ndev)
+        self.visible.len()
     }
 
-    fn ensure_primaries(&self) {
-        self.primary.get_or_init(|| {
-            (0..self.ndev())
-                .map(|d| Context::new(self, d, true))
-                .collect()
-        });
+    /// The ordinal (what the application calls the device) of physical device `physical`.
+    pub fn ordinal(&self, physical: usize) -> CUdevice {
+        self.visible
+            .iter()
+            .position(|&p| p == physical)
+            .map_or(-1, |o| o as CUdevice)
     }
 
-    pub fn primary(&self, dev: usize) -> Option<&Arc<Context>> {
-        self.primary.get().and_then(|p| p.get(dev))
-    }
-
-    pub fn device(&self, dev: CUdevice) -> Result<usize, CUresult> {
+    /// Validates an ordinal (a `CUdevice`) and returns it as an index into `visible`.
+    pub fn check_ordinal(&self, dev: CUdevice) -> Result<usize, CUresult> {
         if dev >= 0 && (dev as usize) < self.ndev() {
             Ok(dev as usize)
         } else {
             Err(CUDA_ERROR_INVALID_DEVICE)
         }
+    }
+
+    fn ensure_primaries(&self) {
+        self.primary.get_or_init(|| {
+            self.visible
+                .iter()
+                .map(|&d| Context::new(self, d, true))
+                .collect()
+        });
+    }
+
+    /// The primary context of the device with ordinal `ordinal`.
+    pub fn primary(&self, ordinal: usize) -> Option<&Arc<Context>> {
+        self.primary.get().and_then(|p| p.get(ordinal))
+    }
+
+    /// The physical device (index into the configuration and the shared state) of an ordinal.
+    pub fn device(&self, dev: CUdevice) -> Result<usize, CUresult> {
+        Ok(self.visible[self.check_ordinal(dev)?])
     }
 }
 
@@ -250,4 +310,37 @@ pub struct Stream {
 pub struct Event {
     pub flags: u32,
     pub state: Arc<crate::engine::EventState>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible_devices;
+    use crate::config::{format_uuid, DeviceConfig};
+
+    #[test]
+    fn cuda_visible_devices_selects_and_orders() {
+        let mut devs: Vec<DeviceConfig> = (0..4).map(DeviceConfig::a100).collect();
+        devs[2].uuid[0] = 0xab; // distinct from the first byte on, so a short prefix is unique
+        assert_eq!(visible_devices(None, &devs), vec![0, 1, 2, 3]);
+        assert_eq!(visible_devices(Some("2,0"), &devs), vec![2, 0]);
+        assert_eq!(visible_devices(Some(""), &devs), Vec::<usize>::new());
+        assert_eq!(
+            visible_devices(Some("1,7,2"), &devs),
+            vec![1],
+            "stops at the first invalid entry"
+        );
+        assert_eq!(visible_devices(Some("3,3,1"), &devs), vec![3, 1]);
+        let uuid = format_uuid(&devs[2].uuid);
+        assert_eq!(visible_devices(Some(&uuid), &devs), vec![2]);
+        assert_eq!(
+            visible_devices(Some(&uuid[..8]), &devs),
+            vec![2],
+            "unique prefix"
+        );
+        assert_eq!(
+            visible_devices(Some("GPU-"), &devs),
+            Vec::<usize>::new(),
+            "ambiguous prefix"
+        );
+    }
 }

@@ -10,8 +10,8 @@ use crate::types::*;
 
 fn primary(dev: CUdevice) -> Result<&'static Arc<Context>, CUresult> {
     let s = sim()?;
-    let d = s.device(dev)?;
-    s.primary(d).ok_or(CUDA_ERROR_NOT_INITIALIZED)
+    let ordinal = s.check_ordinal(dev)?;
+    s.primary(ordinal).ok_or(CUDA_ERROR_NOT_INITIALIZED)
 }
 
 /// Waits for all work of the context.
@@ -161,11 +161,11 @@ driver! {
     }
 
     fn cuCtxGetDevice(dev: *mut CUdevice) {
-        out(dev, current_ctx()?.device as CUdevice)
+        out(dev, sim()?.ordinal(current_ctx()?.device))
     }
 
     fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) {
-        out(dev, ctx_from(ctx)?.device as CUdevice)
+        out(dev, sim()?.ordinal(ctx_from(ctx)?.device))
     }
 
     fn cuCtxSynchronize() {

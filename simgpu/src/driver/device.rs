@@ -167,7 +167,7 @@ driver! {
     fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) {
         let want = super::cstr(id)?.to_ascii_uppercase();
         let s = sim()?;
-        for (i, d) in s.cfg.devices[..s.ndev()].iter().enumerate() {
+        for (i, d) in s.visible.iter().map(|&p| &s.cfg.devices[p]).enumerate() {
             let full = format!("{:08X}:{:02X}:{:02X}.0", d.pci_domain, d.pci_bus, d.pci_device);
             if full == want || full.ends_with(&want) {
                 return out(dev, i as CUdevice);

@@ -636,7 +636,7 @@ unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc)
         6 => *(data as *mut u32) = 1,
         7 | 20 => *(data as *mut u64) = a.id,
         8 => *(data as *mut i32) = (a.kind == Kind::Managed) as i32,
-        9 => *(data as *mut i32) = a.device as i32,
+        9 => *(data as *mut i32) = crate::sim::get().map_or(-1, |s| s.ordinal(a.device)),
         10 => *(data as *mut i32) = 0,
         11 | 19 => *(data as *mut u64) = base,
         12 | 18 => *(data as *mut usize) = a.size as usize,

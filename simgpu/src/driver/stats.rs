@@ -7,8 +7,10 @@ use crate::sim::Sim;
 
 pub fn stats_json(s: &Sim) -> String {
     let slot = s.shared.slot(s.slot);
-    let devs: Vec<String> = (0..s.ndev())
-        .map(|d| {
+    let devs: Vec<String> = s
+        .visible
+        .iter()
+        .map(|&d| {
             let p = &slot.dev[d];
             format!(
                 "{{\"device\":{d},\"kernels\":{},\"allocs\":{},\"mem_used\":{},\"busy_ns\":{}}}",

@@ -104,7 +104,7 @@ driver_ptds! {
         Ok(())
     }
     fn cuStreamGetDevice / cuStreamGetDevice_ptsz(h: CUstream, dev: *mut CUdevice) |ptds| {
-        out(dev, stream_ref(h, ptds)?.ctx.device as CUdevice)
+        out(dev, sim()?.ordinal(stream_ref(h, ptds)?.ctx.device))
     }
     fn cuStreamWaitEvent / cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, _flags: u32) |ptds| {
         let s = sim()?;
