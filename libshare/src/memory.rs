@@ -149,24 +149,29 @@ fn charged(
     r
 }
 
-type AllocFn = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-
-pub unsafe fn alloc(real: AllocFn, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+/// An allocation that writes its pointer to `dptr`: charged on the current device, recorded by
+/// pointer. Without a context (the driver will refuse anyway) or for size 0, passed through.
+unsafe fn charged_alloc(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let sh = match shim() {
         Ok(s) => s,
         Err(e) => return e,
     };
     match current_device() {
-        Some(dev) if !dptr.is_null() && size > 0 => charged(
-            sh,
-            dev,
-            size as u64,
-            || real(dptr, size),
-            || *dptr,
-            allocs(),
-        ),
-        _ => real(dptr, size),
+        Some(dev) if !dptr.is_null() && size > 0 => {
+            charged(sh, dev, size as u64, call, || *dptr, allocs())
+        }
+        _ => call(),
     }
+}
+
+type AllocFn = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+
+pub unsafe fn alloc(real: AllocFn, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    charged_alloc(dptr, size, || real(dptr, size))
 }
 
 pub unsafe fn alloc_managed(
@@ -175,21 +180,7 @@ pub unsafe fn alloc_managed(
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    match current_device() {
-        Some(dev) if !dptr.is_null() && size > 0 => charged(
-            sh,
-            dev,
-            size as u64,
-            || real(dptr, size, flags),
-            || *dptr,
-            allocs(),
-        ),
-        _ => real(dptr, size, flags),
-    }
+    charged_alloc(dptr, size, || real(dptr, size, flags))
 }
 
 pub unsafe fn alloc_pitch(
@@ -252,21 +243,7 @@ pub unsafe fn alloc_async(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    match current_device() {
-        Some(dev) if !dptr.is_null() && size > 0 => charged(
-            sh,
-            dev,
-            size as u64,
-            || real(dptr, size, stream),
-            || *dptr,
-            allocs(),
-        ),
-        _ => real(dptr, size, stream),
-    }
+    charged_alloc(dptr, size, || real(dptr, size, stream))
 }
 
 pub unsafe fn alloc_from_pool(
@@ -276,21 +253,7 @@ pub unsafe fn alloc_from_pool(
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    match current_device() {
-        Some(dev) if !dptr.is_null() && size > 0 => charged(
-            sh,
-            dev,
-            size as u64,
-            || real(dptr, size, pool, stream),
-            || *dptr,
-            allocs(),
-        ),
-        _ => real(dptr, size, pool, stream),
-    }
+    charged_alloc(dptr, size, || real(dptr, size, pool, stream))
 }
 
 /// Stream-ordered free: the quota is returned when the free is issued (the memory is the pool's

@@ -372,32 +372,7 @@ pub fn sub_saturating(a: &AtomicU64, v: u64) {
     let _ = a.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_sub(v)));
 }
 
-/// Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if unreadable.
-pub fn proc_start_time(pid: u32) -> u64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // The command name (field 2) may contain spaces; fields after it follow the last ')'.
-    s.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn proc_alive(pid: u32, start_time: u64) -> bool {
-    let now = proc_start_time(pid);
-    now != 0 && (start_time == 0 || now == start_time) && !is_zombie(pid)
-}
-
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
-}
+pub use libshare_abi::{proc_alive, proc_start_time};
 
 /// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine.
 pub fn now_ns() -> u64 {
