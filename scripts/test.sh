@@ -41,13 +41,15 @@ fi
 
 # 2. Build everything (simgpu's libcuda.so, the shim, sharectl, jobs).
 run build cargo build --release --workspace
+# The shipped shim, linked against the glibc 2.17 baseline (cargo zigbuild) and checked.
+run shim-glibc bash scripts/build-shim.sh
 
 # 3. Format and lints.
 run fmt cargo fmt --all -- --check
 run clippy cargo clippy --workspace --all-targets --release -- -D warnings
 
 # 4. Tests. The harness builds simgpu itself when run alone; here it was just built.
-export LIBSHARE_SKIP_BUILD=1
+export SHARE_TESTS_SKIP_BUILD=1
 if cargo nextest --version >/dev/null 2>&1; then
   run tests cargo nextest run --workspace --release --no-fail-fast "$@"
 else

@@ -24,6 +24,8 @@ pub struct Config {
     /// Compute share in percent (HAMi's CUDA_DEVICE_SM_LIMIT; enforced by the rate controller).
     pub compute_percent: Option<u32>,
     pub log: Option<String>,
+    /// One line each, printed once when the shim initialises.
+    pub warnings: Vec<String>,
 }
 
 pub const KNOWN: &[&str] = &[
@@ -132,17 +134,22 @@ impl Config {
 
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, String> {
         let get = |k: &str| vars.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+        // An unknown LIBSHARE_* variable (a typo, or one meant for another tool) is reported, not
+        // fatal: it must not stop a production job, and the warning keeps it from being silent.
         let mut unknown: Vec<&String> = vars
             .keys()
             .filter(|k| k.starts_with("LIBSHARE_") && !KNOWN.contains(&k.as_str()))
             .collect();
         unknown.sort();
-        if let Some(k) = unknown.first() {
-            return Err(format!(
-                "libshare: unknown variable {k}; known: {}",
-                KNOWN.join(", ")
-            ));
-        }
+        let warnings: Vec<String> = unknown
+            .iter()
+            .map(|k| {
+                format!(
+                    "libshare: warning: unknown variable {k} ignored; known: {}",
+                    KNOWN.join(", ")
+                )
+            })
+            .collect();
         let mut memory_limit = [None; MAX_DEVICES];
         let mut src = vec![String::new(); MAX_DEVICES];
         // HAMi-core names first, so libshare's own variable wins when both are set.
@@ -245,6 +252,7 @@ impl Config {
             container_dir,
             compute_percent,
             log: get("LIBSHARE_LOG").map(String::from),
+            warnings,
         })
     }
 }
@@ -312,8 +320,13 @@ mod tests {
             assert!(e.starts_with(&format!("libshare: invalid {k}=")), "{e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
-        let e = cfg(&[("LIBSHARE_MEMROY_LIMIT", "1GiB")]).unwrap_err();
-        assert!(e.contains("unknown variable LIBSHARE_MEMROY_LIMIT"), "{e}");
+        let c = cfg(&[("LIBSHARE_MEMROY_LIMIT", "1GiB")]).unwrap();
+        assert_eq!(c.warnings.len(), 1);
+        assert!(
+            c.warnings[0].contains("unknown variable LIBSHARE_MEMROY_LIMIT ignored"),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

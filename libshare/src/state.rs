@@ -198,6 +198,9 @@ pub fn init() -> Result<&'static Shim, CUresult> {
 
 fn build() -> Result<Shim, String> {
     let cfg = Config::from_env()?;
+    for w in &cfg.warnings {
+        eprintln!("{w}");
+    }
     if let Some(level) = &cfg.log {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(level))

@@ -1,0 +1,28 @@
+/* hold_memory hold MIB   allocate MIB of device memory, print {"check":"held",...}, then sleep
+ * hold_memory try MIB    try to allocate MIB, print {"check":"try","result":<CUresult>}, exit
+ * A plain driver-API program (linked with -lcuda) for the shim's kill -9 test. */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    size_t bytes = (size_t)atoi(argv[2]) << 20;
+    CUdevice d;
+    CUcontext c;
+    CUdeviceptr p;
+    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c)) {
+        printf("{\"check\":\"init\",\"ok\":false}\n");
+        return 1;
+    }
+    CUresult r = cuMemAlloc(&p, bytes);
+    if (!strcmp(argv[1], "try")) {
+        printf("{\"check\":\"try\",\"result\":%d}\n", (int)r);
+        return 0;
+    }
+    printf("{\"check\":\"held\",\"result\":%d}\n", (int)r);
+    fflush(stdout);
+    for (;;) pause();
+}
