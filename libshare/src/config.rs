@@ -107,6 +107,17 @@ fn valid_name(s: &str) -> bool {
         && s != ".."
 }
 
+/// `LIBSHARE_LOG` as a level (`error`, `warn`, `info`, `debug`, `trace`; anything else: `debug`).
+pub fn log_level(s: &str) -> tracing::Level {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "error" => tracing::Level::ERROR,
+        "warn" | "warning" => tracing::Level::WARN,
+        "info" => tracing::Level::INFO,
+        "trace" => tracing::Level::TRACE,
+        _ => tracing::Level::DEBUG,
+    }
+}
+
 /// The default state directory: /run/libshare when it exists (the daemon's), else a per-user one.
 pub fn default_state_dir() -> PathBuf {
     let run = PathBuf::from("/run/libshare");

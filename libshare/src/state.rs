@@ -203,7 +203,7 @@ fn build() -> Result<Shim, String> {
     }
     if let Some(level) = &cfg.log {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+            .with_max_level(crate::config::log_level(level))
             .with_writer(std::io::stderr)
             .with_target(false)
             .try_init();
