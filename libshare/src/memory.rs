@@ -143,6 +143,7 @@ fn charged(
     let r = call();
     if r == CUDA_SUCCESS {
         table.insert(key(), dev, bytes);
+        sh.count_alloc(dev);
     } else {
         sh.uncharge(dev, bytes);
     }
@@ -221,6 +222,7 @@ pub unsafe fn alloc_pitch(
         sh.uncharge(dev, estimate - actual);
     }
     allocs().insert(*dptr, dev, actual);
+    sh.count_alloc(dev);
     CUDA_SUCCESS
 }
 
@@ -232,6 +234,7 @@ pub unsafe fn free(
     if r == CUDA_SUCCESS && ptr != 0 {
         if let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) {
             sh.uncharge(dev, bytes);
+            sh.count_free(dev);
         }
     }
     r
@@ -267,6 +270,7 @@ pub unsafe fn free_async(
     if r == CUDA_SUCCESS {
         if let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) {
             sh.uncharge(dev, bytes);
+            sh.count_free(dev);
         }
     }
     r
@@ -310,6 +314,7 @@ pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) 
     if r == CUDA_SUCCESS {
         if let (Some((dev, bytes)), Some(sh)) = (handles().remove(handle), crate::state::get()) {
             sh.uncharge(dev, bytes);
+            sh.count_free(dev);
         }
     }
     r

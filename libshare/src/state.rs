@@ -110,10 +110,7 @@ impl Shim {
         let st = &self.state;
         let ok = st.reserve(dev, bytes) || (st.reclaim_dead() > 0 && st.reserve(dev, bytes));
         if ok {
-            let s = st.slot(self.slot);
-            s.used[dev].fetch_add(bytes, AcqRel);
-            s.allocs[dev].fetch_add(1, AcqRel);
-            st.device(dev).allocs.fetch_add(1, AcqRel);
+            st.slot(self.slot).used[dev].fetch_add(bytes, AcqRel);
         } else {
             st.device(dev).oom.fetch_add(1, AcqRel);
         }
@@ -125,6 +122,16 @@ impl Shim {
         self.state.release(dev, bytes);
         let _ = self.state.slot(self.slot).used[dev]
             .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
+    }
+
+    /// Counts one allocation the application made (not charges such as the context overhead).
+    pub fn count_alloc(&self, dev: usize) {
+        self.state.slot(self.slot).allocs[dev].fetch_add(1, AcqRel);
+        self.state.device(dev).allocs.fetch_add(1, AcqRel);
+    }
+
+    /// Counts one free the application made.
+    pub fn count_free(&self, dev: usize) {
         self.state.device(dev).frees.fetch_add(1, AcqRel);
     }
 

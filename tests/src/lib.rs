@@ -10,7 +10,7 @@
 //! - [`compile_c`], [`compile_driver_c`], [`compile_cu`] build the programs in `tests/cuda/`,
 //!   cached under `target/cuda-tests/` and rebuilt when the source is newer.
 //!
-//! Environment: `LIBSHARE_SKIP_BUILD=1` skips the cargo build (the artifacts must exist),
+//! Environment: `SHARE_TESTS_SKIP_BUILD=1` skips the cargo build (the artifacts must exist),
 //! `LIBSHARE_CACHE` overrides `~/.cache/libshare`, `SIMGPU_LOG` is passed through to the programs.
 
 use std::ffi::{OsStr, OsString};
@@ -55,16 +55,23 @@ impl Artifacts {
 }
 
 /// Builds simgpu (and the `jobs` programs, when that crate exists) once per process with
-/// `cargo build --release`, unless `LIBSHARE_SKIP_BUILD=1`, and creates `target/simgpu/lib/`.
+/// `cargo build --release`, unless `SHARE_TESTS_SKIP_BUILD=1`, and creates `target/simgpu/lib/`.
 pub fn artifacts() -> &'static Artifacts {
     static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
     ARTIFACTS.get_or_init(|| {
         let root = workspace_root();
-        if std::env::var("LIBSHARE_SKIP_BUILD").as_deref() != Ok("1") {
+        if std::env::var("SHARE_TESTS_SKIP_BUILD").as_deref() != Ok("1") {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.current_dir(&root)
-                .args(["build", "--release", "--quiet", "-p", "simgpu"]);
+            cmd.current_dir(&root).args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "simgpu",
+                "-p",
+                "libshare",
+            ]);
             if root.join("jobs/Cargo.toml").exists() {
                 cmd.args(["-p", "jobs"]);
             }
@@ -589,4 +596,354 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64) {
         "{what}: {actual:.3} not within ±{:.0} % of {expected:.3} [{lo:.3}, {hi:.3}]",
         rel * 100.0
     );
+}
+
+// ---- The shim (`libshare.so`) under test: helpers for `tests/tests/shim_*.rs` ----
+
+/// `target/release/libshare.so`, built by [`artifacts`].
+pub fn shim_lib() -> PathBuf {
+    let path = artifacts().release_dir.join("libshare.so");
+    assert!(
+        path.exists(),
+        "{} does not exist: build the shim (cargo build --release -p libshare)",
+        path.display()
+    );
+    path
+}
+
+/// Compiles `tests/cuda/<source>` with gcc into `target/cuda-tests/<out_name>`, with the CUDA 13.5
+/// `cuda.h` on the include path and `args` appended (e.g. `-lcuda`, `-shared`).
+pub fn compile_gcc(source: &str, out_name: &str, args: &[&str]) -> PathBuf {
+    let src = cuda_source(source);
+    let out = cuda_tests_dir().join(out_name);
+    let include = cache_path("cu13/nvidia/cu13/include/cuda.h")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let lib_dir = artifacts().lib_dir.clone();
+    build_cached(&[&src], &out, |tmp| {
+        let mut cmd = Command::new("gcc");
+        cmd.args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-pthread"])
+            .arg("-I")
+            .arg(&include)
+            .arg(&src)
+            .arg("-o")
+            .arg(tmp)
+            .arg("-L")
+            .arg(&lib_dir)
+            .args(args)
+            .arg("-ldl");
+        cmd
+    })
+}
+
+/// Per-container shim counters summed over every process slot and device (slots keep their
+/// counters after the process exits, until the slot is claimed again).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShimCounts {
+    pub launches: u64,
+    pub allocs: u64,
+}
+
+/// simgpu's per-process counters (`SIMGPU_STATS_FILE`) summed over every process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimCounts {
+    pub launches: u64,
+    pub api_allocs: u64,
+    pub processes: u64,
+}
+
+impl SimGpu {
+    /// This machine with the shim preloaded (`LD_PRELOAD=libshare.so`), its state in
+    /// [`SimGpu::shim_state_dir`], and simgpu's per-process counters written to
+    /// [`SimGpu::stats_file`]. Commands made by [`SimGpu::command`] inherit no `LIBSHARE_*` or
+    /// `CUDA_DEVICE_*` variable from the test's environment.
+    pub fn with_shim(self) -> SimGpu {
+        let dir = self.shim_state_dir();
+        self.env("LD_PRELOAD", shim_lib())
+            .env("LIBSHARE_STATE_DIR", dir)
+            .with_stats()
+    }
+
+    /// `SIMGPU_STATS_FILE=<state>/stats.jsonl`.
+    pub fn with_stats(self) -> SimGpu {
+        let f = self.stats_file();
+        self.env("SIMGPU_STATS_FILE", f)
+    }
+
+    /// `LIBSHARE_MEMORY_LIMIT`.
+    pub fn quota(self, limit: &str) -> SimGpu {
+        self.env("LIBSHARE_MEMORY_LIMIT", limit)
+    }
+
+    /// The shim's `LIBSHARE_STATE_DIR` for this machine (inside its temporary directory; not
+    /// created until a shimmed process initialises CUDA).
+    pub fn shim_state_dir(&self) -> PathBuf {
+        self.state_dir().join("libshare")
+    }
+
+    /// `<state>/stats.jsonl`: simgpu appends one JSON line per process at exit.
+    pub fn stats_file(&self) -> PathBuf {
+        self.state_dir().join("stats.jsonl")
+    }
+
+    /// The JSON lines simgpu wrote to the stats file so far.
+    pub fn stats(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.stats_file())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad stats line {l:?}: {e}"))
+            })
+            .collect()
+    }
+
+    /// simgpu's counters summed over every process that wrote a stats line.
+    pub fn sim_counts(&self) -> SimCounts {
+        self.stats()
+            .iter()
+            .fold(SimCounts::default(), |c, v| SimCounts {
+                launches: c.launches + v["launches"].as_u64().expect("launches"),
+                api_allocs: c.api_allocs + v["api_allocs"].as_u64().expect("api_allocs"),
+                processes: c.processes + 1,
+            })
+    }
+
+    /// Maps the shim's state file of `container` (panics if it does not exist).
+    pub fn container_state(&self, container: &str) -> libshare_abi::State {
+        let path = self
+            .shim_state_dir()
+            .join("containers")
+            .join(container)
+            .join(libshare_abi::STATE_FILE);
+        libshare_abi::State::open_existing(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The shim's launch and allocation counters of `container`, summed over all slots.
+    pub fn shim_counts(&self, container: &str) -> ShimCounts {
+        use std::sync::atomic::Ordering::Acquire;
+        let st = self.container_state(container);
+        let mut c = ShimCounts::default();
+        for i in 0..libshare_abi::MAX_PROCS {
+            let s = st.slot(i);
+            for d in 0..libshare_abi::MAX_DEVICES {
+                c.launches += s.launches[d].load(Acquire);
+                c.allocs += s.allocs[d].load(Acquire);
+            }
+        }
+        c
+    }
+
+    /// simgpu's own highest device-memory use on `dev` (`DevState::mem_peak` in
+    /// `<state>/simgpu.state`, see simgpu/src/shared.rs). Read by offset — linking simgpu's rlib
+    /// into the tests would unify its features differently and rebuild libcuda.so on every run —
+    /// and checked against the magic and the device's `mem_total` (`expected_total`), so a layout
+    /// change fails here instead of reading the wrong field.
+    pub fn sim_mem_peak(&self, dev: usize, expected_total: u64) -> u64 {
+        const MAGIC: u64 = 0x5349_4d47_5055_0003; // simgpu::shared::MAGIC
+        const DEV_OFF: usize = 64; // align64(size_of::<Header>() = 24)
+        const DEV_SIZE: usize = 1152; // align64(14 × u64 + BusyWindow 2 × 64 × u64)
+        const MEM_TOTAL: usize = 3 * 8;
+        const MEM_PEAK: usize = 5 * 8;
+        let path = self.state_dir().join("simgpu.state");
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let u64_at = |off: usize| u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
+        assert_eq!(u64_at(0), MAGIC, "{}: unknown layout", path.display());
+        let ndev = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        assert!(dev < ndev, "device {dev} of {ndev}");
+        let base = DEV_OFF + dev * DEV_SIZE;
+        assert_eq!(
+            u64_at(base + MEM_TOTAL),
+            expected_total,
+            "{}: device {dev}'s mem_total is not where expected (layout changed?)",
+            path.display()
+        );
+        u64_at(base + MEM_PEAK)
+    }
+
+    /// A command for `program` configured for this machine, inheriting no `LIBSHARE_*` or
+    /// `CUDA_DEVICE_*` variable from the test's environment (the harness's own `LIBSHARE_CACHE`
+    /// would otherwise reach the shim, which refuses unknown `LIBSHARE_` names).
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("LIBSHARE_") || k.starts_with("CUDA_DEVICE_") {
+                cmd.env_remove(&key);
+            }
+        }
+        self.configure(&mut cmd);
+        cmd
+    }
+
+    /// Runs a command made by [`SimGpu::command`] (stdin closed, output captured).
+    pub fn run_cmd(&self, cmd: Command) -> Output {
+        run_with_timeout(cmd, self.timeout)
+    }
+
+    /// Runs `make()` and panics unless it exits 0; on failure runs it again with
+    /// `SIMGPU_LOG=debug` and `LIBSHARE_LOG=debug` and shows the end of that log.
+    pub fn run_cmd_ok(&self, make: impl Fn() -> Command) -> Output {
+        let out = self.run_cmd(make());
+        if out.status.success() {
+            return out;
+        }
+        let mut debug_cmd = make();
+        debug_cmd
+            .env("SIMGPU_LOG", "debug")
+            .env("LIBSHARE_LOG", "debug");
+        let debug = self.run_cmd(debug_cmd);
+        let debug_log = String::from_utf8_lossy(&debug.stderr);
+        panic!(
+            "{:?} failed\n{}\n---- re-run with SIMGPU_LOG=debug LIBSHARE_LOG=debug: {}\n{}\n{}",
+            make(),
+            describe(&out),
+            debug.status,
+            tail(&debug_log, 60),
+            failed_calls(&debug_log),
+        );
+    }
+
+    /// Starts a command made by [`SimGpu::command`] with stdin, stdout and stderr piped, for
+    /// tests that talk to the program while it runs. Killed when dropped.
+    pub fn spawn(&self, mut cmd: Command) -> Running {
+        use std::io::BufRead;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        let err_reader = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stderr.read_to_end(&mut buf);
+            buf
+        });
+        Running {
+            stdin: child.stdin.take(),
+            rx,
+            lines: Vec::new(),
+            err_reader: Some(err_reader),
+            child,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// A program started by [`SimGpu::spawn`].
+pub struct Running {
+    pub child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    rx: std::sync::mpsc::Receiver<String>,
+    /// Every stdout line read so far.
+    pub lines: Vec<String>,
+    err_reader: Option<std::thread::JoinHandle<Vec<u8>>>,
+    timeout: Duration,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads stdout lines until one equals `line` (a handshake: the program prints it and then
+    /// waits for stdin). Panics if the program ends first or the machine's timeout passes.
+    pub fn wait_for_line(&mut self, line: &str) {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => {
+                    let found = l == line;
+                    self.lines.push(l);
+                    if found {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let out = self.finish_inner();
+                    panic!(
+                        "no line {line:?} from the program ({e})\n{}",
+                        describe(&out)
+                    );
+                }
+            }
+        }
+    }
+
+    /// Writes `text` to the program's stdin.
+    pub fn send(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin already closed");
+        stdin.write_all(text.as_bytes()).expect("write stdin");
+        stdin.flush().expect("flush stdin");
+    }
+
+    /// Closes the program's stdin (for programs that wait for EOF to go on).
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Closes stdin and waits for the program to exit (killed after the machine's timeout).
+    /// Returns everything it printed (stdout including the lines already read).
+    pub fn finish(mut self) -> Output {
+        let out = self.finish_inner();
+        assert!(
+            out.status.code().is_some(),
+            "program was killed by a signal (or the timeout)\n{}",
+            describe(&out)
+        );
+        out
+    }
+
+    fn finish_inner(&mut self) -> Output {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait for child") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                break self.child.wait().expect("wait for child");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // The reader thread ends at EOF (every writer of the pipe has exited).
+        let rest: Vec<String> = self.rx.iter().collect();
+        self.lines.extend(rest);
+        let mut stdout = self.lines.join("\n").into_bytes();
+        if !self.lines.is_empty() {
+            stdout.push(b'\n');
+        }
+        let stderr = self
+            .err_reader
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        Output {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

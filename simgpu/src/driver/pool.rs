@@ -105,6 +105,19 @@ driver! {
         pool(p)?;
         Ok(())
     }
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, _attr: u32, value: *mut u64) {
+        // Graph memory nodes are not simulated: no graph-owned memory, current or high-water.
+        sim()?.device(dev)?;
+        out(value, 0)
+    }
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, _attr: u32, _value: *mut u64) {
+        sim()?.device(dev)?;
+        Ok(())
+    }
+    fn cuDeviceGraphMemTrim(dev: CUdevice) {
+        sim()?.device(dev)?;
+        Ok(())
+    }
     fn cuMemPoolCreate(p: *mut *mut c_void, props: *const MemPoolProps) {
         let props = props.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(props.location.id)?;
