@@ -1,4 +1,5 @@
 // simgpu features beyond the smoke tests, through the real CUDA 13.5 runtime:
+//   sim_features oom             allocations past the configured memory (SIMGPU_MEMORY=1GiB)
 //   sim_features faults_alloc    three cudaMalloc calls (run with SIMGPU_FAIL_ALLOC_NTH=2)
 //   sim_features faults_launch   three launches (run with SIMGPU_LAUNCH_ERROR=2:719)
 //   sim_features faults_stall    a stream that stops executing (SIMGPU_STALL_STREAM_AFTER=1)
@@ -21,6 +22,21 @@ int main(int argc, char **argv) {
         void *p;
         for (int i = 0; i < 3; i++) r[i] = (int)cudaMalloc(&p, 1 << 20);
         printf("{\"check\":\"faults_alloc\",\"results\":[%d,%d,%d]}\n", r[0], r[1], r[2]);
+        return 0;
+    }
+    if (!strcmp(mode, "oom")) {
+        // Run with SIMGPU_MEMORY=1GiB: 600 MiB fit, 600 more do not, 300 more do; after a free, 600 fit.
+        void *a, *b, *c, *d;
+        int r0 = (int)cudaMalloc(&a, 600 << 20);
+        int r1 = (int)cudaMalloc(&b, 600 << 20);
+        cudaGetLastError();  // clear the (non-sticky) allocation error
+        int r2 = (int)cudaMalloc(&c, 300 << 20);
+        size_t free_b, total;
+        cudaMemGetInfo(&free_b, &total);
+        cudaFree(a);
+        int r3 = (int)cudaMalloc(&d, 600 << 20);
+        printf("{\"check\":\"oom\",\"results\":[%d,%d,%d,%d],\"free_mib\":%zu,\"total_mib\":%zu}\n",
+               r0, r1, r2, r3, free_b >> 20, total >> 20);
         return 0;
     }
     if (!strcmp(mode, "faults_launch")) {

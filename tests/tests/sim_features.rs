@@ -9,6 +9,15 @@ fn run(gpu: &SimGpu, mode: &str) -> serde_json::Value {
 }
 
 #[test]
+fn allocating_past_the_configured_memory_is_out_of_memory() {
+    let v = run(&SimGpu::new().memory("1GiB"), "oom");
+    // cudaSuccess, cudaErrorMemoryAllocation (CUDA_ERROR_OUT_OF_MEMORY), then room again.
+    assert_eq!(v["results"], serde_json::json!([0, 2, 0, 0]), "{v}");
+    assert_eq!(v["total_mib"], 1024, "{v}");
+    assert!(v["free_mib"].as_u64().unwrap() <= 1024 - 900, "{v}");
+}
+
+#[test]
 fn nth_allocation_fails_with_out_of_memory() {
     let v = run(
         &SimGpu::new().env("SIMGPU_FAIL_ALLOC_NTH", "2"),
