@@ -180,6 +180,12 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
     }
 }
 
+/// Export-table functions are called by NVIDIA's libraries at any time, exit included: a panic
+/// must become an error code, never an abort.
+fn guarded(f: impl FnOnce() -> CUresult) -> CUresult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(999)
+}
+
 extern "C" fn unknown_slot() -> usize {
     crate::warn!("an unknown export-table slot was called (returns 0)");
     crate::log::trace_line("stub export-table-slot");
@@ -226,7 +232,7 @@ unsafe extern "C" fn cls_put(
     value: *mut c_void,
     dtor: *mut c_void,
 ) -> CUresult {
-    match ctx_from(ctx) {
+    guarded(|| match ctx_from(ctx) {
         Ok(c) => {
             c.local_storage
                 .lock()
@@ -234,39 +240,41 @@ unsafe extern "C" fn cls_put(
             CUDA_SUCCESS
         }
         Err(e) => e,
-    }
+    })
 }
 unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
-    match ctx_from(ctx) {
+    guarded(|| match ctx_from(ctx) {
         Ok(c) => match c.local_storage.lock().remove(&(key as usize)) {
             Some(_) => CUDA_SUCCESS,
             None => CUDA_ERROR_INVALID_HANDLE,
         },
         Err(e) => e,
-    }
+    })
 }
 unsafe extern "C" fn cls_get(
     value: *mut *mut c_void,
     ctx: CUcontext,
     key: *mut c_void,
 ) -> CUresult {
-    let c = if ctx.is_null() {
-        current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT)
-    } else {
-        ctx_from(ctx)
-    };
-    match c {
-        Ok(c) => match c.local_storage.lock().get(&(key as usize)) {
-            Some((v, _)) => {
-                if !value.is_null() {
-                    *value = *v as *mut c_void;
+    guarded(|| {
+        let c = if ctx.is_null() {
+            current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT)
+        } else {
+            ctx_from(ctx)
+        };
+        match c {
+            Ok(c) => match c.local_storage.lock().get(&(key as usize)) {
+                Some((v, _)) => {
+                    if !value.is_null() {
+                        *value = *v as *mut c_void;
+                    }
+                    CUDA_SUCCESS
                 }
-                CUDA_SUCCESS
-            }
-            None => CUDA_ERROR_INVALID_HANDLE,
-        },
-        Err(e) => e,
-    }
+                None => CUDA_ERROR_INVALID_HANDLE,
+            },
+            Err(e) => e,
+        }
+    })
 }
 
 unsafe extern "C" fn unknown_check_ctx(
@@ -285,36 +293,38 @@ unsafe extern "C" fn integrity_check(
     unix_seconds: u64,
     out: *mut [u64; 2],
 ) -> CUresult {
-    if out.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    let Ok(s) = sim() else {
-        return CUDA_ERROR_NOT_INITIALIZED;
-    };
-    let devices: Vec<crate::integrity::DeviceId> = s
-        .visible
-        .iter()
-        .map(|&p| &s.cfg.devices[p])
-        .map(|d| crate::integrity::DeviceId {
-            uuid: d.uuid,
-            pci_domain: d.pci_domain as i32,
-            pci_bus: d.pci_bus as i32,
-            pci_device: d.pci_device as i32,
-        })
-        .collect();
-    let t = tables();
-    let input = crate::integrity::Input {
-        driver_version: s.cfg.driver_version as u32,
-        version,
-        pid: std::process::id(),
-        thread: libc::pthread_self() as u32,
-        cudart_interface_table: t.cudart_interface.as_ptr() as u64,
-        integrity_table: t.integrity.as_ptr() as u64,
-        check_fn: integrity_check as *const () as usize as u64,
-        unix_seconds,
-        devices: &devices,
-    };
-    *out = crate::integrity::check(&input);
-    let _ = Relaxed;
-    CUDA_SUCCESS
+    guarded(|| {
+        if out.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Ok(s) = sim() else {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        };
+        let devices: Vec<crate::integrity::DeviceId> = s
+            .visible
+            .iter()
+            .map(|&p| &s.cfg.devices[p])
+            .map(|d| crate::integrity::DeviceId {
+                uuid: d.uuid,
+                pci_domain: d.pci_domain as i32,
+                pci_bus: d.pci_bus as i32,
+                pci_device: d.pci_device as i32,
+            })
+            .collect();
+        let t = tables();
+        let input = crate::integrity::Input {
+            driver_version: s.cfg.driver_version as u32,
+            version,
+            pid: std::process::id(),
+            thread: libc::pthread_self() as u32,
+            cudart_interface_table: t.cudart_interface.as_ptr() as u64,
+            integrity_table: t.integrity.as_ptr() as u64,
+            check_fn: integrity_check as *const () as usize as u64,
+            unix_seconds,
+            devices: &devices,
+        };
+        *out = crate::integrity::check(&input);
+        let _ = Relaxed;
+        CUDA_SUCCESS
+    })
 }

@@ -101,9 +101,12 @@ thread_local! {
 }
 
 pub fn current_ctx_opt() -> Option<Arc<Context>> {
-    // A context made before a fork belongs to the parent's simulator: not current here.
+    // A context made before a fork belongs to the parent's simulator: not current here. During
+    // thread or process exit the stack may already be gone (libraries clean up from atexit).
     CTX_STACK
-        .with(|s| s.borrow().last().cloned())
+        .try_with(|s| s.borrow().last().cloned())
+        .ok()
+        .flatten()
         .filter(|c| c.sim_id == crate::sim::current_id())
 }
 
@@ -113,8 +116,13 @@ pub fn current_ctx() -> Result<Arc<Context>, CUresult> {
     current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
+/// Runs `f` on this thread's context stack (an empty one if the thread is being torn down).
 pub fn with_ctx_stack<T>(f: impl FnOnce(&mut Vec<Arc<Context>>) -> T) -> T {
-    CTX_STACK.with(|s| f(&mut s.borrow_mut()))
+    let mut f = Some(f);
+    match CTX_STACK.try_with(|s| (f.take().expect("called once"))(&mut s.borrow_mut())) {
+        Ok(v) => v,
+        Err(_) => (f.take().expect("not called"))(&mut Vec::new()),
+    }
 }
 
 /// Looks a context handle up (NULL = current).
@@ -150,16 +158,19 @@ pub fn stream_ref(h: CUstream, ptds: bool) -> Result<StreamRef, CUresult> {
     }
     if hv == CU_STREAM_PER_THREAD || hv == 0 {
         let ctx = current_ctx()?;
-        let id = PER_THREAD.with(|p| {
-            let mut p = p.borrow_mut();
-            if let Some((_, id)) = p.iter().find(|(c, _)| *c == ctx.id) {
-                return *id;
-            }
-            let id = s.engine.create_stream();
-            ctx.streams.lock().push((id, 0));
-            p.push((ctx.id, id));
-            id
-        });
+        let id = PER_THREAD
+            .try_with(|p| {
+                let mut p = p.borrow_mut();
+                if let Some((_, id)) = p.iter().find(|(c, _)| *c == ctx.id) {
+                    return *id;
+                }
+                let id = s.engine.create_stream();
+                ctx.streams.lock().push((id, 0));
+                p.push((ctx.id, id));
+                id
+            })
+            // The thread is exiting: its per-thread stream is gone; use the legacy one.
+            .unwrap_or(ctx.null_stream);
         return Ok(StreamRef {
             id,
             ctx,
