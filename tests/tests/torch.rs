@@ -55,3 +55,24 @@ fn torch_cuda_graph_capture_and_replay() {
     );
     gpu.assert_no_stub_calls();
 }
+
+/// Runs `tests/python/torch_broad.py` on `gpu`; every step must succeed and no stub be reached.
+fn broad(gpu: &SimGpu) {
+    let script = python_source("torch_broad.py");
+    let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+    let lines = json_lines(&out);
+    assert!(lines.len() >= 14, "steps missing: {lines:?}");
+    let failed: Vec<_> = lines.iter().filter(|v| v["ok"] != true).collect();
+    assert!(failed.is_empty(), "failed steps: {failed:?}");
+    gpu.assert_no_stub_calls();
+}
+
+#[test]
+fn torch_broad_workload() {
+    broad(&SimGpu::new());
+}
+
+#[test]
+fn torch_broad_workload_under_the_shim() {
+    broad(&SimGpu::new().with_shim().quota("8GiB"));
+}

@@ -58,6 +58,11 @@ driver! {
     fn cuStreamDestroy_v2(h: CUstream) {
         destroy(h)
     }
+    fn cuStreamGetGreenCtx(h: CUstream, green: *mut *mut c_void) {
+        // Green contexts are not simulated: every stream belongs to an ordinary context.
+        stream_ref(h, false)?;
+        out(green, std::ptr::null_mut())
+    }
 }
 
 driver_ptds! {
