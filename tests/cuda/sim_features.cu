@@ -1,4 +1,5 @@
 // simgpu features beyond the smoke tests, through the real CUDA 13.5 runtime:
+//   sim_features pageable        async copy to pageable memory is complete on return
 //   sim_features oom             allocations past the configured memory (SIMGPU_MEMORY=1GiB)
 //   sim_features faults_alloc    three cudaMalloc calls (run with SIMGPU_FAIL_ALLOC_NTH=2)
 //   sim_features faults_launch   three launches (run with SIMGPU_LAUNCH_ERROR=2:719)
@@ -37,6 +38,19 @@ int main(int argc, char **argv) {
         int r3 = (int)cudaMalloc(&d, 600 << 20);
         printf("{\"check\":\"oom\",\"results\":[%d,%d,%d,%d],\"free_mib\":%zu,\"total_mib\":%zu}\n",
                r0, r1, r2, r3, free_b >> 20, total >> 20);
+        return 0;
+    }
+    if (!strcmp(mode, "pageable")) {
+        // cudaMemcpyAsync to pageable host memory returns once the bytes are there.
+        static char h[1 << 20], back[1 << 20];
+        memset(h, 7, sizeof h);
+        char *d;
+        cudaMalloc(&d, sizeof h);
+        cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+        cudaStream_t s;
+        cudaStreamCreate(&s);
+        cudaMemcpyAsync(back, d, sizeof back, cudaMemcpyDeviceToHost, s);
+        printf("{\"check\":\"pageable\",\"visible\":%s}\n", back[sizeof back - 1] == 7 ? "true" : "false");
         return 0;
     }
     if (!strcmp(mode, "faults_launch")) {

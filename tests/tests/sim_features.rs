@@ -18,6 +18,13 @@ fn allocating_past_the_configured_memory_is_out_of_memory() {
 }
 
 #[test]
+fn async_copy_to_pageable_memory_is_complete_on_return() {
+    // 1 MiB at 10 MB/s takes 100 ms of modelled time: returning early would show zeros.
+    let v = run(&SimGpu::new().env("SIMGPU_PCIE_BW", "10MB/s"), "pageable");
+    assert_eq!(v["visible"], true, "{v}");
+}
+
+#[test]
 fn nth_allocation_fails_with_out_of_memory() {
     let v = run(
         &SimGpu::new().env("SIMGPU_FAIL_ALLOC_NTH", "2"),

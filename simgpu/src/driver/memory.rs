@@ -278,10 +278,21 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
         }
         Some((h, ptds)) => {
             let sr = stream_ref(h, ptds)?;
+            let capturing = crate::driver::graph::capturing(sr.id).is_some();
+            // Device to pageable host memory is synchronous in CUDA: the call returns once the
+            // bytes are there (applications rely on it).
+            if !capturing
+                && classify(s, src, len)?.is_some()
+                && classify(s, dst, len)?.is_none()
+                && !is_pinned(s, dst, len)
+            {
+                let op = copy_op(s, dst, src, len, false)?;
+                submit_sync(s, &sr, op);
+                return Ok(());
+            }
             // A captured copy reads its source when the graph runs, so it is not staged.
-            let stage = crate::driver::graph::capturing(sr.id).is_none();
             let node = crate::driver::graph::NODE_MEMCPY;
-            submit_or_capture(s, &sr, node, move || copy_op(s, dst, src, len, stage))?;
+            submit_or_capture(s, &sr, node, move || copy_op(s, dst, src, len, !capturing))?;
         }
     }
     Ok(())
