@@ -33,6 +33,8 @@ crate::hooks! {
 
     // Contexts: the first one a process makes on a device is charged LIBSHARE_CONTEXT_OVERHEAD.
     wrap cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => memory::primary_ctx_retain;
+    wrap cuDevicePrimaryCtxReset(dev: CUdevice) => memory::primary_ctx_reset;
+    wrap cuDevicePrimaryCtxReset_v2(dev: CUdevice) => memory::primary_ctx_reset;
     wrap cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => memory::ctx_create_v2;
     wrap cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, n: i32, flags: c_uint, dev: CUdevice) => memory::ctx_create_v3;
     wrap cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => memory::ctx_create_v4;

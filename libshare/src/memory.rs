@@ -82,6 +82,25 @@ pub unsafe fn primary_ctx_retain(
     with_context_charge(dev, || real(pctx, dev))
 }
 
+/// cudaDeviceReset: the driver frees every allocation of the primary context, so the process's
+/// allocations on that device go back to the quota (cudart makes all its allocations there).
+pub unsafe fn primary_ctx_reset(
+    real: unsafe extern "C" fn(CUdevice) -> CUresult,
+    dev: CUdevice,
+) -> CUresult {
+    let r = real(dev);
+    if r == CUDA_SUCCESS && dev >= 0 {
+        if let Some(sh) = crate::state::get() {
+            let d = dev as usize % libshare_abi::MAX_DEVICES;
+            for (_, (_, bytes)) in allocs().drain_device(d) {
+                sh.uncharge(d, bytes);
+                sh.count_free(d);
+            }
+        }
+    }
+    r
+}
+
 pub unsafe fn ctx_create_v2(
     real: unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult,
     pctx: *mut CUcontext,

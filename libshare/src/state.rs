@@ -332,6 +332,19 @@ impl Allocations {
             .get(&key)
             .map(|(d, b)| (*d as usize, *b))
     }
+    /// Removes and returns every entry on device `dev`.
+    pub fn drain_device(&self, dev: usize) -> Vec<(u64, (usize, u64))> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<u64> = m
+            .iter()
+            .filter(|(_, (d, _))| *d as usize == dev)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| m.remove(&k).map(|(d, b)| (k, (d as usize, b))))
+            .collect()
+    }
+
     pub fn remove(&self, key: u64) -> Option<(usize, u64)> {
         self.0
             .lock()

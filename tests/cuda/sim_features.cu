@@ -1,4 +1,5 @@
 // simgpu features beyond the smoke tests, through the real CUDA 13.5 runtime:
+//   sim_features reset           cudaDeviceReset frees the context's memory
 //   sim_features pageable        async copy to pageable memory is complete on return
 //   sim_features oom             allocations past the configured memory (SIMGPU_MEMORY=1GiB)
 //   sim_features faults_alloc    three cudaMalloc calls (run with SIMGPU_FAIL_ALLOC_NTH=2)
@@ -38,6 +39,19 @@ int main(int argc, char **argv) {
         int r3 = (int)cudaMalloc(&d, 600 << 20);
         printf("{\"check\":\"oom\",\"results\":[%d,%d,%d,%d],\"free_mib\":%zu,\"total_mib\":%zu}\n",
                r0, r1, r2, r3, free_b >> 20, total >> 20);
+        return 0;
+    }
+    if (!strcmp(mode, "reset")) {
+        // cudaDeviceReset frees every allocation of the primary context.
+        void *p;
+        size_t f0, f1, f2, t;
+        cudaMemGetInfo(&f0, &t);
+        cudaMalloc(&p, 300 << 20);
+        cudaMemGetInfo(&f1, &t);
+        cudaDeviceReset();
+        cudaMemGetInfo(&f2, &t);
+        printf("{\"check\":\"reset\",\"before\":%zu,\"allocated\":%zu,\"after_reset\":%zu}\n", f0 >> 20,
+               f1 >> 20, f2 >> 20);
         return 0;
     }
     if (!strcmp(mode, "pageable")) {

@@ -18,6 +18,19 @@ fn allocating_past_the_configured_memory_is_out_of_memory() {
 }
 
 #[test]
+fn device_reset_frees_the_context_memory_and_the_quota() {
+    for gpu in [
+        SimGpu::new().memory("2GiB"),
+        SimGpu::new().with_shim().quota("1GiB"),
+    ] {
+        let v = run(&gpu, "reset");
+        let before = v["before"].as_u64().unwrap();
+        assert_eq!(v["allocated"].as_u64().unwrap(), before - 300, "{v}");
+        assert_eq!(v["after_reset"].as_u64().unwrap(), before, "{v}");
+    }
+}
+
+#[test]
 fn async_copy_to_pageable_memory_is_complete_on_return() {
     // 1 MiB at 10 MB/s takes 100 ms of modelled time: returning early would show zeros.
     let v = run(&SimGpu::new().env("SIMGPU_PCIE_BW", "10MB/s"), "pageable");

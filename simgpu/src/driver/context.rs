@@ -21,6 +21,13 @@ pub fn sync_ctx(ctx: &Context) -> R {
     Ok(())
 }
 
+/// cudaDeviceReset: the primary context's work completes and its memory is freed.
+fn reset(ctx: &Arc<Context>) -> R {
+    sync_ctx(ctx)?;
+    super::memory::free_context_allocations(Arc::as_ptr(ctx) as usize);
+    Ok(())
+}
+
 fn set_current(ctx: Option<Arc<Context>>) {
     with_ctx_stack(|st| {
         st.pop();
@@ -50,6 +57,7 @@ unsafe fn destroy(ctx: CUcontext) -> R {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
     sync_ctx(&c)?;
+    super::memory::free_context_allocations(Arc::as_ptr(&c) as usize);
     s.contexts.remove(ctx as usize);
     with_ctx_stack(|st| st.retain(|x| !Arc::ptr_eq(x, &c)));
     Ok(())
@@ -91,11 +99,11 @@ driver! {
     }
 
     fn cuDevicePrimaryCtxReset(dev: CUdevice) {
-        sync_ctx(primary(dev)?)
+        reset(primary(dev)?)
     }
 
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) {
-        sync_ctx(primary(dev)?)
+        reset(primary(dev)?)
     }
 
     fn cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: CUdevice) {

@@ -186,6 +186,21 @@ pub fn free_device(p: u64) -> R {
     Ok(())
 }
 
+/// Frees every device and managed allocation made in the context `ctx` (a context reset or
+/// destroy releases them, as the driver does). Returns how many were freed.
+pub fn free_context_allocations(ctx: usize) -> usize {
+    let Some(s) = crate::sim::get() else { return 0 };
+    let ptrs: Vec<u64> = s
+        .mem
+        .lock()
+        .map
+        .iter()
+        .filter(|(_, a)| a.ctx == ctx && matches!(a.kind, Kind::Device | Kind::Managed))
+        .map(|(p, _)| *p)
+        .collect();
+    ptrs.iter().filter(|p| free_device(**p).is_ok()).count()
+}
+
 /// Is [p, p+len) inside one device-accessible allocation (device, managed, mapped VMM, pinned)?
 pub fn device_range(s: &Sim, p: u64, len: u64) -> Option<(Kind, usize)> {
     let t = s.mem.lock();
