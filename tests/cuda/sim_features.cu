@@ -1,4 +1,5 @@
 // simgpu features beyond the smoke tests, through the real CUDA 13.5 runtime:
+//   sim_features graph_explicit  a graph built node by node with explicit dependencies, cloned
 //   sim_features reset           cudaDeviceReset frees the context's memory
 //   sim_features pageable        async copy to pageable memory is complete on return
 //   sim_features oom             allocations past the configured memory (SIMGPU_MEMORY=1GiB)
@@ -39,6 +40,44 @@ int main(int argc, char **argv) {
         int r3 = (int)cudaMalloc(&d, 600 << 20);
         printf("{\"check\":\"oom\",\"results\":[%d,%d,%d,%d],\"free_mib\":%zu,\"total_mib\":%zu}\n",
                r0, r1, r2, r3, free_b >> 20, total >> 20);
+        return 0;
+    }
+    if (!strcmp(mode, "graph_explicit")) {
+        // h2d copy -> memset of the second half -> d2h copy -> host node, created in reverse
+        // order and ordered only by explicit dependencies; then cloned and replayed.
+        const size_t n = 1 << 16;
+        static unsigned char a[1 << 16], b[1 << 16];
+        static volatile int seen = -1;
+        memset(a, 1, n);
+        unsigned char *d;
+        cudaMalloc(&d, n);
+        cudaGraph_t g;
+        cudaGraphCreate(&g, 0);
+        cudaGraphNode_t host, d2h, set, h2d;
+        cudaHostNodeParams hp = {};
+        hp.fn = [](void *) { seen = b[(1 << 16) - 1] * 10 + b[0]; };
+        int e = 0;
+        e |= cudaGraphAddHostNode(&host, g, nullptr, 0, &hp);
+        e |= cudaGraphAddMemcpyNode1D(&d2h, g, nullptr, 0, b, d, n, cudaMemcpyDeviceToHost);
+        cudaMemsetParams mp = {};
+        mp.dst = d + n / 2; mp.value = 2; mp.elementSize = 1; mp.width = n / 2; mp.height = 1;
+        e |= cudaGraphAddMemsetNode(&set, g, nullptr, 0, &mp);
+        e |= cudaGraphAddMemcpyNode1D(&h2d, g, nullptr, 0, d, a, n, cudaMemcpyHostToDevice);
+        cudaGraphNode_t from[3] = {h2d, set, d2h}, to[3] = {set, d2h, host};
+        e |= cudaGraphAddDependencies(g, from, to, nullptr, 3);  // CUDA 13: with edge data
+        cudaGraphExec_t exec;
+        e |= cudaGraphInstantiate(&exec, g, 0);
+        e |= cudaGraphLaunch(exec, 0);
+        e |= cudaDeviceSynchronize();
+        int first = seen;
+        cudaGraph_t c;
+        e |= cudaGraphClone(&c, g);
+        memset(a, 3, n);
+        cudaGraphExec_t exec2;
+        e |= cudaGraphInstantiate(&exec2, c, 0);
+        e |= cudaGraphLaunch(exec2, 0);
+        e |= cudaDeviceSynchronize();
+        printf("{\"check\":\"graph_explicit\",\"errors\":%d,\"first\":%d,\"clone\":%d}\n", e, first, (int)seen);
         return 0;
     }
     if (!strcmp(mode, "reset")) {

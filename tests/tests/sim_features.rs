@@ -18,6 +18,16 @@ fn allocating_past_the_configured_memory_is_out_of_memory() {
 }
 
 #[test]
+fn explicit_graph_runs_in_dependency_order_and_clones() {
+    let v = run(&SimGpu::new(), "graph_explicit");
+    assert_eq!(v["errors"], 0, "{v}");
+    // The host node saw the memset's 2 at the end and the copied 1 at the start ...
+    assert_eq!(v["first"], 21, "{v}");
+    // ... and the clone read the new host data (3) when it ran.
+    assert_eq!(v["clone"], 23, "{v}");
+}
+
+#[test]
 fn device_reset_frees_the_context_memory_and_the_quota() {
     for gpu in [
         SimGpu::new().memory("2GiB"),

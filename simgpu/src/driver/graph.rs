@@ -40,6 +40,8 @@ pub struct Node {
     pub node_type: u32,
     pub build: Builder,
     pub kernel: Option<KernelNode>,
+    /// Nodes (handles) that must run first.
+    pub deps: Mutex<Vec<usize>>,
 }
 
 #[derive(Default)]
@@ -51,15 +53,91 @@ pub struct Graph {
 
 impl Graph {
     pub fn add(&self, node_type: u32, build: Builder, kernel: Option<KernelNode>) -> usize {
+        self.add_after(node_type, build, kernel, Vec::new())
+    }
+
+    pub fn add_after(
+        &self,
+        node_type: u32,
+        build: Builder,
+        kernel: Option<KernelNode>,
+        deps: Vec<usize>,
+    ) -> usize {
         let h = nodes().insert(Arc::new(Node {
             node_type,
             build,
             kernel,
+            deps: Mutex::new(deps),
         }));
         self.nodes.lock().push(h);
         h
     }
+
+    /// The nodes in an order that respects every dependency (creation order among the ready ones;
+    /// captured nodes are created in stream order). Err if the edges form a cycle.
+    pub fn ordered(&self) -> Result<Vec<Arc<Node>>, CUresult> {
+        let handles = self.nodes.lock().clone();
+        let all: Vec<Arc<Node>> = handles.iter().filter_map(|h| nodes().get(*h)).collect();
+        let mut done = vec![false; all.len()];
+        let mut out = Vec::with_capacity(all.len());
+        while out.len() < all.len() {
+            let ready = (0..all.len()).find(|&i| {
+                !done[i]
+                    && all[i]
+                        .deps
+                        .lock()
+                        .iter()
+                        .all(|d| handles.iter().position(|h| h == d).is_none_or(|j| done[j]))
+            });
+            let i = ready.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            done[i] = true;
+            out.push(all[i].clone());
+        }
+        Ok(out)
+    }
 }
+
+/// Dependencies passed to a `cuGraphAdd*Node` call.
+unsafe fn dep_list(deps: *const *mut c_void, n: usize) -> Result<Vec<usize>, CUresult> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if deps.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let v: Vec<usize> = std::slice::from_raw_parts(deps, n)
+        .iter()
+        .map(|p| *p as usize)
+        .collect();
+    if v.iter().any(|h| nodes().get(*h).is_none()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(v)
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+pub struct MemsetNodeParams {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: u32,
+    pub element_size: u32,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// `CUDA_HOST_NODE_PARAMS`.
+#[repr(C)]
+pub struct HostNodeParams {
+    pub func: *mut c_void,
+    pub user_data: *mut c_void,
+}
+
+#[derive(Clone, Copy)]
+struct HostCall(usize, usize);
+// SAFETY: a function and its argument, given to us to call; never dereferenced by simgpu.
+unsafe impl Send for HostCall {}
+unsafe impl Sync for HostCall {}
 
 pub struct GraphExec {
     pub nodes: Vec<Arc<Node>>,
@@ -198,12 +276,7 @@ fn graph(h: *mut c_void) -> Result<Arc<Graph>, CUresult> {
 
 unsafe fn instantiate(pexec: *mut *mut c_void, g: *mut c_void) -> R {
     let g = graph(g)?;
-    let list: Vec<Arc<Node>> = g
-        .nodes
-        .lock()
-        .iter()
-        .filter_map(|h| nodes().get(*h))
-        .collect();
+    let list = g.ordered()?;
     let h = execs().insert(Arc::new(GraphExec { nodes: list }));
     out(pexec, h as *mut c_void)
 }
@@ -224,6 +297,7 @@ pub struct KernelNodeParams {
 unsafe fn add_kernel_node(
     pn: *mut *mut c_void,
     g: *mut c_void,
+    deps: Vec<usize>,
     p: *const KernelNodeParams,
     v2: bool,
 ) -> R {
@@ -241,7 +315,10 @@ unsafe fn add_kernel_node(
         block: p.block,
         shared_mem: p.shared_mem,
     };
-    out(pn, g.add(NODE_KERNEL, build, Some(info)) as *mut c_void)
+    out(
+        pn,
+        g.add_after(NODE_KERNEL, build, Some(info), deps) as *mut c_void,
+    )
 }
 
 unsafe fn kernel_node_params(n: *mut c_void, p: *mut KernelNodeParams, v2: bool) -> R {
@@ -260,6 +337,21 @@ unsafe fn kernel_node_params(n: *mut c_void, p: *mut KernelNodeParams, v2: bool)
     if v2 {
         w.kern = std::ptr::null_mut();
         w.ctx = std::ptr::null_mut();
+    }
+    Ok(())
+}
+
+unsafe fn add_dependencies(
+    g: *mut c_void,
+    from: *const *mut c_void,
+    to: *const *mut c_void,
+    n: usize,
+) -> R {
+    graph(g)?;
+    let (from, to) = (dep_list(from, n)?, dep_list(to, n)?);
+    for (f, t) in from.into_iter().zip(to) {
+        let node = nodes().get(t).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        node.deps.lock().push(f);
     }
     Ok(())
 }
@@ -302,15 +394,94 @@ driver! {
     fn cuGraphNodeGetType(n: *mut c_void, t: *mut u32) {
         out(t, nodes().get(n as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?.node_type)
     }
-    fn cuGraphAddEmptyNode(pn: *mut *mut c_void, g: *mut c_void, _deps: *const *mut c_void, _n: usize) {
+    fn cuGraphAddEmptyNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize) {
         let g = graph(g)?;
-        out(pn, g.add(NODE_EMPTY, Arc::new(|| Ok(Op::marker())), None) as *mut c_void)
+        out(pn, g.add_after(NODE_EMPTY, Arc::new(|| Ok(Op::marker())), None, dep_list(deps, n)?) as *mut c_void)
     }
-    fn cuGraphAddKernelNode(pn: *mut *mut c_void, g: *mut c_void, _deps: *const *mut c_void, _n: usize, p: *const KernelNodeParams) {
-        add_kernel_node(pn, g, p, false)
+    fn cuGraphAddKernelNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const KernelNodeParams) {
+        add_kernel_node(pn, g, dep_list(deps, n)?, p, false)
     }
-    fn cuGraphAddKernelNode_v2(pn: *mut *mut c_void, g: *mut c_void, _deps: *const *mut c_void, _n: usize, p: *const KernelNodeParams) {
-        add_kernel_node(pn, g, p, true)
+    fn cuGraphAddKernelNode_v2(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const KernelNodeParams) {
+        add_kernel_node(pn, g, dep_list(deps, n)?, p, true)
+    }
+    fn cuGraphAddMemcpyNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const Memcpy3D, _ctx: CUcontext) {
+        let s = sim()?;
+        let g = graph(g)?;
+        let c = super::memory::Copy3D(*p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?);
+        super::memory::copy3d_op(s, c)?; // validate now
+        let build: Builder = Arc::new(move || super::memory::copy3d_op(s, c));
+        out(pn, g.add_after(NODE_MEMCPY, build, None, dep_list(deps, n)?) as *mut c_void)
+    }
+    fn cuGraphAddMemsetNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const MemsetNodeParams, _ctx: CUcontext) {
+        let s = sim()?;
+        let g = graph(g)?;
+        let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (dst, pitch, value, elem, w, h) = (p.dst, p.pitch as u64, p.value, p.element_size as u64, p.width as u64, p.height as u64);
+        if !matches!(elem, 1 | 2 | 4) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        super::memory::memset_op(s, dst, pitch, value, elem, w, h)?;
+        let build: Builder = Arc::new(move || super::memory::memset_op(s, dst, pitch, value, elem, w, h));
+        out(pn, g.add_after(NODE_MEMSET, build, None, dep_list(deps, n)?) as *mut c_void)
+    }
+    fn cuGraphAddHostNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const HostNodeParams) {
+        let g = graph(g)?;
+        let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if p.func.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let call = HostCall(p.func as usize, p.user_data as usize);
+        let build: Builder = Arc::new(move || {
+            Ok(Op::marker().with_effect(move || {
+                let call = call;
+                // SAFETY: CUhostFn is `void (*)(void *userData)`.
+                let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(call.0) };
+                unsafe { f(call.1 as *mut c_void) }
+            }))
+        });
+        out(pn, g.add_after(NODE_HOST, build, None, dep_list(deps, n)?) as *mut c_void)
+    }
+    fn cuGraphAddDependencies(g: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, n: usize) {
+        add_dependencies(g, from, to, n)
+    }
+    fn cuGraphAddDependencies_v2(g: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, _edges: *const c_void, n: usize) {
+        add_dependencies(g, from, to, n)
+    }
+    fn cuGraphNodeGetDependencies(node: *mut c_void, deps: *mut *mut c_void, n: *mut usize) {
+        let node = nodes().get(node as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let d = node.deps.lock();
+        if n.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if !deps.is_null() {
+            for (i, h) in d.iter().take(*n).enumerate() {
+                *deps.add(i) = *h as *mut c_void;
+            }
+        }
+        *n = d.len();
+        Ok(())
+    }
+    fn cuGraphClone(pclone: *mut *mut c_void, g: *mut c_void) {
+        let g = graph(g)?;
+        let clone: Arc<Graph> = Arc::default();
+        let old = g.nodes.lock().clone();
+        let mut map = HashMap::new();
+        for h in &old {
+            let n = nodes().get(*h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            let deps = n.deps.lock().clone();
+            let new = clone.add_after(n.node_type, n.build.clone(), n.kernel, deps);
+            map.insert(*h, new);
+        }
+        // Dependencies point at the clone's own nodes.
+        for h in clone.nodes.lock().iter() {
+            if let Some(n) = nodes().get(*h) {
+                let mut d = n.deps.lock();
+                for x in d.iter_mut() {
+                    *x = map.get(x).copied().unwrap_or(*x);
+                }
+            }
+        }
+        out(pclone, graphs().insert(clone) as *mut c_void)
     }
     fn cuGraphKernelNodeGetParams(n: *mut c_void, p: *mut KernelNodeParams) {
         kernel_node_params(n, p, false)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-use super::{current_ctx, out, stream_ref, submit, submit_or_capture, submit_sync, R};
+use super::{current_ctx, out, stream_ref, submit_or_capture, submit_sync, R};
 use crate::engine::{Op, Resource};
 use crate::sim::{sim, Sim};
 use crate::types::*;
@@ -313,112 +313,169 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
     Ok(())
 }
 
-/// A 2D copy as `height` row copies, done as one operation.
-unsafe fn memcpy2d(p: &Memcpy2D, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
-    let s = sim()?;
+/// A 3D copy descriptor that graph builders may keep (its pointers are the application's).
+#[derive(Clone, Copy)]
+pub struct Copy3D(pub Memcpy3D);
+// SAFETY: only addresses; the application guarantees they stay valid while the copy can run.
+unsafe impl Send for Copy3D {}
+unsafe impl Sync for Copy3D {}
+
+impl Copy3D {
+    pub fn from_2d(p: &Memcpy2D) -> Copy3D {
+        Copy3D(Memcpy3D {
+            src_x_in_bytes: p.src_x_in_bytes,
+            src_y: p.src_y,
+            src_z: 0,
+            src_lod: 0,
+            src_memory_type: p.src_memory_type,
+            src_host: p.src_host,
+            src_device: p.src_device,
+            src_array: p.src_array,
+            reserved0: std::ptr::null_mut(),
+            src_pitch: p.src_pitch,
+            src_height: p.height,
+            dst_x_in_bytes: p.dst_x_in_bytes,
+            dst_y: p.dst_y,
+            dst_z: 0,
+            dst_lod: 0,
+            dst_memory_type: p.dst_memory_type,
+            dst_host: p.dst_host,
+            dst_device: p.dst_device,
+            dst_array: p.dst_array,
+            reserved1: std::ptr::null_mut(),
+            dst_pitch: p.dst_pitch,
+            dst_height: p.height,
+            width_in_bytes: p.width_in_bytes,
+            height: p.height,
+            depth: 1,
+        })
+    }
+}
+
+/// One operation that copies a (pitched) 3D region: `depth` slices of `height` rows of
+/// `width_in_bytes`. CUDA arrays are not simulated.
+pub fn copy3d_op(s: &Sim, c: Copy3D) -> Result<Op, CUresult> {
+    let p = c.0;
     let addr = |mt: u32, host: u64, dev: u64| -> Result<u64, CUresult> {
         match mt {
             CU_MEMORYTYPE_HOST => Ok(host),
             CU_MEMORYTYPE_DEVICE => Ok(dev),
             CU_MEMORYTYPE_UNIFIED => Ok(if dev != 0 { dev } else { host }),
-            _ => Err(CUDA_ERROR_NOT_SUPPORTED), // CUDA arrays are not simulated
+            _ => Err(CUDA_ERROR_NOT_SUPPORTED),
         }
     };
-    let src0 = addr(p.src_memory_type, p.src_host as u64, p.src_device)?
-        + (p.src_y * p.src_pitch + p.src_x_in_bytes) as u64;
-    let dst0 = addr(p.dst_memory_type, p.dst_host as u64, p.dst_device)?
-        + (p.dst_y * p.dst_pitch + p.dst_x_in_bytes) as u64;
-    let (w, h) = (p.width_in_bytes as u64, p.height as u64);
-    if w == 0 || h == 0 {
-        return Ok(());
-    }
+    let (w, h, depth) = (
+        p.width_in_bytes as u64,
+        p.height as u64,
+        p.depth.max(1) as u64,
+    );
     let (sp, dp) = (
         p.src_pitch.max(p.width_in_bytes) as u64,
         p.dst_pitch.max(p.width_in_bytes) as u64,
     );
-    // Validate the whole extents, then build one op with the total byte count.
+    // Bytes between slices: pitch × the allocation's height (at least the copied height).
+    let (ss, ds) = (
+        sp * (p.src_height.max(p.height) as u64),
+        dp * (p.dst_height.max(p.height) as u64),
+    );
+    let src0 = addr(p.src_memory_type, p.src_host as u64, p.src_device)?
+        + p.src_z as u64 * ss
+        + p.src_y as u64 * sp
+        + p.src_x_in_bytes as u64;
+    let dst0 = addr(p.dst_memory_type, p.dst_host as u64, p.dst_device)?
+        + p.dst_z as u64 * ds
+        + p.dst_y as u64 * dp
+        + p.dst_x_in_bytes as u64;
+    if w == 0 || h == 0 {
+        return Ok(Op::marker());
+    }
+    // Validate both extents (first and last row), then one op for the total byte count.
     let mut op = copy_op(s, dst0, src0, w, false)?;
-    classify(s, dst0 + dp * (h - 1), w)?;
-    classify(s, src0 + sp * (h - 1), w)?;
+    classify(s, dst0 + (depth - 1) * ds + (h - 1) * dp, w)?;
+    classify(s, src0 + (depth - 1) * ss + (h - 1) * sp, w)?;
+    let total = w * h * depth;
     op.dur_ns = match op.resource {
         Resource::None => 0,
-        Resource::Compute(_) => copy_cost(s, w * h, s.cfg.cost.hbm_bytes_per_s / 2),
-        _ => copy_cost(s, w * h, s.cfg.cost.pcie_bytes_per_s),
+        Resource::Compute(_) => copy_cost(s, total, s.cfg.cost.hbm_bytes_per_s / 2),
+        _ => copy_cost(s, total, s.cfg.cost.pcie_bytes_per_s),
     };
     let (d, sr0) = (SendPtr(dst0), SendPtr(src0));
     op.effect = Some(Box::new(move || {
         let (d, sr0) = (d, sr0);
-        for row in 0..h {
-            // SAFETY: extents validated above (device sides) or owned by the caller (host sides).
-            unsafe {
-                std::ptr::copy(
-                    (sr0.0 + row * sp) as *const u8,
-                    (d.0 + row * dp) as *mut u8,
-                    w as usize,
-                )
+        for z in 0..depth {
+            for row in 0..h {
+                // SAFETY: extents validated above (device sides) or the caller's (host sides).
+                unsafe {
+                    std::ptr::copy(
+                        (sr0.0 + z * ss + row * sp) as *const u8,
+                        (d.0 + z * ds + row * dp) as *mut u8,
+                        w as usize,
+                    )
+                }
             }
         }
     }));
-    let sref = match stream {
-        None => stream_ref(std::ptr::null_mut(), ptds)?,
-        Some((h, pt)) => stream_ref(h, pt)?,
-    };
-    if stream.is_none() {
-        submit_sync(s, &sref, op);
-    } else {
-        submit(s, &sref, op);
+    Ok(op)
+}
+
+unsafe fn memcpy3d(c: Copy3D, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
+    let s = sim()?;
+    match stream {
+        None => submit_sync(
+            s,
+            &stream_ref(std::ptr::null_mut(), ptds)?,
+            copy3d_op(s, c)?,
+        ),
+        Some((h, pt)) => submit_or_capture(
+            s,
+            &stream_ref(h, pt)?,
+            crate::driver::graph::NODE_MEMCPY,
+            move || copy3d_op(s, c),
+        )?,
     }
     Ok(())
 }
 
-unsafe fn memcpy3d(p: &Memcpy3D, stream: Option<(CUstream, bool)>, ptds: bool) -> R {
-    if p.depth > 1 {
-        // Each slice is a 2D copy.
-        for z in 0..p.depth {
-            let m = Memcpy2D {
-                src_x_in_bytes: p.src_x_in_bytes,
-                src_y: p.src_y + (p.src_z + z) * p.src_height,
-                src_memory_type: p.src_memory_type,
-                src_host: p.src_host,
-                src_device: p.src_device,
-                src_array: p.src_array,
-                src_pitch: p.src_pitch,
-                dst_x_in_bytes: p.dst_x_in_bytes,
-                dst_y: p.dst_y + (p.dst_z + z) * p.dst_height,
-                dst_memory_type: p.dst_memory_type,
-                dst_host: p.dst_host,
-                dst_device: p.dst_device,
-                dst_array: p.dst_array,
-                dst_pitch: p.dst_pitch,
-                width_in_bytes: p.width_in_bytes,
-                height: p.height,
-            };
-            memcpy2d(&m, stream, ptds)?;
-        }
-        return Ok(());
+/// One operation setting `rows` rows of `count` elements of `elem` bytes (1, 2 or 4), `pitch`
+/// bytes apart, to `value`.
+pub fn memset_op(
+    s: &Sim,
+    dst: u64,
+    pitch: u64,
+    value: u32,
+    elem: u64,
+    count: u64,
+    rows: u64,
+) -> Result<Op, CUresult> {
+    let width = count * elem;
+    if width == 0 || rows == 0 {
+        return Ok(Op::marker());
     }
-    let m = Memcpy2D {
-        src_x_in_bytes: p.src_x_in_bytes,
-        src_y: p.src_y + p.src_z * p.src_height,
-        src_memory_type: p.src_memory_type,
-        src_host: p.src_host,
-        src_device: p.src_device,
-        src_array: p.src_array,
-        src_pitch: p.src_pitch,
-        dst_x_in_bytes: p.dst_x_in_bytes,
-        dst_y: p.dst_y + p.dst_z * p.dst_height,
-        dst_memory_type: p.dst_memory_type,
-        dst_host: p.dst_host,
-        dst_device: p.dst_device,
-        dst_array: p.dst_array,
-        dst_pitch: p.dst_pitch,
-        width_in_bytes: p.width_in_bytes,
-        height: p.height,
+    let pitch = if rows == 1 { width } else { pitch };
+    let Some((_, dev)) = device_range(s, dst, pitch * (rows - 1) + width) else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     };
-    memcpy2d(&m, stream, ptds)
+    let dur = copy_cost(s, width * rows, s.cfg.cost.hbm_bytes_per_s);
+    let d = SendPtr(dst);
+    Ok(Op::new(Resource::Compute(dev), dur).with_effect(move || {
+        let d = d;
+        for r in 0..rows {
+            let row = (d.0 + r * pitch) as *mut u8;
+            // SAFETY: extent validated against the allocation table above.
+            unsafe {
+                match elem {
+                    1 => std::ptr::write_bytes(row, value as u8, count as usize),
+                    2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize)
+                        .fill(value as u16),
+                    _ => {
+                        std::slice::from_raw_parts_mut(row as *mut u32, count as usize).fill(value)
+                    }
+                }
+            }
+        }
+    }))
 }
 
-/// memset of `count` elements of `elem` bytes (1, 2, 4) in `rows` rows of `pitch` bytes.
 #[allow(clippy::too_many_arguments)]
 unsafe fn memset(
     dst: u64,
@@ -431,42 +488,17 @@ unsafe fn memset(
     ptds: bool,
 ) -> R {
     let s = sim()?;
-    let width = count * elem;
-    if width == 0 || rows == 0 {
-        return Ok(());
-    }
-    let pitch = if rows == 1 { width } else { pitch };
-    let Some((kind, dev)) = device_range(s, dst, pitch * (rows - 1) + width) else {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    };
-    let _ = kind;
-    let dur = copy_cost(s, width * rows, s.cfg.cost.hbm_bytes_per_s);
-    let d = SendPtr(dst);
-    let build = move || {
-        Ok(Op::new(Resource::Compute(dev), dur).with_effect(move || {
-            let d = d;
-            for r in 0..rows {
-                let row = (d.0 + r * pitch) as *mut u8;
-                // SAFETY: extent validated against the allocation table above.
-                unsafe {
-                    match elem {
-                        1 => std::ptr::write_bytes(row, value as u8, count as usize),
-                        2 => std::slice::from_raw_parts_mut(row as *mut u16, count as usize)
-                            .fill(value as u16),
-                        _ => std::slice::from_raw_parts_mut(row as *mut u32, count as usize)
-                            .fill(value),
-                    }
-                }
-            }
-        }))
-    };
     match stream {
-        None => submit_sync(s, &stream_ref(std::ptr::null_mut(), ptds)?, build()?),
+        None => submit_sync(
+            s,
+            &stream_ref(std::ptr::null_mut(), ptds)?,
+            memset_op(s, dst, pitch, value, elem, count, rows)?,
+        ),
         Some((h, pt)) => submit_or_capture(
             s,
             &stream_ref(h, pt)?,
             crate::driver::graph::NODE_MEMSET,
-            build,
+            move || memset_op(s, dst, pitch, value, elem, count, rows),
         )?,
     }
     Ok(())
@@ -708,19 +740,19 @@ driver_ptds! {
         memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
     }
     fn cuMemcpy2D_v2 / cuMemcpy2D_v2_ptds(p: *const Memcpy2D) |ptds| {
-        memcpy2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, None, ptds)
+        memcpy3d(Copy3D::from_2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?), None, ptds)
     }
     fn cuMemcpy2DUnaligned_v2 / cuMemcpy2DUnaligned_v2_ptds(p: *const Memcpy2D) |ptds| {
-        memcpy2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, None, ptds)
+        memcpy3d(Copy3D::from_2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?), None, ptds)
     }
     fn cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz(p: *const Memcpy2D, h: CUstream) |ptds| {
-        memcpy2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, Some((h, ptds)), ptds)
+        memcpy3d(Copy3D::from_2d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?), Some((h, ptds)), ptds)
     }
     fn cuMemcpy3D_v2 / cuMemcpy3D_v2_ptds(p: *const Memcpy3D) |ptds| {
-        memcpy3d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, None, ptds)
+        memcpy3d(Copy3D(*p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?), None, ptds)
     }
     fn cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz(p: *const Memcpy3D, h: CUstream) |ptds| {
-        memcpy3d(p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?, Some((h, ptds)), ptds)
+        memcpy3d(Copy3D(*p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?), Some((h, ptds)), ptds)
     }
     fn cuMemsetD8_v2 / cuMemsetD8_v2_ptds(d: CUdeviceptr, v: u8, n: usize) |ptds| {
         memset(d, 0, v as u32, 1, n as u64, 1, None, ptds)
