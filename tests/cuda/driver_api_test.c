@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "check.h"
 
 typedef CUresult (*init_fn)(unsigned);
 typedef CUresult (*get_export_table_fn)(const void **, const CUuuid *);
@@ -40,16 +41,6 @@ static void *sym(const char *name) {
     return p;
 }
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL %s: ", #cond);                                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static int export_table(void) {
     init_fn cu_init = (init_fn)sym("cuInit");

@@ -13,28 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "check.h"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cudaError_t err_ = (call);                                                         \
-        if (err_ != cudaSuccess) {                                                         \
-            printf("FAIL %s %s (%s, %d)\n", #call, cudaGetErrorString(err_),               \
-                   cudaGetErrorName(err_), (int)err_);                                     \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL %s: ", #cond);                                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 __device__ unsigned char dev_bytes[4096];
 __device__ int dev_counter;

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "check.h"
 
 /* ---- NVML ABI (nvml.h) ---- */
 typedef int nvmlReturn_t;
@@ -70,16 +71,6 @@ _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtiliza
 #define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 #define MAX_PROCS 64
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL %s: ", #cond);                                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static void *lib;
 

@@ -8,28 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "check.h"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cudaError_t err_ = (call);                                                         \
-        if (err_ != cudaSuccess) {                                                         \
-            printf("FAIL %s %s (%s, %d)\n", #call, cudaGetErrorString(err_),               \
-                   cudaGetErrorName(err_), (int)err_);                                     \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL %s: ", #cond);                                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static void pattern(unsigned char *buf, size_t n, unsigned seed) {
     uint32_t x = seed * 2654435761u + 1;

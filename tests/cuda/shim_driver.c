@@ -20,25 +20,11 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "check.h"
 
 #define MIB (1024ull * 1024ull)
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL %s: ", #cond);                                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        CUresult rc_ = (call);                                                             \
-        EXPECT(rc_ == CUDA_SUCCESS, "%s returned %d", #call, (int)rc_);                    \
-    } while (0)
 
 typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,

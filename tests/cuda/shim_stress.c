@@ -15,26 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "check.h"
 
 #define MIB (1024ull * 1024ull)
 #define LIVE 6
 
-#define EXPECT(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            printf("FAIL %s: ", #cond);                                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-            fflush(stdout);                                                                \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        CUresult rc_ = (call);                                                             \
-        EXPECT(rc_ == CUDA_SUCCESS, "%s returned %d", #call, (int)rc_);                    \
-    } while (0)
 
 static CUresult (*cu_init)(unsigned);
 static CUresult (*device_get)(CUdevice *, int);

@@ -257,7 +257,7 @@ pub fn compile_c(source: &str, cudart: Cudart) -> PathBuf {
     let out = cuda_tests_dir().join(format!("{stem}-{}", cudart.tag()));
     let lib_dir = cudart.lib_dir();
     let includes = cudart.include_dirs();
-    build_cached(&[&src], &out, |tmp| {
+    build_cached(&[&src, &cuda_source("check.h")], &out, |tmp| {
         let mut cmd = Command::new("gcc");
         cmd.args(["-std=gnu11", "-O1", "-Wall"]);
         for inc in &includes {
@@ -281,7 +281,7 @@ pub fn compile_driver_c(source: &str) -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf();
-    build_cached(&[&src], &out, |tmp| {
+    build_cached(&[&src, &cuda_source("check.h")], &out, |tmp| {
         let mut cmd = Command::new("gcc");
         cmd.args(["-std=gnu11", "-O1", "-Wall"])
             .arg("-I")
@@ -307,7 +307,7 @@ pub fn compile_cu(source: &str, link: CudartLink) -> PathBuf {
     let nvcc = nvcc();
     let lib_dir = Cudart::V13.lib_dir();
     cache_path("cu13/nvidia/cu13/lib/libcudart.so");
-    build_cached(&[&src], &out, |tmp| {
+    build_cached(&[&src, &cuda_source("check.h")], &out, |tmp| {
         let mut cmd = Command::new(&nvcc);
         cmd.args(["-arch=sm_80", "-O2"]);
         if link == CudartLink::Shared {
@@ -621,7 +621,7 @@ pub fn compile_gcc(source: &str, out_name: &str, args: &[&str]) -> PathBuf {
         .unwrap()
         .to_path_buf();
     let lib_dir = artifacts().lib_dir.clone();
-    build_cached(&[&src], &out, |tmp| {
+    build_cached(&[&src, &cuda_source("check.h")], &out, |tmp| {
         let mut cmd = Command::new("gcc");
         cmd.args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-pthread"])
             .arg("-I")
