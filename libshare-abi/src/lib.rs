@@ -14,6 +14,7 @@
 //! A process that dies leaves its slot; the next process of the container that registers or runs
 //! out of quota (or the daemon) returns the slot's memory to the quota.
 
+pub mod slots;
 pub mod units;
 
 use std::fs::OpenOptions;
@@ -286,72 +287,52 @@ impl State {
 
     /// Claims a slot for `pid`, reclaiming slots of dead processes first.
     pub fn register(&self, pid: u32) -> Option<usize> {
-        self.reclaim_dead();
-        let st = proc_start_time(pid);
-        (0..MAX_PROCS).find(|&i| {
-            let s = self.slot(i);
-            if s.pid
-                .compare_exchange(0, RELEASING, AcqRel, Acquire)
-                .is_err()
-            {
-                return false;
-            }
-            s.start_time.store(st, Release);
-            for d in 0..MAX_DEVICES {
-                s.used[d].store(0, Release);
-                s.launches[d].store(0, Release);
-                s.allocs[d].store(0, Release);
-            }
-            s.pid.store(pid, Release);
-            true
-        })
+        slots::claim(self, pid)
     }
 
     /// Returns to the quota everything held by processes that no longer exist. Returns the number
     /// of slots reclaimed.
     pub fn reclaim_dead(&self) -> usize {
-        (0..MAX_PROCS)
-            .filter(|&i| {
-                let s = self.slot(i);
-                let pid = s.pid.load(Acquire);
-                pid != 0
-                    && pid != RELEASING
-                    && !proc_alive(pid, s.start_time.load(Acquire))
-                    && self.release_slot(i, pid)
-            })
-            .count()
+        slots::reclaim_dead(self)
     }
 
-    /// Frees slot `i` if it still belongs to `pid`, returning its memory to the quota. The slot is
-    /// claimed first, so two reclaimers never both release it.
+    /// Frees slot `i` if it still belongs to `pid`, returning its memory to the quota.
     pub fn release_slot(&self, i: usize, pid: u32) -> bool {
+        slots::release(self, i, pid)
+    }
+
+    /// (slot, pid) of every live registered process.
+    pub fn live_slots(&self) -> Vec<(usize, u32)> {
+        slots::live(self)
+    }
+}
+
+impl slots::SlotTable for State {
+    fn slot_count(&self) -> usize {
+        MAX_PROCS
+    }
+    fn slot_pid(&self, i: usize) -> &AtomicU32 {
+        &self.slot(i).pid
+    }
+    fn slot_start_time(&self, i: usize) -> &AtomicU64 {
+        &self.slot(i).start_time
+    }
+    fn reset_slot(&self, i: usize) {
         let s = self.slot(i);
-        if s.pid
-            .compare_exchange(pid, RELEASING, AcqRel, Acquire)
-            .is_err()
-        {
-            return false;
+        for d in 0..MAX_DEVICES {
+            s.used[d].store(0, Release);
+            s.launches[d].store(0, Release);
+            s.allocs[d].store(0, Release);
         }
+    }
+    fn free_slot(&self, i: usize) {
+        let s = self.slot(i);
         for d in 0..MAX_DEVICES {
             let used = s.used[d].swap(0, AcqRel);
             if used > 0 {
                 self.release(d, used);
             }
         }
-        s.pid.store(0, Release);
-        true
-    }
-
-    /// (slot, pid) of every live registered process.
-    pub fn live_slots(&self) -> Vec<(usize, u32)> {
-        (0..MAX_PROCS)
-            .filter_map(|i| {
-                let s = self.slot(i);
-                let pid = s.pid.load(Acquire);
-                (pid != 0 && pid != RELEASING && proc_alive(pid, s.start_time.load(Acquire)))
-                    .then_some((i, pid))
-            })
-            .collect()
     }
 }
 
@@ -361,9 +342,6 @@ impl Drop for State {
         unsafe { libc::munmap(self.base as *mut _, FILE_SIZE) };
     }
 }
-
-/// A slot's pid while it is being claimed or released.
-const RELEASING: u32 = u32::MAX;
 
 /// Field 22 of /proc/<pid>/stat (start time, clock ticks since boot), 0 if unreadable.
 pub fn proc_start_time(pid: u32) -> u64 {

@@ -13,8 +13,6 @@ pub const MAGIC: u64 = 0x5349_4d47_5055_0003; // "SIMGPU" v3
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 256;
 pub const CHUNK: u64 = 2 << 20;
-/// A slot's pid while its resources are being released.
-const RELEASING: u32 = u32::MAX;
 /// Utilisation window: `BUCKETS` buckets of `BUCKET_NS`.
 pub const BUCKETS: usize = 64;
 pub const BUCKET_NS: u64 = 16_000_000;
@@ -273,79 +271,27 @@ impl Shared {
         }
     }
 
-    /// Claims a process slot for `pid`, reclaiming slots of dead processes first.
+    /// Claims a process slot for `pid` (reclaiming slots of dead processes first); returns the
+    /// slot and its new generation (which tags the slot's managed chunks).
     pub fn register(&self, pid: u32) -> Option<(usize, u32)> {
-        self.reclaim_dead();
-        let st = proc_start_time(pid);
-        for i in 0..MAX_PROCS {
-            let s = self.slot(i);
-            if s.pid.compare_exchange(0, pid, AcqRel, Acquire).is_ok() {
-                s.start_time.store(st, Release);
-                let generation = s.generation.fetch_add(1, AcqRel).wrapping_add(1);
-                for d in &s.dev {
-                    d.mem_used.store(0, Release);
-                    d.kernels.store(0, Release);
-                    d.busy_ns.store(0, Release);
-                    d.allocs.store(0, Release);
-                }
-                return Some((i, generation));
-            }
-        }
-        None
+        let i = slots::claim(self, pid)?;
+        Some((i, self.slot(i).generation.load(Acquire)))
     }
 
-    /// Releases everything a dead process held: its memory and its resident managed chunks.
+    /// Releases everything dead processes held: their memory and resident managed chunks.
     /// Returns the number of slots reclaimed.
     pub fn reclaim_dead(&self) -> usize {
-        let mut n = 0;
-        for i in 0..MAX_PROCS {
-            let s = self.slot(i);
-            let pid = s.pid.load(Acquire);
-            if pid == 0 || pid == RELEASING || proc_alive(pid, s.start_time.load(Acquire)) {
-                continue;
-            }
-            if self.release_slot(i, pid) {
-                n += 1;
-            }
-        }
-        n
+        slots::reclaim_dead(self)
     }
 
-    /// Frees slot `i` if it still belongs to `pid` (the process exited or died). Claiming the
-    /// slot first means two processes reclaiming the same dead slot cannot both release it, and a
-    /// new owner that took it in between is left alone. Returns whether this call released it.
+    /// Frees slot `i` if it still belongs to `pid` (the process exited or died).
     pub fn release_slot(&self, i: usize, pid: u32) -> bool {
-        let s = self.slot(i);
-        if s.pid
-            .compare_exchange(pid, RELEASING, AcqRel, Acquire)
-            .is_err()
-        {
-            return false;
-        }
-        let word = owner_word(i, s.generation.load(Acquire));
-        for d in 0..self.ndev {
-            for c in self.chunks(d) {
-                if c.owner.compare_exchange(word, 0, AcqRel, Acquire).is_ok() {
-                    self.dev(d).mem_used.fetch_sub(CHUNK, AcqRel);
-                }
-            }
-            let used = s.dev[d].mem_used.swap(0, AcqRel);
-            sub_saturating(&self.dev(d).mem_used, used);
-        }
-        s.pid.store(0, Release);
-        true
+        slots::release(self, i, pid)
     }
 
     /// Slots of live processes: (slot index, pid).
     pub fn live_slots(&self) -> Vec<(usize, u32)> {
-        (0..MAX_PROCS)
-            .filter_map(|i| {
-                let s = self.slot(i);
-                let pid = s.pid.load(Acquire);
-                (pid != 0 && pid != RELEASING && proc_alive(pid, s.start_time.load(Acquire)))
-                    .then_some((i, pid))
-            })
-            .collect()
+        slots::live(self)
     }
 
     /// Reserves `dur` ns on an engine timeline no earlier than `earliest`; returns (start, end).
@@ -361,6 +307,41 @@ impl Shared {
     }
 }
 
+impl slots::SlotTable for Shared {
+    fn slot_count(&self) -> usize {
+        MAX_PROCS
+    }
+    fn slot_pid(&self, i: usize) -> &AtomicU32 {
+        &self.slot(i).pid
+    }
+    fn slot_start_time(&self, i: usize) -> &AtomicU64 {
+        &self.slot(i).start_time
+    }
+    fn reset_slot(&self, i: usize) {
+        let s = self.slot(i);
+        s.generation.fetch_add(1, AcqRel);
+        for d in &s.dev {
+            d.mem_used.store(0, Release);
+            d.kernels.store(0, Release);
+            d.busy_ns.store(0, Release);
+            d.allocs.store(0, Release);
+        }
+    }
+    fn free_slot(&self, i: usize) {
+        let s = self.slot(i);
+        let word = owner_word(i, s.generation.load(Acquire));
+        for d in 0..self.ndev {
+            for c in self.chunks(d) {
+                if c.owner.compare_exchange(word, 0, AcqRel, Acquire).is_ok() {
+                    self.dev(d).mem_used.fetch_sub(CHUNK, AcqRel);
+                }
+            }
+            let used = s.dev[d].mem_used.swap(0, AcqRel);
+            sub_saturating(&self.dev(d).mem_used, used);
+        }
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping.
@@ -372,6 +353,7 @@ pub fn sub_saturating(a: &AtomicU64, v: u64) {
     let _ = a.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_sub(v)));
 }
 
+use libshare_abi::slots;
 pub use libshare_abi::{proc_alive, proc_start_time};
 
 /// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine.
