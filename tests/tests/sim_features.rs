@@ -1,7 +1,7 @@
 //! simgpu's fault injection (for reliability tests) and CUDA graphs, through NVIDIA's cudart 13.5
 //! and nvcc-compiled kernels (`tests/cuda/sim_features.cu`).
 
-use libshare_tests::{compile_cu, json_check, CudartLink, SimGpu};
+use libshare_tests::{compile_cu, compile_gcc, json_check, CudartLink, SimGpu};
 
 fn run(gpu: &SimGpu, mode: &str) -> serde_json::Value {
     let out = gpu.run_ok(compile_cu("sim_features.cu", CudartLink::Shared), &[mode]);
@@ -97,5 +97,25 @@ fn captured_graph_replays_its_kernels_and_copies() {
     assert_eq!(
         v["value"], 7.0,
         "the captured copy reads the host buffer at launch time: {v}"
+    );
+}
+
+#[test]
+fn vmm_mapped_ranges_hold_bytes_and_unmapped_ones_are_errors() {
+    let gpu = SimGpu::new();
+    let out = gpu.run_ok(
+        compile_gcc("vmm_test.c", "vmm_test", &["-lcuda"]),
+        &[] as &[&str],
+    );
+    let v = json_check(&out, "vmm");
+    assert_eq!(v["mapped"], 0, "{v}");
+    assert_eq!(v["roundtrip"], 1, "{v}");
+    assert_eq!(
+        v["unmapped_copy"], 1,
+        "CUDA_ERROR_INVALID_VALUE expected: {v}"
+    );
+    assert_eq!(
+        v["unmapped_memset"], 1,
+        "CUDA_ERROR_INVALID_VALUE expected: {v}"
     );
 }

@@ -222,7 +222,10 @@ fn copy_cost(s: &Sim, bytes: u64, bw: u64) -> u64 {
 /// Where a unified-address copy goes.
 fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
     match device_range(s, p, len) {
-        Some((Kind::Device | Kind::Managed | Kind::Reserved, d)) => Ok(Some(d)),
+        Some((Kind::Device | Kind::Managed, d)) => Ok(Some(d)),
+        // Inside a VMM reservation only mapped pages hold memory (touching the rest would fault).
+        Some((Kind::Reserved, d)) if super::vmm::is_mapped(p, len) => Ok(Some(d)),
+        Some((Kind::Reserved, _)) => Err(CUDA_ERROR_INVALID_VALUE),
         Some(_) => Ok(None),
         None => {
             // A device-looking address that is not inside an allocation would crash the job.
@@ -231,6 +234,16 @@ fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
             }
             Ok(None)
         }
+    }
+}
+
+/// The device of [p, p + len) if all of it is device memory simgpu may write (allocations, managed
+/// memory, mapped VMM pages).
+pub fn writable_device_range(s: &Sim, p: u64, len: u64) -> Option<usize> {
+    match device_range(s, p, len)? {
+        (Kind::Device | Kind::Managed, d) => Some(d),
+        (Kind::Reserved, d) if super::vmm::is_mapped(p, len) => Some(d),
+        _ => None,
     }
 }
 
@@ -452,7 +465,7 @@ pub fn memset_op(
         return Ok(Op::marker());
     }
     let pitch = if rows == 1 { width } else { pitch };
-    let Some((_, dev)) = device_range(s, dst, pitch * (rows - 1) + width) else {
+    let Some(dev) = writable_device_range(s, dst, pitch * (rows - 1) + width) else {
         return Err(CUDA_ERROR_INVALID_VALUE);
     };
     let dur = copy_cost(s, width * rows, s.cfg.cost.hbm_bytes_per_s);

@@ -198,7 +198,7 @@ driver_ptds! {
 unsafe fn write_value(h: CUstream, ptds: bool, addr: CUdeviceptr, value: u64, size: u64) -> R {
     let s = sim()?;
     let r = stream_ref(h, ptds)?;
-    super::memory::device_range(s, addr, size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    super::memory::writable_device_range(s, addr, size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let a = addr;
     submit(
         s,

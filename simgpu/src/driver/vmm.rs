@@ -26,6 +26,19 @@ unsafe impl Send for Phys {}
 
 static PHYS: Mutex<BTreeMap<usize, Phys>> = Mutex::new(BTreeMap::new());
 static MAPS: Mutex<BTreeMap<u64, (u64, usize)>> = Mutex::new(BTreeMap::new());
+
+/// Is [p, p + len) entirely covered by mappings made with `cuMemMap` (adjacent ones included)?
+pub fn is_mapped(p: u64, len: u64) -> bool {
+    let maps = MAPS.lock();
+    let (mut at, end) = (p, p + len.max(1));
+    while at < end {
+        match maps.range(..=at).next_back() {
+            Some((b, (size, _))) if at < b + size => at = b + size,
+            _ => return false,
+        }
+    }
+    true
+}
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x1000);
 
 driver! {
