@@ -343,6 +343,23 @@ impl Drop for State {
     }
 }
 
+/// The default state directory: /run/libshare when it exists (the daemon's), else a per-user one
+/// (`LIBSHARE_STATE_DIR` overrides both, in the shim and in sharectl).
+pub fn default_state_dir() -> std::path::PathBuf {
+    let run = std::path::PathBuf::from("/run/libshare");
+    if run.is_dir() {
+        return run;
+    }
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::path::PathBuf::from(format!("/tmp/libshare-{uid}"))
+}
+
+/// The directory of container `name` under a state directory.
+pub fn container_dir(state_dir: &Path, name: &str) -> std::path::PathBuf {
+    state_dir.join("containers").join(name)
+}
+
 /// Field 22 of /proc/<pid>/stat (start time, clock ticks since boot), 0 if unreadable.
 pub fn proc_start_time(pid: u32) -> u64 {
     let mut buf = [0u8; 512];

@@ -118,16 +118,7 @@ pub fn log_level(s: &str) -> tracing::Level {
     }
 }
 
-/// The default state directory: /run/libshare when it exists (the daemon's), else a per-user one.
-pub fn default_state_dir() -> PathBuf {
-    let run = PathBuf::from("/run/libshare");
-    if run.is_dir() {
-        return run;
-    }
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    PathBuf::from(format!("/tmp/libshare-{uid}"))
-}
+pub use libshare_abi::default_state_dir;
 
 impl Config {
     pub fn from_env() -> Result<Config, String> {
@@ -230,7 +221,7 @@ impl Config {
                     "expected an absolute path",
                 ))
             }
-            None => state_dir.join("containers").join(&container),
+            None => libshare_abi::container_dir(&state_dir, &container),
         };
         let context_overhead = match get("LIBSHARE_CONTEXT_OVERHEAD") {
             None => 0,

@@ -215,7 +215,7 @@ fn build() -> Result<Shim, String> {
             .with_target(false)
             .try_init();
     }
-    check_limits(&cfg)?;
+    let devices = check_limits(&cfg)?;
     let state = match State::open_or_create(&cfg.container_dir) {
         Ok(s) => s,
         Err(e) => {
@@ -228,7 +228,7 @@ fn build() -> Result<Shim, String> {
     };
     let managed = state.header().flags.load(Acquire) & libshare_abi::FLAG_DAEMON_MANAGED != 0;
     if !managed {
-        for (d, limit) in cfg.memory_limit.iter().enumerate() {
+        for (d, limit) in cfg.memory_limit.iter().enumerate().take(devices) {
             if let Some(l) = limit {
                 state.device(d).quota.store(*l, Release);
             }
@@ -254,16 +254,17 @@ fn build() -> Result<Shim, String> {
     })
 }
 
-/// A limit above what a device has is a configuration error.
-fn check_limits(cfg: &Config) -> Result<(), String> {
+/// A limit above what a device has is a configuration error. Returns how many devices this
+/// process sees (limits are recorded for those only).
+fn check_limits(cfg: &Config) -> Result<usize, String> {
     let r = real();
     let (Some(count_fn), Some(total_fn)) = (r.cuDeviceGetCount, r.cuDeviceTotalMem_v2) else {
-        return Ok(());
+        return Ok(MAX_DEVICES);
     };
     let mut n = 0;
     // SAFETY: valid out-pointers; the driver is initialised.
     if unsafe { count_fn(&mut n) } != CUDA_SUCCESS {
-        return Ok(());
+        return Ok(MAX_DEVICES);
     }
     for d in 0..(n.max(0) as usize).min(MAX_DEVICES) {
         let mut total = 0usize;
@@ -281,7 +282,7 @@ fn check_limits(cfg: &Config) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    Ok((n.max(0) as usize).min(MAX_DEVICES))
 }
 
 fn register_process_hooks() {

@@ -1,10 +1,10 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module. For now only `demo` exists; the daemon and the admin
-//! commands (`daemon`, `status`, `top`, `set`, `get`, `reset`, `cdi`, `hook`) come with the
-//! shim and the daemon.
+//! Each subcommand lives in its own module: `demo` and `status` exist; the daemon and the other
+//! admin commands (`daemon`, `top`, `set`, `get`, `reset`, `cdi`, `hook`) come with the daemon.
 
 mod demo;
+mod status;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,13 +19,17 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// A production and an opportunistic job sharing the GPU (simgpu when there is none), live.
     Demo(demo::DemoArgs),
+    /// What every container holds: memory used/quota/peak per GPU, class, processes.
+    Status(status::StatusArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Status(args) => status::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,7 +55,9 @@ mod tests {
     #[test]
     fn demo_args() {
         let cli = Cli::try_parse_from(["sharectl", "demo"]).unwrap();
-        let Command::Demo(a) = cli.command;
+        let Command::Demo(a) = cli.command else {
+            panic!("demo")
+        };
         assert_eq!(a.duration, 5.0);
         assert!(!a.sim && !a.json);
         let cli = Cli::try_parse_from([
@@ -65,7 +71,9 @@ mod tests {
             "/x",
         ])
         .unwrap();
-        let Command::Demo(a) = cli.command;
+        let Command::Demo(a) = cli.command else {
+            panic!("demo")
+        };
         assert_eq!(a.duration, 2.5);
         assert!(a.sim && a.json);
         assert_eq!(a.simgpu_lib.as_deref(), Some(std::path::Path::new("/x")));

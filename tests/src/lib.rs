@@ -71,10 +71,11 @@ pub fn artifacts() -> &'static Artifacts {
                 "simgpu",
                 "-p",
                 "libshare",
+                "-p",
+                "jobs",
+                "-p",
+                "sharectl",
             ]);
-            if root.join("jobs/Cargo.toml").exists() {
-                cmd.args(["-p", "jobs"]);
-            }
             let out = cmd.stdin(Stdio::null()).output().expect("cannot run cargo");
             if !out.status.success() {
                 panic!(
