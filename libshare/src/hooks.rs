@@ -37,6 +37,8 @@ crate::hooks! {
     wrap cuDevicePrimaryCtxReset_v2(dev: CUdevice) => memory::primary_ctx_reset;
     wrap cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => memory::ctx_create_v2;
     wrap cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, n: i32, flags: c_uint, dev: CUdevice) => memory::ctx_create_v3;
+    wrap cuCtxDestroy(ctx: CUcontext) => memory::ctx_destroy;
+    wrap cuCtxDestroy_v2(ctx: CUcontext) => memory::ctx_destroy;
     wrap cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => memory::ctx_create_v4;
 
     // Current device per thread (so a launch is charged without a driver call).
@@ -67,6 +69,7 @@ crate::hooks! {
     // Used by the shim itself.
     call cuCtxGetDevice(dev: *mut CUdevice);
     call cuDeviceGetCount(count: *mut i32);
+    call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
 }
 
 #[cfg(test)]

@@ -101,6 +101,44 @@ pub unsafe fn primary_ctx_reset(
     r
 }
 
+/// Destroying a context frees its allocations: return them to the quota. Which tracked pointers
+/// belong to it is asked of the driver before the destroy (rare: no cost on allocation paths).
+pub unsafe fn ctx_destroy(
+    real: unsafe extern "C" fn(CUcontext) -> CUresult,
+    ctx: CUcontext,
+) -> CUresult {
+    const CU_POINTER_ATTRIBUTE_CONTEXT: c_uint = 1;
+    let owned: Vec<u64> = match (crate::state::real().cuPointerGetAttribute, ctx.is_null()) {
+        (Some(attr), false) => allocs()
+            .keys()
+            .into_iter()
+            .filter(|p| {
+                let mut c: CUcontext = std::ptr::null_mut();
+                attr(
+                    &mut c as *mut CUcontext as *mut c_void,
+                    CU_POINTER_ATTRIBUTE_CONTEXT,
+                    *p,
+                ) == CUDA_SUCCESS
+                    && c == ctx
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let r = real(ctx);
+    if r == CUDA_SUCCESS {
+        if let Some(sh) = crate::state::get() {
+            for p in owned {
+                if let Some((dev, bytes)) = allocs().remove(p) {
+                    sh.uncharge(dev, bytes);
+                    sh.count_free(dev);
+                }
+            }
+        }
+        crate::launch::context_changed(r);
+    }
+    r
+}
+
 pub unsafe fn ctx_create_v2(
     real: unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult,
     pctx: *mut CUcontext,

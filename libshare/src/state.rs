@@ -333,6 +333,16 @@ impl Allocations {
             .get(&key)
             .map(|(d, b)| (*d as usize, *b))
     }
+    /// Every key (allocations: device pointers).
+    pub fn keys(&self) -> Vec<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
     /// Removes and returns every entry on device `dev`.
     pub fn drain_device(&self, dev: usize) -> Vec<(u64, (usize, u64))> {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
