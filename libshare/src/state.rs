@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::{Mutex, Once, OnceLock};
 
 use libshare_abi::{State, MAX_DEVICES};
@@ -160,7 +160,29 @@ impl Shim {
 static SHIM: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
 /// 0 = not initialised in this process, 1 = ready, 2 = failed (invalid configuration).
 static STATUS: AtomicU8 = AtomicU8::new(0);
-static INIT: Mutex<()> = Mutex::new(());
+/// Serialises initialisation. Not a Mutex: a lock held by another thread when the process forks
+/// would stay held forever in the child; the fork handler resets this one.
+static INIT_LOCK: AtomicBool = AtomicBool::new(false);
+
+struct InitGuard;
+
+impl InitGuard {
+    fn lock() -> InitGuard {
+        while INIT_LOCK
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now(); // cold path, once per process
+        }
+        InitGuard
+    }
+}
+
+impl Drop for InitGuard {
+    fn drop(&mut self) {
+        INIT_LOCK.store(false, Release);
+    }
+}
 
 /// The shim, if initialised in this process. One atomic load: used on hot paths.
 #[inline]
@@ -181,7 +203,7 @@ pub fn shim() -> Result<&'static Shim, CUresult> {
 /// Creates the shim (once per process; again in a forked child). Requires the real `cuInit` to
 /// have succeeded.
 pub fn init() -> Result<&'static Shim, CUresult> {
-    let _g = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = InitGuard::lock();
     if let Some(s) = get() {
         return Ok(s);
     }
@@ -298,6 +320,7 @@ fn register_process_hooks() {
 
 /// In a forked child: forget the parent's shim (its slot and allocations are the parent's).
 extern "C" fn after_fork_child() {
+    INIT_LOCK.store(false, Release);
     SHIM.store(std::ptr::null_mut(), Release);
     STATUS.store(0, Release);
     crate::memory::forget_all_after_fork();
