@@ -69,6 +69,7 @@ crate::hooks! {
     // Used by the shim itself.
     call cuCtxGetDevice(dev: *mut CUdevice);
     call cuDeviceGetCount(count: *mut i32);
+    call cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
 }
 

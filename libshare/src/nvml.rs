@@ -3,6 +3,8 @@
 //! `libnvidia-ml.so.1`) on first use.
 
 use std::ffi::c_void;
+
+use crate::types::{CUuuid, CUDA_SUCCESS};
 use std::sync::OnceLock;
 
 type NvmlReturn = u32;
@@ -32,6 +34,7 @@ struct Nvml {
     get_info: Option<unsafe extern "C" fn(*mut c_void, *mut Memory) -> NvmlReturn>,
     get_info_v2: Option<unsafe extern "C" fn(*mut c_void, *mut MemoryV2) -> NvmlReturn>,
     get_index: Option<unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn>,
+    get_uuid: Option<unsafe extern "C" fn(*mut c_void, *mut std::ffi::c_char, u32) -> NvmlReturn>,
 }
 
 fn nvml() -> &'static Nvml {
@@ -52,6 +55,7 @@ fn nvml() -> &'static Nvml {
             sym(c"nvmlDeviceGetMemoryInfo_v2"),
             sym(c"nvmlDeviceGetIndex"),
         );
+        let u = sym(c"nvmlDeviceGetUUID");
         // SAFETY: NVML's exports with these prototypes (nvml.h), or NULL.
         unsafe {
             Nvml {
@@ -59,6 +63,7 @@ fn nvml() -> &'static Nvml {
                 get_info: (!a.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(a)),
                 get_info_v2: (!b.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(b)),
                 get_index: (!c.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(c)),
+                get_uuid: (!u.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(u)),
             }
         }
     })
@@ -78,12 +83,56 @@ pub fn hook_ptr(name: &str) -> Option<*mut c_void> {
     }
 }
 
-unsafe fn device_index(dev: *mut c_void) -> usize {
+/// The CUDA ordinal of an NVML device (quotas are per ordinal), or None if CUDA does not see it
+/// (no quota applies then). NVML numbers physical devices; CUDA numbers the ones
+/// CUDA_VISIBLE_DEVICES shows, so they are matched by UUID. Without a CUDA driver in this process
+/// (an NVML-only tool), NVML's index is the best guess.
+unsafe fn cuda_ordinal(dev: *mut c_void) -> Option<usize> {
+    if let Some(found) = cuda_ordinal_by_uuid(dev) {
+        return found;
+    }
     let mut i = 0u32;
     match nvml().get_index {
-        Some(f) if f(dev, &mut i) == NVML_SUCCESS => i as usize % libshare_abi::MAX_DEVICES,
-        _ => 0,
+        Some(f) if f(dev, &mut i) == NVML_SUCCESS => Some(i as usize % libshare_abi::MAX_DEVICES),
+        _ => Some(0),
     }
+}
+
+/// Some(Some(ordinal)) or Some(None) (CUDA does not see it) when CUDA can be asked; None if not.
+unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
+    let get_uuid = nvml().get_uuid?;
+    let mut buf = [0 as std::ffi::c_char; 96];
+    if get_uuid(dev, buf.as_mut_ptr(), buf.len() as u32) != NVML_SUCCESS {
+        return None;
+    }
+    let nvml_uuid = std::ffi::CStr::from_ptr(buf.as_ptr()).to_str().ok()?;
+    let r = crate::state::real();
+    let (count, uuid_of) = (r.cuDeviceGetCount?, r.cuDeviceGetUuid?);
+    let mut n = 0;
+    if count(&mut n) != CUDA_SUCCESS {
+        return None;
+    }
+    Some(
+        (0..n.clamp(0, libshare_abi::MAX_DEVICES as i32)).find_map(|d| {
+            let mut u = CUuuid([0; 16]);
+            (uuid_of(&mut u, d) == CUDA_SUCCESS
+                && nvml_uuid.eq_ignore_ascii_case(&format_uuid(&u.0)))
+            .then_some(d as usize)
+        }),
+    )
+}
+
+/// A UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+fn format_uuid(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// # Safety
@@ -99,7 +148,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     let r = real(device, mem);
     if r == NVML_SUCCESS && !mem.is_null() {
         let m = &mut *mem;
-        let (free, total) = crate::memory::visible(device_index(device), m.free, m.total);
+        let (free, total) = match cuda_ordinal(device) {
+            Some(d) => crate::memory::visible(d, m.free, m.total),
+            None => (m.free, m.total),
+        };
         *m = Memory {
             total,
             free,
@@ -122,10 +174,27 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     let r = real(device, mem);
     if r == NVML_SUCCESS && !mem.is_null() {
         let m = &mut *mem;
-        let (free, total) = crate::memory::visible(device_index(device), m.free, m.total);
+        let (free, total) = match cuda_ordinal(device) {
+            Some(d) => crate::memory::visible(d, m.free, m.total),
+            None => (m.free, m.total),
+        };
         m.total = total;
         m.free = free;
         m.used = total.saturating_sub(free).saturating_sub(m.reserved);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuid_format_matches_nvml() {
+        let u = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0, 1, 2, 3, 4, 5, 6, 7,
+        ];
+        assert_eq!(
+            super::format_uuid(&u),
+            "GPU-12345678-9abc-def0-0001-020304050607"
+        );
+    }
 }
