@@ -76,3 +76,16 @@ fn torch_broad_workload() {
 fn torch_broad_workload_under_the_shim() {
     broad(&SimGpu::new().with_shim().quota("8GiB"));
 }
+
+#[test]
+fn torch_cuda_tensors_shared_between_processes() {
+    let script = python_source("torch_ipc.py");
+    for gpu in [SimGpu::new(), SimGpu::new().with_shim().quota("4GiB")] {
+        let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+        let v = libshare_tests::json_check(&out, "ipc");
+        assert_eq!(v["seen"], serde_json::json!([0.0, 1.0, 2.0, 3.0]), "{v}");
+        assert_eq!(v["after"], serde_json::json!([7.0, 7.0, 7.0, 7.0]), "{v}");
+        assert_eq!(v["exit"], 0, "{v}");
+        gpu.assert_no_stub_calls();
+    }
+}

@@ -171,6 +171,9 @@ pub fn free_device(p: u64) -> R {
         return Ok(());
     }
     let s = sim()?;
+    if super::ipc::is_imported(p) {
+        return Err(CUDA_ERROR_INVALID_VALUE); // imported memory is closed, not freed
+    }
     let a = {
         let mut t = s.mem.lock();
         match t.map.get(&p) {
@@ -178,6 +181,7 @@ pub fn free_device(p: u64) -> R {
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
     };
+    super::ipc::forget_export(p);
     if a.kind == Kind::Managed {
         crate::driver::managed::forget(s, p, &a);
     }

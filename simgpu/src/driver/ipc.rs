@@ -1,0 +1,194 @@
+//! CUDA IPC memory and event handles (how `torch.multiprocessing` shares CUDA tensors).
+//!
+//! Device memory is a private anonymous mapping. Exporting an allocation re-backs it in place with
+//! a memfd (its bytes are copied, its address does not change); the handle names the exporting
+//! process and that file descriptor, and an importer maps `/proc/<pid>/fd/<fd>`, so both processes
+//! see the same bytes. Imported memory is the exporter's: it is not charged again. IPC events open
+//! as events with no pending work (simgpu's events cannot span processes).
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use super::memory::{Alloc, Kind};
+use super::{out, R};
+use crate::driver;
+use crate::sim::sim;
+use crate::types::*;
+
+const MAGIC: u32 = 0x5049_4753; // "SGIP"
+
+/// `CUipcMemHandle` / `CUipcEventHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcHandle(pub [u8; 64]);
+
+/// Exported allocations (base → memfd) and imported mappings (address → size).
+static EXPORTED: Mutex<Option<HashMap<u64, i32>>> = Mutex::new(None);
+static IMPORTED: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+
+pub fn is_imported(p: u64) -> bool {
+    IMPORTED.lock().as_ref().is_some_and(|m| m.contains_key(&p))
+}
+
+/// An exported allocation is being freed: close its file (importers keep their mapping).
+pub fn forget_export(base: u64) {
+    if let Some(fd) = EXPORTED.lock().as_mut().and_then(|m| m.remove(&base)) {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Re-backs [base, base + size) with a memfd holding the same bytes; returns the descriptor.
+unsafe fn share(base: u64, size: u64) -> Result<i32, CUresult> {
+    let fd = libc::memfd_create(c"simgpu-ipc".as_ptr(), 0);
+    if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // Copy the bytes through a temporary mapping of the file, then put the file in place.
+    let tmp = libc::mmap(
+        std::ptr::null_mut(),
+        size as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+        fd,
+        0,
+    );
+    if tmp == libc::MAP_FAILED {
+        libc::close(fd);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    std::ptr::copy_nonoverlapping(base as *const u8, tmp as *mut u8, size as usize);
+    libc::munmap(tmp, size as usize);
+    let r = libc::mmap(
+        base as *mut c_void,
+        size as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED | libc::MAP_FIXED,
+        fd,
+        0,
+    );
+    if r == libc::MAP_FAILED {
+        libc::close(fd);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(fd)
+}
+
+fn field(h: &IpcHandle, at: usize) -> u64 {
+    u64::from_le_bytes(h.0[at..at + 8].try_into().unwrap())
+}
+
+driver! {
+    fn cuIpcGetMemHandle(handle: *mut IpcHandle, dptr: CUdeviceptr) {
+        let s = sim()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (base, size) = {
+            let t = s.mem.lock();
+            match t.find(dptr) {
+                Some((b, a)) if a.kind == Kind::Device && !is_imported(b) => (b, a.size),
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        };
+        let mut exported = EXPORTED.lock();
+        let map = exported.get_or_insert_with(HashMap::new);
+        let fd = match map.get(&base) {
+            Some(fd) => *fd,
+            None => {
+                let fd = share(base, size)?;
+                map.insert(base, fd);
+                fd
+            }
+        };
+        let mut h = [0u8; 64];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4..8].copy_from_slice(&std::process::id().to_le_bytes());
+        h[8..16].copy_from_slice(&(fd as u64).to_le_bytes());
+        h[16..24].copy_from_slice(&size.to_le_bytes());
+        h[24..32].copy_from_slice(&(dptr - base).to_le_bytes());
+        out(handle, IpcHandle(h))
+    }
+
+    fn cuIpcOpenMemHandle(dptr: *mut CUdeviceptr, handle: IpcHandle, flags: u32) {
+        open(dptr, handle, flags)
+    }
+
+    fn cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcHandle, flags: u32) {
+        open(dptr, handle, flags)
+    }
+
+    fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
+        let s = sim()?;
+        let size = IMPORTED.lock().as_mut().and_then(|m| m.remove(&dptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        s.mem.lock().map.remove(&dptr);
+        libc::munmap(dptr as *mut c_void, size as usize);
+        Ok(())
+    }
+
+    fn cuIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent) {
+        sim()?.events.get(event as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut h = [0u8; 64];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[8..16].copy_from_slice(&(event as u64).to_le_bytes());
+        out(handle, IpcHandle(h))
+    }
+
+    fn cuIpcOpenEventHandle(event: *mut CUevent, handle: IpcHandle) {
+        if u32::from_le_bytes(handle.0[0..4].try_into().unwrap()) != MAGIC {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        super::cuEventCreate(event, CU_EVENT_DISABLE_TIMING);
+        Ok(())
+    }
+}
+
+unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
+    let s = sim()?;
+    if dptr.is_null() || u32::from_le_bytes(h.0[0..4].try_into().unwrap()) != MAGIC {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let pid = u32::from_le_bytes(h.0[4..8].try_into().unwrap());
+    let (fd, size, offset) = (field(&h, 8), field(&h, 16), field(&h, 24));
+    if pid == std::process::id() {
+        return Err(CUDA_ERROR_INVALID_CONTEXT); // as the driver: a process cannot open its own handle
+    }
+    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}"))
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let file = libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+    if file < 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE); // the exporter is gone or freed the memory
+    }
+    let p = libc::mmap(
+        std::ptr::null_mut(),
+        size as usize,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_SHARED,
+        file,
+        0,
+    );
+    libc::close(file);
+    if p == libc::MAP_FAILED {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let base = p as u64;
+    let dev = super::current_ctx_opt().map_or(0, |c| c.device);
+    s.mem.lock().insert(
+        base,
+        Alloc {
+            size,
+            kind: Kind::Device,
+            device: dev,
+            charged: 0,
+            ctx: 0,
+            pool: 0,
+            id: 0,
+        },
+    );
+    IMPORTED
+        .lock()
+        .get_or_insert_with(HashMap::new)
+        .insert(base, size);
+    out(dptr, base + offset)
+}
