@@ -107,6 +107,9 @@ impl Shim {
     /// Charges `bytes` on `dev` to the container's quota (and to this process), returning the
     /// memory of dead processes first if it does not fit. False: over quota, nothing changed.
     pub fn charge(&self, dev: usize, bytes: u64) -> bool {
+        if EXITED.load(Acquire) {
+            return true; // exiting: the slot is gone, the memory is freed with the process
+        }
         let st = &self.state;
         let ok = st.reserve(dev, bytes) || (st.reclaim_dead() > 0 && st.reserve(dev, bytes));
         if ok {
@@ -119,6 +122,9 @@ impl Shim {
 
     /// Returns `bytes` charged on `dev`.
     pub fn uncharge(&self, dev: usize, bytes: u64) {
+        if EXITED.load(Acquire) {
+            return; // already returned with the slot
+        }
         self.state.release(dev, bytes);
         let _ = self.state.slot(self.slot).used[dev]
             .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
@@ -158,6 +164,9 @@ impl Shim {
 }
 
 static SHIM: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
+/// Set by the exit handler once this process's slot is released: libraries that free memory in
+/// exit handlers running after ours must not return it to the quota a second time.
+static EXITED: AtomicBool = AtomicBool::new(false);
 /// 0 = not initialised in this process, 1 = ready, 2 = failed (invalid configuration).
 static STATUS: AtomicU8 = AtomicU8::new(0);
 /// Serialises initialisation. Not a Mutex: a lock held by another thread when the process forks
@@ -321,6 +330,7 @@ fn register_process_hooks() {
 /// In a forked child: forget the parent's shim (its slot and allocations are the parent's).
 extern "C" fn after_fork_child() {
     INIT_LOCK.store(false, Release);
+    EXITED.store(false, Release);
     SHIM.store(std::ptr::null_mut(), Release);
     STATUS.store(0, Release);
     crate::memory::forget_all_after_fork();
@@ -329,7 +339,7 @@ extern "C" fn after_fork_child() {
 /// At exit: return this process's memory to the quota now rather than when someone notices.
 extern "C" fn at_exit() {
     if let Some(s) = get() {
-        if s.pid == std::process::id() {
+        if s.pid == std::process::id() && !EXITED.swap(true, AcqRel) {
             s.state.release_slot(s.slot, s.pid);
         }
     }

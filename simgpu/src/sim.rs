@@ -166,7 +166,14 @@ pub fn visible_devices(var: Option<&str>, devices: &[crate::config::DeviceConfig
     out
 }
 
+/// Set once this process's slot is released at exit: frees made by exit handlers that run after
+/// ours must not be subtracted from the shared state a second time.
+pub static EXITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 extern "C" fn at_exit() {
+    if EXITED.swap(true, AcqRel) {
+        return;
+    }
     if let Some(s) = get() {
         crate::driver::stats::write_stats_file(s);
         s.shared.release_slot(s.slot, s.pid);

@@ -1,6 +1,7 @@
 //! Memory of a process killed with SIGKILL (no exit handlers run) returns to its container's
 //! quota within a second, with no daemon: the next process that needs it reclaims the dead
-//! process's slot (design §3.3).
+//! process's slot (design §3.3). And memory freed by exit handlers that run after the shim's
+//! is not returned to the quota a second time.
 
 use libshare_tests::{compile_gcc, SimGpu};
 use std::io::{BufRead, BufReader};
@@ -59,5 +60,40 @@ fn killed_process_memory_returns_to_the_quota_within_a_second() {
     assert_eq!(
         st.device(0).used.load(std::sync::atomic::Ordering::Acquire),
         0
+    );
+}
+
+#[test]
+fn frees_after_the_exit_handler_do_not_return_memory_twice() {
+    let holder_prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let late_free = compile_gcc("late_free.c", "late_free", &["-lcuda"]);
+    let gpu = SimGpu::new()
+        .with_shim()
+        .quota("4GiB")
+        .env("LIBSHARE_CONTAINER", "c");
+    let mut cmd = Command::new(&holder_prog);
+    cmd.args(["hold", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    gpu.configure(&mut cmd);
+    let mut holder = cmd.spawn().expect("spawn holder");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("\"result\":0"), "{line}");
+
+    gpu.run_ok(&late_free, &[] as &[&str]);
+    let used = gpu
+        .container_state("c")
+        .device(0)
+        .used
+        .load(std::sync::atomic::Ordering::Acquire);
+    holder.kill().ok();
+    holder.wait().ok();
+    assert_eq!(
+        used,
+        600 << 20,
+        "the live holder's 600 MiB must stay charged"
     );
 }

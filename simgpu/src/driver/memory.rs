@@ -121,6 +121,9 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
 
 /// Returns `bytes` charged by `charge`.
 pub fn uncharge(s: &Sim, dev: usize, bytes: u64) {
+    if crate::sim::EXITED.load(Acquire) {
+        return; // the slot and what it held were released at exit
+    }
     crate::shared::sub_saturating(&s.shared.dev(dev).mem_used, bytes);
     crate::shared::sub_saturating(&s.shared.slot(s.slot).dev[dev].mem_used, bytes);
     s.shared.dev(dev).frees.fetch_add(1, AcqRel);
