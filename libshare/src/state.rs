@@ -88,20 +88,16 @@ pub struct Shim {
     pub slot: usize,
     pub pid: u32,
     /// This process's per-device launch counters in the shared state (computed once: the launch
-    /// path only adds to them).
-    launch_counters: *const [AtomicU64; MAX_DEVICES],
+    /// path only adds to them); pointed at a private sink once the slot is released at exit.
+    launch_counters: AtomicPtr<[AtomicU64; MAX_DEVICES]>,
 }
-
-// SAFETY: `launch_counters` points into `state`'s mapping, which lives as long as the Shim (leaked).
-unsafe impl Send for Shim {}
-unsafe impl Sync for Shim {}
 
 impl Shim {
     /// This process's per-device launch counters.
     #[inline(always)]
     pub fn launches(&self) -> &[AtomicU64; MAX_DEVICES] {
-        // SAFETY: see the field.
-        unsafe { &*self.launch_counters }
+        // SAFETY: points into the state's mapping (alive as long as the leaked Shim) or at SINK.
+        unsafe { &*self.launch_counters.load(Relaxed) }
     }
 
     /// Charges `bytes` on `dev` to the container's quota (and to this process), returning the
@@ -132,12 +128,18 @@ impl Shim {
 
     /// Counts one allocation the application made (not charges such as the context overhead).
     pub fn count_alloc(&self, dev: usize) {
+        if EXITED.load(Acquire) {
+            return;
+        }
         self.state.slot(self.slot).allocs[dev].fetch_add(1, AcqRel);
         self.state.device(dev).allocs.fetch_add(1, AcqRel);
     }
 
     /// Counts one free the application made.
     pub fn count_free(&self, dev: usize) {
+        if EXITED.load(Acquire) {
+            return;
+        }
         self.state.device(dev).frees.fetch_add(1, AcqRel);
     }
 
@@ -275,7 +277,7 @@ fn build() -> Result<Shim, String> {
         )
     })?;
     tracing::info!(container = %cfg.container, class = cfg.class, slot, "libshare initialised");
-    let launch_counters = &state.slot(slot).launches as *const _;
+    let launch_counters = AtomicPtr::new(&state.slot(slot).launches as *const _ as *mut _);
     Ok(Shim {
         cfg,
         state,
@@ -340,6 +342,10 @@ extern "C" fn after_fork_child() {
 extern "C" fn at_exit() {
     if let Some(s) = get() {
         if s.pid == std::process::id() && !EXITED.swap(true, AcqRel) {
+            // Launches after this point must not land in a slot another process may claim.
+            static SINK: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+            s.launch_counters
+                .store(&SINK as *const _ as *mut _, Release);
             s.state.release_slot(s.slot, s.pid);
         }
     }

@@ -85,6 +85,9 @@ pub fn unmap(base: u64, size: u64) {
 /// Charges `bytes` of device memory to this process on `dev`, or CUDA_ERROR_OUT_OF_MEMORY.
 /// Managed chunks resident on the device are evicted to make room (as the driver does).
 pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
+    if crate::sim::EXITED.load(Acquire) {
+        return Ok(()); // exiting: the slot is released; this memory goes with the process
+    }
     let n = s.alloc_count.fetch_add(1, AcqRel) + 1;
     if s.cfg.faults.fail_alloc_nth == Some(n) {
         crate::warn!("fault injection: failing allocation #{n}");
