@@ -64,11 +64,7 @@ fn main() {
         )
         .unwrap();
     }
-    code.push_str("        _ => return None,\n    })\n}\n\n/// Names implemented with behaviour (the rest are stubs).\npub static IMPLEMENTED: &[&str] = &[\n");
-    for e in implemented.iter().filter(|e| exports.contains(e.as_str())) {
-        writeln!(code, "    {e:?},").unwrap();
-    }
-    code.push_str("];\n");
+    code.push_str("        _ => return None,\n    })\n}\n");
     let out = Path::new(&std::env::var("OUT_DIR").unwrap()).join("driver_table.rs");
     std::fs::write(out, code).unwrap();
 

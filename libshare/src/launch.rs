@@ -20,12 +20,6 @@ pub fn counted() {
     }
 }
 
-/// The device of the current context, as tracked (for allocation paths, which may afford a
-/// driver call, see `memory::current_device`).
-pub fn tracked_device() -> usize {
-    DEVICE.with(|d| d.get()) as usize
-}
-
 /// A context was created (and made current) or changed: track its device.
 pub fn context_changed(r: CUresult) {
     if r == CUDA_SUCCESS {

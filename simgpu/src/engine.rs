@@ -112,12 +112,6 @@ pub struct Engine {
     stall_after: Option<u64>,
 }
 
-/// Where the engine records device activity.
-pub struct Accounting<'a> {
-    pub shared: &'a Shared,
-    pub slot: usize,
-}
-
 impl Engine {
     pub fn new(stall_after: Option<u64>) -> Engine {
         Engine {

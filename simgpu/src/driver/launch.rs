@@ -138,8 +138,3 @@ driver_ptds! {
         launch_ex(cfg, f, params, ptds)
     }
 }
-
-/// The launch counter, for tests and stats.
-pub fn launches() -> u64 {
-    crate::sim::get().map_or(0, |s| s.launch_count.load(Acquire))
-}

@@ -252,21 +252,6 @@ pub fn forget_all() {
     STATE.lock().clear();
 }
 
-/// Managed bytes of this process currently resident on `dev`.
-pub fn resident_bytes(s: &Sim, dev: usize) -> u64 {
-    let st = STATE.lock();
-    st.values()
-        .filter(|m| m.dev == dev)
-        .map(|m| {
-            m.chunks
-                .iter()
-                .filter(|c| is_resident(s, dev, c.0, c.1))
-                .count() as u64
-                * CHUNK
-        })
-        .sum()
-}
-
 unsafe fn advise(p: CUdeviceptr, len: usize, advice: u32, loc_kind: u32, loc_id: i32) -> R {
     let _s = sim()?;
     let mut st = STATE.lock();
