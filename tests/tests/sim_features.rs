@@ -119,3 +119,19 @@ fn vmm_mapped_ranges_hold_bytes_and_unmapped_ones_are_errors() {
         "CUDA_ERROR_INVALID_VALUE expected: {v}"
     );
 }
+
+#[test]
+fn jit_linked_image_keeps_kernels_layouts_and_globals() {
+    let gpu = SimGpu::new();
+    let out = gpu.run_ok(
+        compile_gcc("link_test.c", "link_test", &["-lcuda"]),
+        &[] as &[&str],
+    );
+    let v = json_check(&out, "link");
+    assert_eq!(v["global_bytes"], 4, "{v}");
+    let ms = v["spin_ms"].as_f64().unwrap();
+    assert!(
+        (4.9..5.5).contains(&ms),
+        "the 5 ms parameter reached the linked kernel: {v}"
+    );
+}

@@ -172,6 +172,7 @@ fn error_strings(e: CUresult) -> Option<(&'static str, &'static str)> {
         ),
         201 => ("CUDA_ERROR_INVALID_CONTEXT\0", "invalid device context\0"),
         211 => ("CUDA_ERROR_NOT_MAPPED\0", "resource not mapped\0"),
+        301 => ("CUDA_ERROR_FILE_NOT_FOUND\0", "file not found\0"),
         400 => ("CUDA_ERROR_INVALID_HANDLE\0", "invalid resource handle\0"),
         500 => ("CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),
         600 => ("CUDA_ERROR_NOT_READY\0", "device not ready\0"),

@@ -346,11 +346,6 @@ driver! {
         function(f)?;
         out(size, 166912)
     }
-    fn cuLinkCreate_v2(_n: u32, _o: *mut c_void, _v: *mut *mut c_void, state: *mut *mut c_void) {
-        // Linking is not simulated: a JIT link needs real PTX compilation.
-        let _ = state;
-        Err(CUDA_ERROR_NOT_SUPPORTED)
-    }
 }
 
 /// Resident blocks per SM for a block of `threads` threads (2048 threads, at most 32 blocks).
