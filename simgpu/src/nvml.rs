@@ -818,6 +818,182 @@ pub unsafe extern "C" fn nvmlDeviceGetMultiGpuBoard(
     })
 }
 
+/// What NCCL's NVML wrapper loads (and calls without checking) when it builds its topology: a
+/// PCIe Gen4 x16 device with no NVLink, no field values, not in confidential-computing mode.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    device: NvmlDevice,
+    gen: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetCurrPcieLinkGeneration", || {
+        dev(device)?;
+        out(gen, 4)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    device: NvmlDevice,
+    width: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetCurrPcieLinkWidth", || {
+        dev(device)?;
+        out(width, 16)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPcieLinkMaxSpeed(
+    device: NvmlDevice,
+    mbps: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPcieLinkMaxSpeed", || {
+        dev(device)?;
+        out(mbps, 16000) // NVML_PCIE_LINK_MAX_SPEED_16000MBPS (Gen4)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: NvmlDevice,
+    _link: c_uint,
+    _active: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkState", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
+    device: NvmlDevice,
+    _link: c_uint,
+    _cap: c_uint,
+    _result: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkCapability", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(
+    device: NvmlDevice,
+    _link: c_uint,
+    _pci: *mut c_void,
+) -> NvmlReturn {
+    run("nvmlDeviceGetNvLinkRemotePciInfo", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+/// `nvmlFieldValue_t`.
+#[repr(C)]
+pub struct NvmlFieldValue {
+    pub field_id: c_uint,
+    pub scope_id: c_uint,
+    pub timestamp: i64,
+    pub latency_usec: i64,
+    pub value_type: c_uint,
+    pub nvml_return: NvmlReturn,
+    pub value: u64,
+}
+
+/// Every field is answered "not supported" (the call itself succeeds, as NVML does).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: NvmlDevice,
+    count: c_int,
+    values: *mut NvmlFieldValue,
+) -> NvmlReturn {
+    run("nvmlDeviceGetFieldValues", || {
+        dev(device)?;
+        if values.is_null() || count < 0 {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        for i in 0..count as usize {
+            let v = &mut *values.add(i);
+            v.nvml_return = NVML_ERROR_NOT_SUPPORTED;
+            v.value = 0;
+        }
+        Ok(())
+    })
+}
+
+/// `nvmlPciInfoExt_t` (v1).
+#[repr(C)]
+pub struct NvmlPciInfoExt {
+    pub version: c_uint,
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pci_device_id: c_uint,
+    pub pci_sub_system_id: c_uint,
+    pub base_class: c_uint,
+    pub sub_class: c_uint,
+    pub bus_id: [c_char; 32],
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
+    device: NvmlDevice,
+    pci: *mut NvmlPciInfoExt,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPciInfoExt", || {
+        let d = &dev(device)?.1.cfg;
+        let p = pci.as_mut().ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        if p.version != std::mem::size_of::<NvmlPciInfoExt>() as c_uint | (1 << 24) {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        p.domain = d.pci_domain;
+        p.bus = d.pci_bus;
+        p.device = d.pci_device;
+        p.pci_device_id = PCI_DEVICE_ID;
+        p.pci_sub_system_id = PCI_SUBSYSTEM_ID;
+        p.base_class = 3; // display controller
+        p.sub_class = 2; // 3D controller
+        p.bus_id = fill_c(&bus_id(d));
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPlatformInfo(
+    device: NvmlDevice,
+    _info: *mut c_void,
+) -> NvmlReturn {
+    run("nvmlDeviceGetPlatformInfo", || {
+        dev(device)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+/// Confidential computing is off (`nvmlConfComputeSystemState_t`: environment, feature, dev tools).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetConfComputeState(state_out: *mut [c_uint; 3]) -> NvmlReturn {
+    run("nvmlSystemGetConfComputeState", || {
+        state()?;
+        out(state_out, [0; 3])
+    })
+}
+
+/// `nvmlSystemConfComputeSettings_t`: version, then environment, feature, dev tools, multi-GPU
+/// mode — all off.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetConfComputeSettings(
+    settings: *mut [c_uint; 5],
+) -> NvmlReturn {
+    run("nvmlSystemGetConfComputeSettings", || {
+        state()?;
+        let s = settings.as_mut().ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        s[1..].fill(0);
+        Ok(())
+    })
+}
+
 /// One GPU, no NVLink, no fabric: PyTorch's c10 loads these (and asserts they exist) on its
 /// out-of-memory path; they answer as a PCIe-only node does.
 #[no_mangle]

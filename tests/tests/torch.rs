@@ -89,3 +89,13 @@ fn torch_cuda_tensors_shared_between_processes() {
         gpu.assert_no_stub_calls();
     }
 }
+
+#[test]
+fn torch_distributed_nccl_single_rank() {
+    let script = python_source("torch_nccl.py");
+    for gpu in [SimGpu::new(), SimGpu::new().with_shim().quota("8GiB")] {
+        let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+        assert_eq!(libshare_tests::json_check(&out, "nccl")["ok"], true);
+        gpu.assert_no_stub_calls();
+    }
+}

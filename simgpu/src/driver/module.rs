@@ -193,7 +193,8 @@ fn func_attr(f: &Function, attr: i32) -> Result<i32, CUresult> {
         7 => 0,    // cache mode ca
         8 => 0,    // max dynamic shared bytes
         9 => -1,   // preferred shared carveout
-        10..=15 => 0,
+        // Newer attributes (cluster sizes, scheduling policy, …): defaults.
+        10..=63 => 0,
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }

@@ -18,6 +18,10 @@ struct Phys {
     size: u64,
     dev: usize,
     prop: MemAllocationProp,
+    /// Device memory (charged to the device); host-located allocations are not.
+    charged: bool,
+    /// References: the creation plus each cuMemRetainAllocationHandle; freed at zero.
+    refs: u32,
 }
 
 /// Physical handles (by handle value) and mappings (VA -> (size, handle)).
@@ -72,32 +76,53 @@ driver! {
         if handle.is_null() || size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if prop.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
+        // Host locations (HOST, HOST_NUMA, HOST_NUMA_CURRENT) are host memory: not charged.
+        let host = matches!(prop.location.kind, 2..=4);
+        if !host && prop.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let dev = s.device(prop.location.id)?;
-        s.api_allocs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        charge(s, dev, size as u64)?;
+        let dev = if host { super::current_ctx_opt().map_or(0, |c| c.device) } else { s.device(prop.location.id)? };
+        if !host {
+            s.api_allocs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            charge(s, dev, size as u64)?;
+        }
         let fd = libc::memfd_create(c"simgpu-vmm".as_ptr(), libc::MFD_CLOEXEC);
         if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {
-            uncharge(s, dev, size as u64);
+            if !host {
+                uncharge(s, dev, size as u64);
+            }
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        PHYS.lock().insert(h, Phys { fd, size: size as u64, dev, prop });
+        PHYS.lock().insert(h, Phys { fd, size: size as u64, dev, prop, charged: !host, refs: 1 });
         out(handle, h as u64)
     }
     fn cuMemRelease(handle: u64) {
         let s = sim()?;
-        let p = PHYS.lock().remove(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        libc::close(p.fd);
-        uncharge(s, p.dev, p.size);
+        let p = {
+            let mut phys = PHYS.lock();
+            let p = phys.get_mut(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            p.refs -= 1;
+            if p.refs > 0 {
+                return Ok(());
+            }
+            phys.remove(&(handle as usize)).expect("present")
+        };
+        if p.fd >= 0 {
+            libc::close(p.fd);
+        }
+        if p.charged {
+            uncharge(s, p.dev, p.size);
+        }
         Ok(())
     }
     fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, _flags: u64) {
         let s = sim()?;
         let phys = PHYS.lock();
         let p = phys.get(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if p.fd < 0 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED); // a handle of cuMemAlloc memory: not remappable
+        }
         if offset as u64 + size as u64 > p.size {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -136,11 +161,29 @@ driver! {
         out(flags, if mapped { 3 } else { 0 })
     }
     fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
-        sim()?;
+        let s = sim()?;
         let a = addr as u64;
-        let m = MAPS.lock();
-        let (_, (_, h)) = m.range(..=a).next_back().filter(|(b, (sz, _))| a < *b + sz).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        out(handle, *h as u64)
+        if let Some((_, (_, h))) = MAPS.lock().range(..=a).next_back().filter(|(b, (sz, _))| a < *b + sz) {
+            if let Some(p) = PHYS.lock().get_mut(h) {
+                p.refs += 1;
+            }
+            return out(handle, *h as u64);
+        }
+        // cuMemAlloc memory: current drivers build it on VMM, so it has an allocation handle too.
+        // This one describes the allocation (properties, size) but cannot be mapped elsewhere.
+        let (dev, size) = {
+            let t = s.mem.lock();
+            match t.find(a) {
+                Some((_, al)) if al.kind == Kind::Device => (al.device, al.size),
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        };
+        let mut prop: MemAllocationProp = std::mem::zeroed();
+        prop.kind = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location = MemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: s.ordinal(dev) };
+        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        PHYS.lock().insert(h, Phys { fd: -1, size, dev, prop, charged: false, refs: 1 });
+        out(handle, h as u64)
     }
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut MemAllocationProp, handle: u64) {
         sim()?;
