@@ -135,6 +135,15 @@ fn format_uuid(u: &[u8; 16]) -> String {
     )
 }
 
+/// (free, total) of an NVML device as the job sees it: the quota of the CUDA device it is, or the
+/// real figures for a device CUDA does not see.
+unsafe fn as_job_sees(device: *mut c_void, free: u64, total: u64) -> (u64, u64) {
+    match cuda_ordinal(device) {
+        Some(d) => crate::memory::visible(d, free, total),
+        None => (free, total),
+    }
+}
+
 /// # Safety
 /// NVML's contract: `device` is an NVML handle, `mem` NULL or writable.
 #[no_mangle]
@@ -148,10 +157,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     let r = real(device, mem);
     if r == NVML_SUCCESS && !mem.is_null() {
         let m = &mut *mem;
-        let (free, total) = match cuda_ordinal(device) {
-            Some(d) => crate::memory::visible(d, m.free, m.total),
-            None => (m.free, m.total),
-        };
+        let (free, total) = as_job_sees(device, m.free, m.total);
         *m = Memory {
             total,
             free,
@@ -174,10 +180,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     let r = real(device, mem);
     if r == NVML_SUCCESS && !mem.is_null() {
         let m = &mut *mem;
-        let (free, total) = match cuda_ordinal(device) {
-            Some(d) => crate::memory::visible(d, m.free, m.total),
-            None => (m.free, m.total),
-        };
+        let (free, total) = as_job_sees(device, m.free, m.total);
         m.total = total;
         m.free = free;
         m.used = total.saturating_sub(free).saturating_sub(m.reserved);
