@@ -18,6 +18,7 @@
 //! `cargo bench -p libshare-benches --bench shim_overhead` (builds `libshare.so` and the instant
 //! driver first, unless `SHARE_TESTS_SKIP_BUILD=1`).
 
+use libshare_abi::SlotTable;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};

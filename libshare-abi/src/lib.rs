@@ -15,6 +15,7 @@
 //! out of quota (or the daemon) returns the slot's memory to the quota.
 
 pub mod slots;
+pub use slots::SlotTable;
 pub mod units;
 
 use std::fs::OpenOptions;
@@ -284,27 +285,6 @@ impl State {
             .used
             .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
     }
-
-    /// Claims a slot for `pid`, reclaiming slots of dead processes first.
-    pub fn register(&self, pid: u32) -> Option<usize> {
-        slots::claim(self, pid)
-    }
-
-    /// Returns to the quota everything held by processes that no longer exist. Returns the number
-    /// of slots reclaimed.
-    pub fn reclaim_dead(&self) -> usize {
-        slots::reclaim_dead(self)
-    }
-
-    /// Frees slot `i` if it still belongs to `pid`, returning its memory to the quota.
-    pub fn release_slot(&self, i: usize, pid: u32) -> bool {
-        slots::release(self, i, pid)
-    }
-
-    /// (slot, pid) of every live registered process.
-    pub fn live_slots(&self) -> Vec<(usize, u32)> {
-        slots::live(self)
-    }
 }
 
 impl slots::SlotTable for State {
@@ -468,7 +448,7 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let slot = st.register(child.id()).unwrap();
+        let slot = st.claim_slot(child.id()).unwrap();
         assert!(st.reserve(0, 60));
         st.slot(slot).used[0].store(60, Release);
         assert!(!st.reserve(0, 60), "quota is full");

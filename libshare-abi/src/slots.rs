@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 /// A slot's pid while it is being claimed or released.
 pub const RELEASING: u32 = u32::MAX;
 
-/// A table of process slots in shared memory.
+/// A table of process slots in shared memory. Implementors say where a slot's pid and start
+/// time live and how to reset and free it; the lifecycle is provided.
 pub trait SlotTable {
     fn slot_count(&self) -> usize;
     fn slot_pid(&self, i: usize) -> &AtomicU32;
@@ -18,61 +19,63 @@ pub trait SlotTable {
     fn reset_slot(&self, i: usize);
     /// Slot `i` is being released (its pid is RELEASING): give back what its process held.
     fn free_slot(&self, i: usize);
-}
 
-/// Claims a slot for `pid`, reclaiming the slots of dead processes first.
-pub fn claim<T: SlotTable + ?Sized>(t: &T, pid: u32) -> Option<usize> {
-    reclaim_dead(t);
-    let start = crate::proc_start_time(pid);
-    (0..t.slot_count()).find(|&i| {
-        if t.slot_pid(i)
-            .compare_exchange(0, RELEASING, AcqRel, Acquire)
+    /// Claims a slot for `pid`, reclaiming the slots of dead processes first.
+    fn claim_slot(&self, pid: u32) -> Option<usize> {
+        self.reclaim_dead();
+        let start = crate::proc_start_time(pid);
+        (0..self.slot_count()).find(|&i| {
+            if self
+                .slot_pid(i)
+                .compare_exchange(0, RELEASING, AcqRel, Acquire)
+                .is_err()
+            {
+                return false;
+            }
+            self.slot_start_time(i).store(start, Release);
+            self.reset_slot(i);
+            self.slot_pid(i).store(pid, Release);
+            true
+        })
+    }
+
+    /// Releases slot `i` if it still belongs to `pid`. Returns whether this call released it.
+    fn release_slot(&self, i: usize, pid: u32) -> bool {
+        if self
+            .slot_pid(i)
+            .compare_exchange(pid, RELEASING, AcqRel, Acquire)
             .is_err()
         {
             return false;
         }
-        t.slot_start_time(i).store(start, Release);
-        t.reset_slot(i);
-        t.slot_pid(i).store(pid, Release);
+        self.free_slot(i);
+        self.slot_pid(i).store(0, Release);
         true
-    })
-}
-
-/// Releases slot `i` if it still belongs to `pid`. Returns whether this call released it.
-pub fn release<T: SlotTable + ?Sized>(t: &T, i: usize, pid: u32) -> bool {
-    if t.slot_pid(i)
-        .compare_exchange(pid, RELEASING, AcqRel, Acquire)
-        .is_err()
-    {
-        return false;
     }
-    t.free_slot(i);
-    t.slot_pid(i).store(0, Release);
-    true
-}
 
-/// Releases every slot whose process is gone. Returns how many.
-pub fn reclaim_dead<T: SlotTable + ?Sized>(t: &T) -> usize {
-    (0..t.slot_count())
-        .filter(|&i| {
-            let pid = t.slot_pid(i).load(Acquire);
-            pid != 0
-                && pid != RELEASING
-                && !crate::proc_alive(pid, t.slot_start_time(i).load(Acquire))
-                && release(t, i, pid)
-        })
-        .count()
-}
+    /// Releases every slot whose process is gone. Returns how many.
+    fn reclaim_dead(&self) -> usize {
+        (0..self.slot_count())
+            .filter(|&i| {
+                let pid = self.slot_pid(i).load(Acquire);
+                pid != 0
+                    && pid != RELEASING
+                    && !crate::proc_alive(pid, self.slot_start_time(i).load(Acquire))
+                    && self.release_slot(i, pid)
+            })
+            .count()
+    }
 
-/// (slot, pid) of every live process.
-pub fn live<T: SlotTable + ?Sized>(t: &T) -> Vec<(usize, u32)> {
-    (0..t.slot_count())
-        .filter_map(|i| {
-            let pid = t.slot_pid(i).load(Acquire);
-            (pid != 0
-                && pid != RELEASING
-                && crate::proc_alive(pid, t.slot_start_time(i).load(Acquire)))
-            .then_some((i, pid))
-        })
-        .collect()
+    /// (slot, pid) of every live process.
+    fn live_slots(&self) -> Vec<(usize, u32)> {
+        (0..self.slot_count())
+            .filter_map(|i| {
+                let pid = self.slot_pid(i).load(Acquire);
+                (pid != 0
+                    && pid != RELEASING
+                    && crate::proc_alive(pid, self.slot_start_time(i).load(Acquire)))
+                .then_some((i, pid))
+            })
+            .collect()
+    }
 }

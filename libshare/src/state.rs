@@ -8,7 +8,7 @@ use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::{Mutex, Once, OnceLock};
 
-use libshare_abi::{State, MAX_DEVICES};
+use libshare_abi::{SlotTable, State, MAX_DEVICES};
 
 use crate::config::Config;
 use crate::hooks::Real;
@@ -269,7 +269,7 @@ fn build() -> Result<Shim, String> {
         state.header().class.store(cfg.class, Release);
     }
     let pid = std::process::id();
-    let slot = state.register(pid).ok_or_else(|| {
+    let slot = state.claim_slot(pid).ok_or_else(|| {
         format!(
             "libshare: more than {} processes in container {}",
             libshare_abi::MAX_PROCS,

@@ -6,6 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use libshare_abi::units::format_size;
+use libshare_abi::SlotTable;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -25,6 +25,7 @@
 //! (checked by the size assertions below). NVML functions not listed here are not exported:
 //! NVML callers resolve functions by name and handle a missing one.
 
+use libshare_abi::SlotTable;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 use std::sync::OnceLock;

@@ -274,24 +274,8 @@ impl Shared {
     /// Claims a process slot for `pid` (reclaiming slots of dead processes first); returns the
     /// slot and its new generation (which tags the slot's managed chunks).
     pub fn register(&self, pid: u32) -> Option<(usize, u32)> {
-        let i = slots::claim(self, pid)?;
+        let i = self.claim_slot(pid)?;
         Some((i, self.slot(i).generation.load(Acquire)))
-    }
-
-    /// Releases everything dead processes held: their memory and resident managed chunks.
-    /// Returns the number of slots reclaimed.
-    pub fn reclaim_dead(&self) -> usize {
-        slots::reclaim_dead(self)
-    }
-
-    /// Frees slot `i` if it still belongs to `pid` (the process exited or died).
-    pub fn release_slot(&self, i: usize, pid: u32) -> bool {
-        slots::release(self, i, pid)
-    }
-
-    /// Slots of live processes: (slot index, pid).
-    pub fn live_slots(&self) -> Vec<(usize, u32)> {
-        slots::live(self)
     }
 
     /// Reserves `dur` ns on an engine timeline no earlier than `earliest`; returns (start, end).
@@ -354,6 +338,7 @@ pub fn sub_saturating(a: &AtomicU64, v: u64) {
 }
 
 use libshare_abi::slots;
+pub use libshare_abi::slots::SlotTable;
 pub use libshare_abi::{proc_alive, proc_start_time};
 
 /// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine.

@@ -1,5 +1,6 @@
 //! The process-wide simulator state, created by `cuInit`.
 
+use libshare_abi::SlotTable;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};

@@ -7,6 +7,7 @@
 //!   larger than the quota) and the shim's `peak` both stay ≤ the quota, and at the end nothing is
 //!   charged.
 
+use libshare_abi::SlotTable;
 use libshare_tests::{compile_gcc, describe, json_check, Running, SimGpu};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Acquire;

@@ -2,6 +2,7 @@
 //! mapping per allocation), so device pointers are host addresses and copies move real bytes.
 //! Usage is accounted per device in the shared state, across processes.
 
+use libshare_abi::SlotTable;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
