@@ -30,14 +30,24 @@ macro_rules! warn {
 
 /// Appends one line to `SIMGPU_TRACE_FILE`, if set.
 pub fn trace_line(line: &str) {
+    append_line_to("SIMGPU_TRACE_FILE", line);
+}
+
+/// Appends `line` and a newline to the file named by the variable `var`, if set, in one
+/// write(2): with O_APPEND that keeps lines of concurrent processes whole (`writeln!` on a
+/// `File` writes the newline separately, and two exiting processes could run together).
+pub fn append_line_to(var: &str, line: &str) {
     use std::io::Write;
-    if let Some(path) = std::env::var_os("SIMGPU_TRACE_FILE") {
+    if let Some(path) = std::env::var_os(var) {
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{line}");
+            let mut buf = String::with_capacity(line.len() + 1);
+            buf.push_str(line);
+            buf.push('\n');
+            let _ = f.write_all(buf.as_bytes());
         }
     }
 }

@@ -33,14 +33,5 @@ pub fn stats_json(s: &Sim) -> String {
 
 /// Appends this process's counters as one JSON line to `SIMGPU_STATS_FILE`, if set.
 pub fn write_stats_file(s: &Sim) {
-    use std::io::Write;
-    if let Some(path) = std::env::var_os("SIMGPU_STATS_FILE") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{}", stats_json(s));
-        }
-    }
+    crate::log::append_line_to("SIMGPU_STATS_FILE", &stats_json(s));
 }
