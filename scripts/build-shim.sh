@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the shipped shim against the glibc 2.17 baseline (design §3.2) and checks it.
 #   scripts/build-shim.sh        -> target/<triple>/release/libshare.so, copied to target/dist/libshare.so
+#                                   (debug info split off into target/dist/libshare.so.debug)
 # libshare.so is preloaded into every process of a container, so it must not need a newer glibc than the
 # oldest container it meets: it is linked by `cargo zigbuild --target <triple>.2.17`, i.e. against zig's
 # glibc 2.17 stubs instead of the host's glibc (the host's `cargo build` output needs GLIBC_2.34).
@@ -67,5 +68,13 @@ out=$target_dir/$triple/release/libshare.so
 bash scripts/check-glibc.sh "$out" "$GLIBC_BASELINE"
 mkdir -p "$target_dir/dist"
 cp "$out" "$target_dir/dist/.libshare.so.tmp"
+# The shim is mapped into every process of a container: ship it without debug info (7 MB -> under
+# 1 MB) and keep that in libshare.so.debug beside it, linked by .gnu_debuglink for gdb/perf.
+if command -v objcopy >/dev/null; then
+  objcopy --only-keep-debug "$out" "$target_dir/dist/libshare.so.debug"
+  objcopy --strip-debug --add-gnu-debuglink="$target_dir/dist/libshare.so.debug" "$target_dir/dist/.libshare.so.tmp"
+else
+  echo "build-shim: objcopy not found (binutils); shipping libshare.so with its debug info" >&2
+fi
 mv -f "$target_dir/dist/.libshare.so.tmp" "$target_dir/dist/libshare.so"
 echo "build-shim: $target_dir/dist/libshare.so (zig $ZIG_VERSION, cargo-zigbuild $ZIGBUILD_VERSION, glibc baseline $GLIBC_BASELINE)"
