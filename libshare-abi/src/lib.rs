@@ -186,11 +186,23 @@ impl State {
         Ok(st)
     }
 
-    /// Maps an existing state file (the daemon, `sharectl status`); errors if it is not valid.
+    /// Maps an existing state file read-write (the daemon); errors if it is not valid.
     pub fn open_existing(path: &Path) -> Result<State, StateError> {
+        Self::open_existing_with(path, true)
+    }
+
+    /// A view of an existing state file that needs only read permission (`sharectl status`, a
+    /// monitoring agent). The mapping is private: it shows the file as the shim and daemon
+    /// update it, and anything written through the view (e.g. a reclaim) stays in this process,
+    /// copy-on-write, never reaching the file.
+    pub fn open_view(path: &Path) -> Result<State, StateError> {
+        Self::open_existing_with(path, false)
+    }
+
+    fn open_existing_with(path: &Path, shared: bool) -> Result<State, StateError> {
         let f = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(shared)
             .open(path)
             .map_err(|e| StateError(format!("cannot open {}: {e}", path.display())))?;
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -200,19 +212,29 @@ impl State {
                 path.display()
             )));
         }
-        let st = Self::map(&f, path)?;
+        let flags = if shared {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE
+        };
+        let st = Self::map_with(&f, path, flags)?;
         st.validate(path)?;
         Ok(st)
     }
 
     fn map(f: &std::fs::File, path: &Path) -> Result<State, StateError> {
-        // SAFETY: shared read-write mapping of a file at least FILE_SIZE long.
+        Self::map_with(f, path, libc::MAP_SHARED)
+    }
+
+    fn map_with(f: &std::fs::File, path: &Path, flags: libc::c_int) -> Result<State, StateError> {
+        // SAFETY: a read-write mapping of a file at least FILE_SIZE long: MAP_SHARED needs the fd
+        // opened for writing, MAP_PRIVATE (copy-on-write) only for reading.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 FILE_SIZE,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                flags,
                 f.as_raw_fd(),
                 0,
             )
@@ -387,6 +409,37 @@ mod tests {
         assert_eq!(HEADER_SIZE, 64);
         assert_eq!(std::mem::size_of::<DeviceState>(), 128);
         assert_eq!(FILE_SIZE % 64, 0);
+    }
+
+    #[test]
+    fn a_view_follows_the_file_and_never_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = State::open_or_create(dir.path()).unwrap();
+        let path = dir.path().join(STATE_FILE);
+        let view = State::open_view(&path).unwrap();
+        assert!(st.reserve(0, 100));
+        assert_eq!(
+            view.device(0).used.load(Acquire),
+            100,
+            "updates are visible"
+        );
+        view.device(1).used.store(7, Release);
+        assert_eq!(
+            st.device(1).used.load(Acquire),
+            0,
+            "the view's writes stay private"
+        );
+        assert_eq!(
+            State::open_existing(&path)
+                .unwrap()
+                .device(1)
+                .used
+                .load(Acquire),
+            0
+        );
+        let bad = dir.path().join("short");
+        std::fs::write(&bad, b"x").unwrap();
+        assert!(State::open_view(&bad).is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `sharectl status`: what every container on this node holds, read from the state files the shim
-//! writes (`<state dir>/containers/<name>/state.shm`). Works with or without the daemon, and only
+//! writes (`<state dir>/containers/<name>/state.shm`). Works with or without the daemon, needs only
+//! read permission on those files (a private view, see `State::open_view`), and only
 //! reads: a dead process's memory is shown until a process of its container (or the daemon)
 //! reclaims it.
 
@@ -79,7 +80,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let mut errors = Vec::new();
     for name in names {
         let path = libshare_abi::container_dir(&dir, &name).join(libshare_abi::STATE_FILE);
-        match State::open_existing(&path) {
+        match State::open_view(&path) {
             Ok(st) => containers.push(container(&name, &st)),
             Err(e) => errors.push(format!("container {name}: {e}")),
         }

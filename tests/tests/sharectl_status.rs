@@ -38,6 +38,7 @@ fn status_shows_each_containers_quota_usage_and_processes() {
         .arg(gpu.shim_state_dir())
         .output()
         .expect("run sharectl");
+    let unprivileged = status_as_nobody(&gpu.shim_state_dir());
     for mut h in holders {
         h.kill().ok();
         h.wait().ok();
@@ -64,6 +65,63 @@ fn status_shows_each_containers_quota_usage_and_processes() {
     assert_eq!(batch["class"], "opportunistic");
     assert_eq!(batch["devices"][0]["quota_bytes"], 0, "no limit set");
     assert_eq!(batch["devices"][0]["used_bytes"], 100u64 << 20);
+
+    // A monitoring agent with read permission only sees the same figures.
+    if let Some(out) = unprivileged {
+        assert!(
+            out.status.success(),
+            "as nobody: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let u: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(u["containers"], v["containers"], "as nobody: {u}");
+    }
+}
+
+/// Runs `sharectl status --json` as the user `nobody` after making the state files readable (not
+/// writable) by others; None when this test does not run as root or setpriv is missing.
+fn status_as_nobody(state_dir: &std::path::Path) -> Option<std::process::Output> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let root = std::fs::metadata(state_dir).is_ok_and(|m| m.uid() == 0);
+    if !root || Command::new("setpriv").arg("--help").output().is_err() {
+        eprintln!("skipping the unprivileged status check: needs root and setpriv");
+        return None;
+    }
+    let chmod = |p: &std::path::Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    // Every directory down to the state files must be traversable by others.
+    let mut dir = Some(state_dir);
+    while let Some(d) =
+        dir.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
+    {
+        chmod(d, 0o755);
+        dir = d.parent();
+    }
+    for entry in walk(state_dir) {
+        chmod(&entry, if entry.is_dir() { 0o755 } else { 0o644 });
+    }
+    Some(
+        Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .arg(artifacts().bin("sharectl"))
+            .args(["status", "--json", "--state-dir"])
+            .arg(state_dir)
+            .output()
+            .expect("run sharectl as nobody"),
+    )
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
 }
 
 #[test]
