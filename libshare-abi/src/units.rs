@@ -7,18 +7,18 @@ pub const GIB: u64 = 1 << 30;
 pub const TIB: u64 = 1 << 40;
 pub const NS_PER_S: u64 = 1_000_000_000;
 
-/// Parses a size in bytes: `1073741824`, `512MiB`, `1.5GiB`, `40GB` (KiB/MiB/GiB/TiB are powers
-/// of 2, kB/MB/GB/TB powers of 10, `B` or no unit = bytes). Units are case-insensitive and may be
+/// Parses a size in bytes: `1073741824`, `512MiB`, `1.5GiB`, `40GB`, `8Gi` (KiB/MiB/GiB/TiB and
+/// Kubernetes' Ki/Mi/Gi/Ti are powers of 2, kB/MB/GB/TB powers of 10, `B` or no unit = bytes). Units are case-insensitive and may be
 /// separated by a space. Fractions of a byte are truncated; a bare byte count must be whole.
 pub fn parse_size(s: &str) -> Option<u64> {
     let (number, unit) = split_number(s.trim());
     let multiplier = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" if number.contains('.') => return None,
         "" | "b" => 1,
-        "kib" => KIB,
-        "mib" => MIB,
-        "gib" => GIB,
-        "tib" => TIB,
+        "kib" | "ki" => KIB,
+        "mib" | "mi" => MIB,
+        "gib" | "gi" => GIB,
+        "tib" | "ti" => TIB,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
@@ -102,6 +102,8 @@ mod tests {
         assert_eq!(parse_size("512 MiB"), Some(512 * MIB));
         assert_eq!(parse_size("4096"), Some(4096));
         assert_eq!(parse_size("2GB"), Some(2_000_000_000));
+        assert_eq!(parse_size("8Gi"), Some(8 * GIB), "Kubernetes quantity");
+        assert_eq!(parse_size("512Mi"), Some(512 * MIB));
         assert_eq!(
             parse_size("4g"),
             None,

@@ -69,7 +69,7 @@ fn parse_limits(
     out: &mut [Option<u64>; MAX_DEVICES],
     src: &mut [String],
 ) -> Result<(), String> {
-    let expected = "expected a size like 8GiB, or per device 0:8GiB,1:4GiB";
+    let expected = "expected a size like 8GiB, 8Gi or 512MiB (GB/MB = powers of 10), or per device 0:8GiB,1:4GiB";
     if !value.contains(':') {
         let v = parse_size(value)
             .filter(|v| *v > 0)
