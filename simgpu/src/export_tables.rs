@@ -1,7 +1,8 @@
-//! The undocumented driver export tables that cudart, cuBLAS and cuBLASLt fetch with
-//! `cuGetExportTable` (facts in `shared/reference/cuda-export-tables.md`). Each table is an array
-//! of pointers; for most, slot 0 holds the table size in bytes. Slots whose meaning is unknown are
-//! logging stubs returning 0, so drift between CUDA releases shows up in the log, not as a crash.
+//! The undocumented driver export tables that cudart, cuBLAS, cuBLASLt and cuFFT fetch with
+//! `cuGetExportTable` (facts in `shared/reference/cuda-export-tables.md` and `simgpu/README.md`).
+//! Each table is an array of pointers; for most, slot 0 holds the table size in bytes. Slots whose
+//! meaning is unknown are logging stubs (returning 0 in the older tables, an error in
+//! TOOLS_MODULE), so drift between CUDA releases shows up in the log and the trace file.
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::Relaxed;
@@ -54,6 +55,15 @@ const TOOLS_CONTEXT: [u8; 16] = uuid(
     [0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2],
 );
 
+/// CU_ETID_ToolsModule. cuFFT (12.2) fetches it and calls slot 7 to get the one kernel of each
+/// module it loads; it checks first that slot 0 (the size in bytes) is more than 55.
+const TOOLS_MODULE: [u8; 16] = uuid(
+    0x6e163fbe,
+    0xb958,
+    0x444d,
+    [0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e],
+);
+
 /// Builds the memory-order bytes of a UUID written as in the reference (first three groups are
 /// listed in memory order already).
 const fn uuid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
@@ -74,6 +84,7 @@ struct Tables {
     unknown_checks: Box<[usize]>,
     integrity: Box<[usize]>,
     tools_context: Box<[usize]>,
+    tools_module: Box<[usize]>,
 }
 
 /// A table with `n` slots, slot 0 = `size_slots * 8` bytes (if Some), others `fill`, then overrides.
@@ -146,6 +157,12 @@ fn tables() -> &'static Tables {
             &[(1, integrity_check as *const () as usize)],
         ),
         tools_context: table(96, Some(95), zero as *const () as usize, &[]),
+        tools_module: {
+            let mut t: Vec<usize> = TOOLS_MODULE_STUBS.iter().map(|&f| f as usize).collect();
+            t[0] = t.len() * std::mem::size_of::<usize>();
+            t[7] = tools_module_functions as *const () as usize;
+            t.into_boxed_slice()
+        },
     })
 }
 
@@ -165,6 +182,7 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
         UNKNOWN_CHECKS => Some(&t.unknown_checks),
         INTEGRITY_CHECK => Some(&t.integrity),
         TOOLS_CONTEXT => Some(&t.tools_context),
+        TOOLS_MODULE => Some(&t.tools_module),
         _ => None,
     };
     match table {
@@ -327,4 +345,78 @@ unsafe extern "C" fn integrity_check(
         let _ = Relaxed;
         CUDA_SUCCESS
     })
+}
+
+/// A stub slot of a table whose other slots are unknown: logs its index and the six integer
+/// argument registers (a C caller passes up to six arguments there), appends
+/// `stub export-table-slot <table>[i]` to the trace file, and returns
+/// `CUDA_ERROR_NOT_SUPPORTED`, so a caller that starts to use it fails visibly.
+type StubSlot = extern "C" fn(usize, usize, usize, usize, usize, usize) -> usize;
+
+macro_rules! stub_slots {
+    ($name:ident, $table:literal, [$($i:literal)*]) => {
+        const $name: &[StubSlot] = &[$({
+            extern "C" fn stub(a: usize, b: usize, c: usize, d: usize, e: usize, f: usize) -> usize {
+                crate::warn!(
+                    "export table {}: unknown slot {} called with ({a:#x}, {b:#x}, {c:#x}, {d:#x}, {e:#x}, {f:#x}); returns CUDA_ERROR_NOT_SUPPORTED",
+                    $table, $i
+                );
+                crate::log::trace_line(concat!("stub export-table-slot ", $table, "[", $i, "]"));
+                CUDA_ERROR_NOT_SUPPORTED as usize
+            }
+            stub
+        }),*];
+    };
+}
+
+// Slot 0 (the size) and slot 7 are replaced when the table is built.
+stub_slots!(TOOLS_MODULE_STUBS, "tools_module", [0 1 2 3 4 5 6 7]);
+
+/// The callback of `tools_module_functions`: called once per function with the caller's opaque
+/// pointer and the function's handle.
+type FunctionVisitor = unsafe extern "C" fn(opaque: *mut c_void, function: CUfunction);
+
+/// TOOLS_MODULE[7] `(CUcontext ctx, CUmodule module, visitor, void *opaque) -> count`: calls
+/// `visitor(opaque, f)` for each function of `module`, in image order, and returns how many it
+/// visited (0, visiting nothing, when the context or module is invalid). The handles are the ones
+/// `cuModuleGetFunction` returns. `ctx` may be NULL; functions do not depend on the context here.
+///
+/// How cuFFT 12.2 uses it (seen from its calls and its code): right after each
+/// `cuModuleLoadData` of one of its single-kernel modules it calls this slot with its current
+/// context, the module and a visitor that stores `f` at `*opaque`, and fails the plan with
+/// `CUFFT_INTERNAL_ERROR` unless the count is exactly 1; it then launches the stored function.
+extern "C" fn tools_module_functions(
+    ctx: CUcontext,
+    module: *mut c_void,
+    visitor: Option<FunctionVisitor>,
+    opaque: *mut c_void,
+) -> usize {
+    let functions = std::panic::catch_unwind(|| {
+        if !ctx.is_null() {
+            ctx_from(ctx)?;
+        }
+        crate::driver::module::all_functions(module as usize)
+    });
+    let functions = match functions {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => {
+            crate::warn!(
+                "tools_module[7]: ctx {ctx:?}, module {module:?}: error {e}; visits no function"
+            );
+            return 0;
+        }
+        Err(_) => return 0,
+    };
+    crate::debug!(
+        "tools_module[7]: module {module:?} has {} function(s)",
+        functions.len()
+    );
+    if let Some(visit) = visitor {
+        for &f in &functions {
+            // SAFETY: the caller passes a function with the visitor signature (cuFFT's stores
+            // `f` at `opaque`); `opaque` is the caller's own pointer, handed back untouched.
+            unsafe { visit(opaque, f as CUfunction) };
+        }
+    }
+    functions.len()
 }

@@ -3,6 +3,8 @@
  *
  * usage: driver_api_test export_table   unknown UUID -> CUDA_ERROR_NOT_SUPPORTED + NULL table
  *        driver_api_test bogus_launch   cuLaunchKernel((CUfunction)0x1234) -> an error, no crash
+ *        driver_api_test tools_module   the ToolsModule export table (6e163fbe-...) cuFFT uses: slot 7
+ *                                       visits every function of a module; unknown slots are errors
  * Prints "check=value" lines, "FAIL ..." and exit 1 on a failed expectation, "OK" at the end. */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -22,6 +24,9 @@ typedef CUresult (*mem_alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*mem_free_fn)(CUdeviceptr);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               unsigned, CUstream, void **, void **);
+typedef CUresult (*module_load_data_fn)(CUmodule *, const void *);
+typedef CUresult (*module_get_function_fn)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*module_unload_fn)(CUmodule);
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 static void *lib;
@@ -122,6 +127,93 @@ static int bogus_launch(void) {
     return 0;
 }
 
+/* ToolsModule slot 7: (ctx, module, visitor, opaque) -> number of functions visited. */
+typedef void (*visitor_fn)(void *opaque, CUfunction f);
+typedef size_t (*module_functions_fn)(CUcontext, CUmodule, visitor_fn, void *);
+typedef size_t (*any_slot_fn)(size_t, size_t, size_t, size_t);
+
+struct visited {
+    CUfunction f[8];
+    int n;
+};
+
+static void visit(void *opaque, CUfunction f) {
+    struct visited *v = (struct visited *)opaque;
+    if (v->n < 8) v->f[v->n] = f;
+    v->n++;
+}
+
+static const char *two_kernels = ".version 7.0\n.target sm_80\n.address_size 64\n"
+                                 ".visible .entry first(.param .u64 p)\n{\n ret;\n}\n"
+                                 ".visible .entry second(.param .u32 n)\n{\n ret;\n}\n";
+
+static int tools_module(void) {
+    init_fn cu_init = (init_fn)sym("cuInit");
+    get_export_table_fn get = (get_export_table_fn)sym("cuGetExportTable");
+    device_get_fn dev_get = (device_get_fn)sym("cuDeviceGet");
+    primary_retain_fn retain = (primary_retain_fn)sym("cuDevicePrimaryCtxRetain");
+    ctx_set_current_fn set_current = (ctx_set_current_fn)sym("cuCtxSetCurrent");
+    module_load_data_fn load = (module_load_data_fn)sym("cuModuleLoadData");
+    module_get_function_fn get_function = (module_get_function_fn)sym("cuModuleGetFunction");
+    module_unload_fn unload = (module_unload_fn)sym("cuModuleUnload");
+
+    CUresult rc = cu_init(0);
+    EXPECT(rc == CUDA_SUCCESS, "cuInit = %d", rc);
+    CUdevice dev;
+    EXPECT(dev_get(&dev, 0) == CUDA_SUCCESS, "cuDeviceGet");
+    CUcontext ctx = NULL;
+    EXPECT(retain(&ctx, dev) == CUDA_SUCCESS, "cuDevicePrimaryCtxRetain");
+    EXPECT(set_current(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
+
+    CUuuid id = {{(char)0x6e, (char)0x16, (char)0x3f, (char)0xbe, (char)0xb9, (char)0x58, (char)0x44,
+                  (char)0x4d, (char)0x83, (char)0x5c, (char)0xe1, (char)0x82, (char)0xaf, (char)0xf1,
+                  (char)0x99, (char)0x1e}};
+    const void *const *table = NULL;
+    rc = get((const void **)&table, &id);
+    EXPECT(rc == CUDA_SUCCESS && table != NULL, "ToolsModule: rc %d table %p", rc, (void *)table);
+    size_t size = (size_t)table[0];
+    printf("table_bytes=%zu\n", size);
+    /* cuFFT checks that the size covers slot 7. */
+    EXPECT(size >= 8 * sizeof(void *), "table of %zu bytes has no slot 7", size);
+    module_functions_fn functions = (module_functions_fn)table[7];
+
+    CUmodule m = NULL;
+    rc = load(&m, two_kernels);
+    EXPECT(rc == CUDA_SUCCESS, "cuModuleLoadData = %d", rc);
+    CUfunction first = NULL, second = NULL;
+    EXPECT(get_function(&first, m, "first") == CUDA_SUCCESS, "cuModuleGetFunction(first)");
+
+    struct visited v = {{0}, 0};
+    size_t n = functions(ctx, m, visit, &v);
+    printf("visited=%zu\ncallbacks=%d\n", n, v.n);
+    EXPECT(n == 2 && v.n == 2, "visited %zu functions with %d callbacks, expected 2", n, v.n);
+    EXPECT(get_function(&second, m, "second") == CUDA_SUCCESS, "cuModuleGetFunction(second)");
+    /* The same handles as cuModuleGetFunction, in image order, whether or not asked for first. */
+    EXPECT(v.f[0] == first && v.f[1] == second, "visited %p %p, cuModuleGetFunction gives %p %p",
+           (void *)v.f[0], (void *)v.f[1], (void *)first, (void *)second);
+
+    /* A NULL context means the current one. */
+    v.n = 0;
+    n = functions(NULL, m, visit, &v);
+    EXPECT(n == 2 && v.n == 2 && v.f[0] == first, "NULL ctx: visited %zu", n);
+
+    /* An unknown module: nothing visited, count 0 (cuFFT turns that into its own error). */
+    v.n = 0;
+    n = functions(ctx, (CUmodule)0x1234, visit, &v);
+    printf("bogus_module_visited=%zu\n", n);
+    EXPECT(n == 0 && v.n == 0, "bogus module: visited %zu", n);
+    EXPECT(unload(m) == CUDA_SUCCESS, "cuModuleUnload");
+    v.n = 0;
+    n = functions(ctx, m, visit, &v);
+    EXPECT(n == 0 && v.n == 0, "unloaded module: visited %zu", n);
+
+    /* Slot 1 has no known meaning: it is a logging stub that reports an error. */
+    size_t r = ((any_slot_fn)table[1])(1, 2, 3, 4);
+    printf("unknown_slot_rc=%zu\n", r);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "unknown slot returned %zu", r);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -132,8 +224,9 @@ int main(int argc, char **argv) {
     int rc;
     if (!strcmp(mode, "export_table")) rc = export_table();
     else if (!strcmp(mode, "bogus_launch")) rc = bogus_launch();
+    else if (!strcmp(mode, "tools_module")) rc = tools_module();
     else {
-        fprintf(stderr, "usage: driver_api_test export_table|bogus_launch\n");
+        fprintf(stderr, "usage: driver_api_test export_table|bogus_launch|tools_module\n");
         return 2;
     }
     if (rc == 0) printf("OK\n");

@@ -1,5 +1,6 @@
 //! Bad input gets one clear error and no crash (design §9): an invalid `SIMGPU_MEMORY`, an unknown
-//! export-table UUID, a bogus `CUfunction`.
+//! export-table UUID, a bogus `CUfunction`; and the ToolsModule export table's unknown slots are
+//! errors, never silent success.
 
 use libshare_tests::{compile_c, compile_driver_c, describe, Cudart, SimGpu};
 
@@ -55,6 +56,28 @@ fn unknown_export_table_is_not_supported() {
     );
     assert_eq!(fact(&stdout, "unknown_table").as_deref(), Some("(nil)"));
     assert!(stdout.lines().any(|l| l == "OK"), "{stdout}");
+}
+
+/// The ToolsModule export table cuFFT walks modules with: slot 7 visits each function of a module
+/// (the handles `cuModuleGetFunction` gives), nothing for an unknown module; unknown slots are
+/// logging stubs that return an error and show up as stub calls.
+#[test]
+fn tools_module_export_table_visits_module_functions() {
+    let bin = compile_driver_c("driver_api_test.c");
+    let gpu = SimGpu::new();
+    let out = gpu.run_ok(&bin, &["tools_module"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.lines().any(|l| l == "OK"), "{stdout}");
+    assert_eq!(fact(&stdout, "visited").as_deref(), Some("2"), "{stdout}");
+    assert_eq!(fact(&stdout, "bogus_module_visited").as_deref(), Some("0"));
+    assert_eq!(
+        fact(&stdout, "unknown_slot_rc").as_deref(),
+        Some(CUDA_ERROR_NOT_SUPPORTED.to_string().as_str())
+    );
+    assert_eq!(
+        gpu.stub_calls(),
+        vec!["stub export-table-slot tools_module[1]".to_string()]
+    );
 }
 
 #[test]

@@ -77,6 +77,28 @@ fn torch_broad_workload_under_the_shim() {
     broad(&SimGpu::new().with_shim().quota("8GiB"));
 }
 
+/// `tests/python/torch_fft.py`: cuFFT (torch.fft.*, torch.stft/istft) runs; it walks each module
+/// it loads through the ToolsModule export table.
+fn fft(gpu: &SimGpu) {
+    let script = python_source("torch_fft.py");
+    let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 12, "steps missing: {lines:?}");
+    let failed: Vec<_> = lines.iter().filter(|v| v["ok"] != true).collect();
+    assert!(failed.is_empty(), "failed steps: {failed:?}");
+    gpu.assert_no_stub_calls();
+}
+
+#[test]
+fn torch_fft() {
+    fft(&SimGpu::new());
+}
+
+#[test]
+fn torch_fft_under_the_shim() {
+    fft(&SimGpu::new().with_shim().quota("4GiB"));
+}
+
 #[test]
 fn torch_cuda_tensors_shared_between_processes() {
     let script = python_source("torch_ipc.py");

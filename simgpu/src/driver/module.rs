@@ -109,15 +109,44 @@ unsafe fn get_function(pf: *mut *mut c_void, h: *mut c_void, name: *const c_char
         None if m.lenient => None,
         None => return Err(CUDA_ERROR_NOT_FOUND),
     };
-    let f = Arc::new(Function {
+    out(
+        pf,
+        function_handle(&m, h as usize, name, params)? as *mut c_void,
+    )
+}
+
+/// The handle of function `name` of module `m` (handle `h`), registered on first request so
+/// that every way of reaching a function yields the same handle.
+fn function_handle(
+    m: &Module,
+    h: usize,
+    name: &str,
+    params: Option<Vec<ParamInfo>>,
+) -> Result<usize, CUresult> {
+    let s = sim()?;
+    let mut functions = m.functions.lock();
+    if let Some(f) = functions.get(name) {
+        return Ok(*f);
+    }
+    let fh = s.functions.insert(Arc::new(Function {
         name: name.to_string(),
         params,
-        module: h as usize,
+        module: h,
         attrs: Mutex::new(HashMap::new()),
-    });
-    let fh = s.functions.insert(f);
-    m.functions.lock().insert(name.to_string(), fh);
-    out(pf, fh as *mut c_void)
+    }));
+    functions.insert(name.to_string(), fh);
+    Ok(fh)
+}
+
+/// Handles of every kernel of module `h`, in image order (registered as by
+/// `cuModuleGetFunction`). A module whose image was not understood has no known kernels.
+pub fn all_functions(h: usize) -> Result<Vec<usize>, CUresult> {
+    let m = sim()?.modules.get(h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    m.info
+        .kernels
+        .iter()
+        .map(|k| function_handle(&m, h, &k.name, k.params.clone()))
+        .collect()
 }
 
 unsafe fn get_global(
