@@ -160,26 +160,32 @@ pub fn parse_bytes_for_arch(data: &[u8], sm: u32) -> Result<ImageInfo> {
     parse_bytes_with(data, Collector::new(Some(sm)))
 }
 
+/// The first four bytes of an image, or None when a NUL comes first (a short PTX text may be
+/// shorter than four bytes, and none of the binary magics contains a zero byte).
+///
+/// # Safety
+/// As for [`parse_image`].
+unsafe fn head(ptr: *const u8) -> Option<[u8; 4]> {
+    let mut head = [0u8; 4];
+    for (n, byte) in head.iter_mut().enumerate() {
+        // SAFETY: the bytes before this one were not NUL, so per the contract this one exists.
+        let b = unsafe { *ptr.add(n) };
+        if b == 0 {
+            return None;
+        }
+        *byte = b;
+    }
+    Some(head)
+}
+
 /// # Safety
 /// As for [`parse_image`].
 unsafe fn parse_image_with(ptr: *const u8, mut c: Collector) -> Result<ImageInfo> {
     if ptr.is_null() {
         return Err(ImageError::Null);
     }
-    // Read the first four bytes one at a time, stopping at a NUL: a short PTX text may be
-    // shorter than four bytes, and none of the binary magics contains a zero byte.
-    let mut head = [0u8; 4];
-    let mut n = 0;
-    while n < 4 {
-        // SAFETY: the bytes before this one were not NUL, so per the contract this one exists.
-        let b = unsafe { *ptr.add(n) };
-        if b == 0 {
-            break;
-        }
-        head[n] = b;
-        n += 1;
-    }
-    if n == 4 {
+    // SAFETY: caller contract.
+    if let Some(head) = unsafe { head(ptr) } {
         match u32::from_le_bytes(head) {
             FATBIN_WRAPPER_MAGIC => {
                 // struct { u32 magic; u32 version; const void *data; void *filename_or_fatbins; }
@@ -479,8 +485,8 @@ fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
     let body = fat
         .get(hs..len)
         .ok_or(ImageError::Truncated("fatbin shorter than its header says"))?;
-    let mut parsed = 0usize;
-    let mut unsupported = None;
+    // Headers first (cheap), payloads after.
+    let mut entries = Vec::new();
     let mut off = 0usize;
     while off < body.len() {
         let rest = &body[off..];
@@ -499,7 +505,33 @@ fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
             .get(..ehs)
             .ok_or(ImageError::Truncated("fatbin entry header"))?;
         let payload = slice(rest, ehs as u64, e.payload_size, "fatbin entry payload")?;
-        match entry(&e, header, payload, c) {
+        off += ehs + payload.len();
+        entries.push((e, header, payload));
+    }
+    // With a target architecture, the cubin the driver would run describes the kernels alone:
+    // the other architectures' cubins and the PTX declare the same ones, and decompressing them
+    // all made loading PyTorch's libraries several times slower. Everything is read only when
+    // that cubin is missing or unreadable, or the fatbin has concatenated entries.
+    if c.target_sm.is_some() && entries.iter().all(|(e, ..)| e.kind != ENTRY_KIND_CONCAT) {
+        let mut best: Option<&(EntryHeader, &[u8], &[u8])> = None;
+        for candidate in entries.iter().filter(|(e, ..)| e.kind == ENTRY_KIND_ELF) {
+            let rank = |x: &(EntryHeader, &[u8], &[u8])| c.rank(Source::Elf(x.0.arch));
+            if best.is_none_or(|b| rank(candidate) > rank(b)) {
+                best = Some(candidate); // equal ranks keep the first, as when merging
+            }
+        }
+        if let Some((e, header, payload)) = best {
+            let complete = entry(e, header, payload, c).is_ok()
+                && c.info.kernels.iter().all(|k| k.params.is_some());
+            if complete {
+                return Ok(());
+            }
+        }
+    }
+    let mut parsed = 0usize;
+    let mut unsupported = None;
+    for (e, header, payload) in &entries {
+        match entry(e, header, payload, c) {
             Ok(true) => parsed += 1,
             Ok(false) => {}
             Err(ImageError::Unsupported(why)) => {
@@ -507,7 +539,6 @@ fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
             }
             Err(err) => return Err(err),
         }
-        off += ehs + payload.len();
     }
     match unsupported {
         Some(why) if parsed == 0 => Err(ImageError::Unsupported(why)),
