@@ -36,6 +36,9 @@ pub struct Alloc {
     /// Memory pool the allocation came from (stream-ordered allocations).
     pub pool: usize,
     pub id: u64,
+    /// Host memory: the flags it was allocated (CU_MEMHOSTALLOC_*) or registered
+    /// (CU_MEMHOSTREGISTER_*) with.
+    pub host_flags: u32,
 }
 
 #[derive(Default)]
@@ -167,6 +170,7 @@ pub fn alloc_on(dev: usize, ctx: usize, size: u64, pool: usize) -> Result<u64, C
         ctx,
         pool,
         id: 0,
+        host_flags: 0,
     };
     s.mem.lock().insert(base, a);
     Ok(base)
@@ -248,11 +252,11 @@ fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
     }
 }
 
-/// The device of [p, p + len) if all of it is device memory simgpu may write (allocations, managed
-/// memory, mapped VMM pages).
+/// The device of [p, p + len) if all of it is memory the device may write (allocations, managed
+/// memory, mapped VMM pages, and page-locked host memory, which every context maps).
 pub fn writable_device_range(s: &Sim, p: u64, len: u64) -> Option<usize> {
     match device_range(s, p, len)? {
-        (Kind::Device | Kind::Managed, d) => Some(d),
+        (Kind::Device | Kind::Managed | Kind::Host | Kind::Registered, d) => Some(d),
         (Kind::Reserved, d) if super::vmm::is_mapped(p, len) => Some(d),
         _ => None,
     }
@@ -529,7 +533,7 @@ unsafe fn memset(
 }
 
 /// Allocates page-locked host memory (a plain mapping here), tracked so copies treat it as pinned.
-fn host_alloc(size: usize) -> Result<u64, CUresult> {
+fn host_alloc(size: usize, flags: u32) -> Result<u64, CUresult> {
     let s = sim()?;
     let ctx = current_ctx()?;
     let base = map_anon(size as u64)?;
@@ -543,6 +547,7 @@ fn host_alloc(size: usize) -> Result<u64, CUresult> {
             ctx: 0,
             pool: 0,
             id: 0,
+            host_flags: flags,
         },
     );
     Ok(base)
@@ -597,11 +602,14 @@ driver! {
     }
 
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) {
-        out(pp, host_alloc(size)? as *mut c_void)
+        out(pp, host_alloc(size, 0)? as *mut c_void)
     }
 
-    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: u32) {
-        out(pp, host_alloc(size)? as *mut c_void)
+    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: u32) {
+        if flags & !0x7 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE); // PORTABLE | DEVICEMAP | WRITECOMBINED only
+        }
+        out(pp, host_alloc(size, flags)? as *mut c_void)
     }
 
     fn cuMemFreeHost(p: *mut c_void) {
@@ -627,21 +635,30 @@ driver! {
 
     fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) {
         let s = sim()?;
-        match device_range(s, p as u64, 1) {
-            Some((Kind::Host | Kind::Registered, _)) => out(flags, 0),
+        let t = s.mem.lock();
+        match t.find(p as u64) {
+            // Every context maps page-locked memory (unified addressing): DEVICEMAP is implied.
+            Some((_, a)) if a.kind == Kind::Host => out(flags, a.host_flags | 0x2),
+            Some((_, a)) if a.kind == Kind::Registered => out(flags, a.host_flags | 0x2),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }
 
-    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, _flags: u32) {
+    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: u32) {
         let s = sim()?;
         let ctx = current_ctx()?;
-        if p.is_null() || size == 0 {
+        if p.is_null() || size == 0 || flags & !0xf != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        s.mem.lock().insert(
+        let mut t = s.mem.lock();
+        // A range already registered (or any part of it) is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED.
+        let (lo, hi) = (p as u64, p as u64 + size as u64);
+        if t.find(lo).is_some() || t.map.range(lo..hi).next().is_some() {
+            return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        t.insert(
             p as u64,
-            Alloc { size: size as u64, kind: Kind::Registered, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0 },
+            Alloc { size: size as u64, kind: Kind::Registered, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0, host_flags: flags },
         );
         Ok(())
     }
@@ -654,7 +671,7 @@ driver! {
                 t.map.remove(&(p as u64));
                 Ok(())
             }
-            _ => Err(CUDA_ERROR_NOT_MAPPED),
+            _ => Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
         }
     }
 
@@ -710,7 +727,8 @@ unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc)
         2 => {
             *(data as *mut u32) = match a.kind {
                 Kind::Host | Kind::Registered => CU_MEMORYTYPE_HOST,
-                Kind::Managed => CU_MEMORYTYPE_UNIFIED,
+                // Managed memory reads as device memory (CU_MEMORYTYPE_UNIFIED is only a copy
+                // parameter); cudart then reports cudaMemoryTypeManaged from IS_MANAGED.
                 _ => CU_MEMORYTYPE_DEVICE,
             }
         }
@@ -727,7 +745,12 @@ unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc)
         15 => *(data as *mut i32) = 0,
         16 => *(data as *mut u32) = 3, // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
         17 => *(data as *mut usize) = a.pool,
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        21 => *(data as *mut i32) = 0, // CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
+        22 => *(data as *mut i32) = 0, // LOCALITY_DOMAIN_ORDINAL: one domain per device
+        _ => {
+            crate::debug!("cuPointerGetAttribute: unknown attribute {attr}");
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
     }
     Ok(())
 }
