@@ -9,6 +9,7 @@ use crate::engine::{Op, StreamId};
 use crate::sim::{sim, Context, Sim};
 use crate::types::*;
 
+pub mod array;
 pub mod context;
 pub mod device;
 pub mod event;
@@ -26,6 +27,7 @@ pub mod stream;
 pub mod vmm;
 
 pub use crate::export_tables::cuGetExportTable;
+pub use array::*;
 pub use context::*;
 pub use device::*;
 pub use event::*;
