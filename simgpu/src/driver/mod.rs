@@ -220,9 +220,21 @@ pub fn submit_or_capture(
     node_type: u32,
     build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
 ) -> R {
+    submit_or_capture_params(sim, s, node_type, graph::Params::None, build)
+}
+
+/// `submit_or_capture`, recording `params` with a captured node (what the node Get functions
+/// report).
+pub fn submit_or_capture_params(
+    sim: &'static Sim,
+    s: &StreamRef,
+    node_type: u32,
+    params: graph::Params,
+    build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
+) -> R {
     if let Some(g) = graph::capturing(s.id) {
         build()?; // validate now, as the driver does at capture time
-        g.add(node_type, std::sync::Arc::new(build), None);
+        g.add(node_type, std::sync::Arc::new(build), params);
         return Ok(());
     }
     submit(sim, s, build()?);
