@@ -152,7 +152,7 @@ fn element_size(format: u32, channels: u32) -> Option<u64> {
         0xc0..=0xcb => {
             let i = format - 0xc0;
             let (bytes, n) = (
-                if (i / 3) % 2 == 0 { 1 } else { 2 },
+                if (i / 3).is_multiple_of(2) { 1 } else { 2 },
                 [1, 2, 4][(i % 3) as usize],
             );
             return (channels == n).then_some(bytes * n as u64);
@@ -172,7 +172,7 @@ fn check_desc(d: &Array3DDesc) -> Result<u64, CUresult> {
     if d.flags & ARRAY3D_CUBEMAP != 0 {
         // Cubemaps are square with 6 faces (a multiple of 6 when layered).
         let faces_ok = if layered {
-            d.depth > 0 && d.depth % 6 == 0
+            d.depth > 0 && d.depth.is_multiple_of(6)
         } else {
             d.depth == 6
         };
@@ -298,6 +298,8 @@ fn check_resource(res: &[u8; RESOURCE_DESC_SIZE], surface: bool) -> R {
     Ok(())
 }
 
+/// Copies a descriptor of `N` bytes. Safety: a non-NULL `p` points to that descriptor (the
+/// application's argument).
 unsafe fn read_bytes<const N: usize>(p: *const c_void) -> Result<[u8; N], CUresult> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -323,6 +325,8 @@ fn object(surface: bool, h: u64) -> Result<Arc<ResourceObject>, CUresult> {
         .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
+/// Writes a descriptor of `N` bytes. Safety: a non-NULL `dst` has room for it (the application's
+/// out-argument).
 unsafe fn write_bytes<const N: usize>(dst: *mut c_void, b: &[u8; N]) -> R {
     if dst.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -463,6 +467,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<ArrayDesc>(), 24);
         assert_eq!(std::mem::size_of::<Array3DDesc>(), 40);
         assert_eq!(std::mem::size_of::<ArrayMemReq>(), 32);
+        // graph.rs reads CUDA_MEM_ALLOC_NODE_PARAMS past a CUmemPoolProps of this size.
+        assert_eq!(std::mem::size_of::<crate::types::MemPoolProps>(), 88);
     }
 
     #[test]

@@ -688,7 +688,9 @@ fn event_params(ev: *mut c_void, record: bool) -> Result<(Builder, Params), CUre
     Ok((build, Params::EventWait(ev as usize)))
 }
 
-/// A graph allocation of `size` bytes on the device of `params` (CUDA_MEM_ALLOC_NODE_PARAMS).
+/// A graph allocation of `size` bytes on the device of `params` (CUDA_MEM_ALLOC_NODE_PARAMS); its
+/// address is written back to `dptr`. Safety: a non-NULL `p` points to the application's
+/// CUDA_MEM_ALLOC_NODE_PARAMS (MEM_ALLOC_PARAMS_SIZE bytes, pool properties first).
 unsafe fn mem_alloc_params(p: *mut u8) -> Result<(Builder, Params, u64), CUresult> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -742,6 +744,8 @@ fn mem_free_params(ptr: u64) -> (Builder, Params) {
 }
 
 /// A node from `CUgraphNodeParams` (`cuGraphAddNode`): the type at offset 0, its parameters at 16.
+/// Safety: a non-NULL `p` points to the application's CUgraphNodeParams (256 bytes), whose union
+/// holds the parameters of the type it names.
 unsafe fn generic_params(g: &Arc<Graph>, p: *mut u8) -> Result<(u32, Builder, Params), CUresult> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -926,7 +930,7 @@ impl IntoR for CUresult {
     }
 }
 
-unsafe fn exec_update(e: *mut c_void, g: *mut c_void) -> Result<(), (CUresult, u32, usize)> {
+fn exec_update(e: *mut c_void, g: *mut c_void) -> Result<(), (CUresult, u32, usize)> {
     let exec = execs()
         .get(e as usize)
         .ok_or((CUDA_ERROR_INVALID_HANDLE, 1, 0))?;
@@ -1223,7 +1227,7 @@ driver! {
     fn cuGraphAddMemFreeNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, ptr: CUdeviceptr) {
         let g = graph(g)?;
         let deps = dep_list(deps, n)?;
-        if sim()?.mem.lock().map.get(&ptr).is_none() {
+        if !sim()?.mem.lock().map.contains_key(&ptr) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (b, params) = mem_free_params(ptr);
