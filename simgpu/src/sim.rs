@@ -268,6 +268,8 @@ pub struct Context {
     /// CONTEXT_LOCAL_STORAGE export table: key -> (value, destructor).
     pub local_storage: Mutex<HashMap<usize, (usize, usize)>>,
     pub limits: Mutex<HashMap<u32, usize>>,
+    /// Ids of the peer contexts whose memory this context may access (cuCtxEnablePeerAccess).
+    pub peers: Mutex<Vec<u64>>,
     pub id: u64,
     /// The simulator that made it (`current_id()`): stale after fork.
     pub sim_id: usize,
@@ -287,6 +289,7 @@ impl Context {
             streams: Mutex::new(Vec::new()),
             local_storage: Mutex::new(HashMap::new()),
             limits: Mutex::new(HashMap::new()),
+            peers: Mutex::new(Vec::new()),
             id: NEXT_CTX_ID.fetch_add(1, Relaxed),
             sim_id: sim as *const Sim as usize,
         });

@@ -253,12 +253,38 @@ driver! {
         Ok(())
     }
 
-    fn cuCtxEnablePeerAccess(_peer: CUcontext, _flags: u32) {
-        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    // All simulated devices are peers (device memory is host memory, so any device can reach
+    // any other's): access is bookkeeping that follows the driver's rules and error codes.
+    fn cuCtxEnablePeerAccess(peer: CUcontext, flags: u32) {
+        let ctx = current_ctx()?;
+        if peer.is_null() {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        let peer = super::ctx_from(peer)?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if peer.device == ctx.device {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let mut peers = ctx.peers.lock();
+        if peers.contains(&peer.id) {
+            return Err(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        peers.push(peer.id);
+        Ok(())
     }
 
-    fn cuCtxDisablePeerAccess(_peer: CUcontext) {
-        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    fn cuCtxDisablePeerAccess(peer: CUcontext) {
+        let ctx = current_ctx()?;
+        if peer.is_null() {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        let peer = super::ctx_from(peer)?;
+        let mut peers = ctx.peers.lock();
+        let i = peers.iter().position(|p| *p == peer.id).ok_or(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)?;
+        peers.swap_remove(i);
+        Ok(())
     }
 
     fn cuCtxResetPersistingL2Cache() {

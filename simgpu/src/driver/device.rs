@@ -46,15 +46,35 @@ pub fn attribute(d: &DeviceConfig, attr: i32) -> i32 {
         39 => 2048,     // max threads per SM
         40 => 3,        // async engine count
         41 => 1,        // unified addressing
-        42 => 32768,
+        42 => 32768,    // max texture 1D layered width, layers
         43 => 2048,
-        44 => 1,
+        44 => 1, // can texture 2D gather
         45 | 46 => 32768,
+        47 | 48 => 8192, // max texture 3D alternate width, height, depth
+        49 => 32768,
         50 => d.pci_domain as i32,
-        51 => 32,
-        52 => 32768,
+        51 => 32,    // texture pitch alignment
+        52 => 32768, // max texture cubemap width
+        53 => 32768, // max texture cubemap layered width, layers
+        54 => 2046,
+        55 => 32768,  // max surface 1D width
+        56 => 131072, // max surface 2D width, height
+        57 => 65536,
+        58..=60 => 16384, // max surface 3D width, height, depth
+        61 => 32768,      // max surface 1D layered width, layers
+        62 => 2048,
+        63 | 64 => 32768, // max surface 2D layered width, height, layers
+        65 => 2048,
+        66 | 67 => 32768, // max surface cubemap (layered) width, layers
+        68 => 2046,
+        69 => 268435456, // max texture 1D linear width
+        70 => 131072,    // max texture 2D linear width, height, pitch
+        71 => 65000,
+        72 => 2097120,
+        73 | 74 => 32768, // max texture 2D mipmapped width, height
         75 => d.compute_capability.0 as i32,
         76 => d.compute_capability.1 as i32,
+        77 => 32768,  // max texture 1D mipmapped width
         78 => 1,      // stream priorities supported
         79 => 1,      // global L1 cache supported
         80 => 1,      // local L1 cache supported
@@ -91,14 +111,21 @@ pub fn attribute(d: &DeviceConfig, attr: i32) -> i32 {
         115 => 1, // memory pools supported
         116 => 0, // GPUDirect RDMA
         117 | 118 => 0,
-        119 => 1, // cluster launch (reported by cudart props)
-        120 => 0,
+        119 => 1, // memory pool handle types: POSIX file descriptor
+        120 => (d.compute_capability.0 >= 9) as i32, // cluster launch
         121 => 1, // deferred mapping CUDA array
-        124 => 1, // ipc event
+        124 => 1, // DMA-BUF
+        125 => 1, // IPC events
+        126 => 1, // memory synchronisation domains
         127 => 0,
-        128 => 0, // mps enabled
+        128 => 0, // fabric handles
         129 => 0,
-        130 => -1, // host numa id
+        130 => 0,  // NUMA config: none
+        131 => -1, // NUMA id
+        133 => 0,  // MPS enabled
+        134 => -1, // host NUMA id
+        139 => crate::nvml::PCI_DEVICE_ID as i32,
+        140 => crate::nvml::PCI_SUBSYSTEM_ID as i32,
         _ => 0,
     }
 }
@@ -176,16 +203,26 @@ driver! {
         Err(CUDA_ERROR_INVALID_DEVICE)
     }
 
+    // Every pair of distinct simulated devices is linked like the GPUs of one NVLink board:
+    // peer access, native atomics and CUDA-array access supported, performance rank 0.
     fn cuDeviceCanAccessPeer(can: *mut i32, dev: CUdevice, peer: CUdevice) {
-        dev_cfg(dev)?;
-        dev_cfg(peer)?;
-        out(can, 0)
+        let s = sim()?;
+        let (a, b) = (s.device(dev)?, s.device(peer)?);
+        out(can, (a != b) as i32)
     }
 
-    fn cuDeviceGetP2PAttribute(value: *mut i32, _attr: i32, src: CUdevice, dst: CUdevice) {
-        dev_cfg(src)?;
-        dev_cfg(dst)?;
-        out(value, 0)
+    fn cuDeviceGetP2PAttribute(value: *mut i32, attr: i32, src: CUdevice, dst: CUdevice) {
+        let s = sim()?;
+        if s.device(src)? == s.device(dst)? {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        let v = match attr {
+            1 => 0,     // CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK
+            2..=4 => 1, // access, native atomics, CUDA array access supported
+            5 => 0,     // only partial native atomics
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        out(value, v)
     }
 
     fn cuDeviceGetLuid(_luid: *mut c_char, _mask: *mut u32, _dev: CUdevice) {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 use super::launch::kernel_op;
+use super::memory::{copy3d_op, memset_op, Copy3D};
 use super::{out, stream_ref, submit, Builder, R};
 use crate::engine::{EventState, Op, StreamId};
 use crate::sim::{sim, Registry};
@@ -24,25 +25,87 @@ pub const NODE_MEMSET: u32 = 2;
 pub const NODE_HOST: u32 = 3;
 pub const NODE_EMPTY: u32 = 5;
 pub const NODE_WAIT_EVENT: u32 = 6;
+pub const NODE_GRAPH: u32 = 4;
 pub const NODE_EVENT_RECORD: u32 = 7;
+pub const NODE_MEM_ALLOC: u32 = 10;
 pub const NODE_MEM_FREE: u32 = 11;
+pub const NODE_CONDITIONAL: u32 = 13;
 
 /// What `cuGraphKernelNodeGetParams` reports about a kernel node.
 #[derive(Clone, Copy)]
 pub struct KernelNode {
     pub func: usize,
+    /// Given as a `CUkernel` (the `kern` field of the v2 parameters) rather than a `CUfunction`.
+    pub is_kernel: bool,
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_mem: u32,
 }
 
+/// What a node was created with, for the Get/Set functions, clone and update.
+#[derive(Clone)]
+pub enum Params {
+    None,
+    Kernel(KernelNode),
+    Memcpy(Copy3D),
+    /// (dst, pitch, value, element size, width, height)
+    Memset(MemsetArgs),
+    Host(HostCall),
+    /// The allocation (kept alive by the node) and the application's parameter block.
+    MemAlloc(Arc<GraphMem>, [u8; MEM_ALLOC_PARAMS_SIZE]),
+    MemFree(u64),
+    /// The node's own copy of the child graph.
+    Child(Arc<Graph>),
+    EventRecord(usize),
+    EventWait(usize),
+    /// Handle, type (IF/WHILE/SWITCH) and the body graphs.
+    Conditional(u64, u32, Vec<Arc<Graph>>),
+}
+
 pub struct Node {
     pub node_type: u32,
-    pub build: Builder,
-    pub kernel: Option<KernelNode>,
+    pub build: Mutex<Builder>,
+    pub params: Mutex<Params>,
     /// Nodes (handles) that must run first.
     pub deps: Mutex<Vec<usize>>,
+    /// The graph (handle) the node belongs to.
+    pub owner: usize,
 }
+
+impl Node {
+    pub fn kernel(&self) -> Option<KernelNode> {
+        match *self.params.lock() {
+            Params::Kernel(k) => Some(k),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct MemsetArgs {
+    pub dst: u64,
+    pub pitch: u64,
+    pub value: u32,
+    pub elem: u64,
+    pub width: u64,
+    pub height: u64,
+}
+
+/// Memory of a graph allocation node (or a captured cuMemAllocAsync): allocated when the node
+/// is made (its address is fixed from then on, as with the driver's reserved virtual range),
+/// freed when no graph or executable graph refers to it any more.
+pub struct GraphMem {
+    pub ptr: u64,
+}
+
+impl Drop for GraphMem {
+    fn drop(&mut self) {
+        let _ = super::memory::free_device(self.ptr);
+    }
+}
+
+/// sizeof(CUDA_MEM_ALLOC_NODE_PARAMS): pool properties, access descriptors, count, size, dptr.
+pub const MEM_ALLOC_PARAMS_SIZE: usize = 120;
 
 #[derive(Default)]
 pub struct Graph {
@@ -52,22 +115,23 @@ pub struct Graph {
 }
 
 impl Graph {
-    pub fn add(&self, node_type: u32, build: Builder, kernel: Option<KernelNode>) -> usize {
-        self.add_after(node_type, build, kernel, Vec::new())
+    pub fn add(&self, node_type: u32, build: Builder, params: Params) -> usize {
+        self.add_after(node_type, build, params, Vec::new())
     }
 
     pub fn add_after(
         &self,
         node_type: u32,
         build: Builder,
-        kernel: Option<KernelNode>,
+        params: Params,
         deps: Vec<usize>,
     ) -> usize {
         let h = nodes().insert(Arc::new(Node {
             node_type,
-            build,
-            kernel,
+            build: Mutex::new(build),
+            params: Mutex::new(params),
             deps: Mutex::new(deps),
+            owner: self as *const Graph as usize,
         }));
         self.nodes.lock().push(h);
         h
@@ -75,7 +139,7 @@ impl Graph {
 
     /// The nodes in an order that respects every dependency (creation order among the ready ones;
     /// captured nodes are created in stream order). Err if the edges form a cycle.
-    pub fn ordered(&self) -> Result<Vec<Arc<Node>>, CUresult> {
+    pub fn ordered(&self) -> Result<Vec<(usize, Arc<Node>)>, CUresult> {
         let handles = self.nodes.lock().clone();
         let all: Vec<Arc<Node>> = handles.iter().filter_map(|h| nodes().get(*h)).collect();
         let mut done = vec![false; all.len()];
@@ -91,9 +155,57 @@ impl Graph {
             });
             let i = ready.ok_or(CUDA_ERROR_INVALID_VALUE)?;
             done[i] = true;
-            out.push(all[i].clone());
+            out.push((handles[i], all[i].clone()));
         }
         Ok(out)
+    }
+
+    /// A copy with new node handles (dependencies remapped); conditional bodies and child graphs
+    /// are copied too.
+    pub fn deep_clone(&self) -> Result<Arc<Graph>, CUresult> {
+        let clone: Arc<Graph> = Arc::default();
+        let old = self.nodes.lock().clone();
+        let mut map = HashMap::new();
+        for h in &old {
+            let n = nodes().get(*h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            let params = match n.params.lock().clone() {
+                Params::Child(g) => Params::Child(g.deep_clone()?),
+                Params::Conditional(c, t, bodies) => Params::Conditional(
+                    c,
+                    t,
+                    bodies
+                        .iter()
+                        .map(|b| b.deep_clone())
+                        .collect::<Result<_, _>>()?,
+                ),
+                p => p,
+            };
+            let deps = n.deps.lock().clone();
+            let build = n.build.lock().clone();
+            let new = clone.add_after(n.node_type, build, params, deps);
+            map.insert(*h, new);
+        }
+        for h in clone.nodes.lock().iter() {
+            if let Some(n) = nodes().get(*h) {
+                for x in n.deps.lock().iter_mut() {
+                    *x = map.get(x).copied().unwrap_or(*x);
+                }
+            }
+        }
+        // Registered so its nodes can name it as their owner (child and body graphs too).
+        graphs().insert(clone.clone());
+        Ok(clone)
+    }
+
+    /// Every edge (from, to).
+    pub fn edges(&self) -> Vec<(usize, usize)> {
+        let mut v = Vec::new();
+        for h in self.nodes.lock().iter() {
+            if let Some(n) = nodes().get(*h) {
+                v.extend(n.deps.lock().iter().map(|d| (*d, *h)));
+            }
+        }
+        v
     }
 }
 
@@ -134,13 +246,175 @@ pub struct HostNodeParams {
 }
 
 #[derive(Clone, Copy)]
-struct HostCall(usize, usize);
+pub struct HostCall(pub usize, pub usize);
 // SAFETY: a function and its argument, given to us to call; never dereferenced by simgpu.
 unsafe impl Send for HostCall {}
 unsafe impl Sync for HostCall {}
 
+/// A node of an executable graph: its own copy of the operation (exec updates change it, not
+/// the graph's node), the graph nodes it was made from, and whether it is enabled.
+pub struct ExecNode {
+    /// Handles of the graph nodes this node stands for (the instantiated one, then the nodes of
+    /// graphs it was updated from).
+    pub origin: Mutex<Vec<usize>>,
+    pub node_type: u32,
+    pub build: Mutex<Builder>,
+    pub params: Mutex<Params>,
+    pub enabled: std::sync::atomic::AtomicBool,
+    /// Positions (in this list) of the nodes it depends on, for topology checks.
+    pub deps: Vec<usize>,
+    /// Conditional nodes: the instantiated bodies.
+    pub bodies: Vec<Vec<Arc<ExecNode>>>,
+}
+
 pub struct GraphExec {
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Vec<Arc<ExecNode>>,
+}
+
+/// Instantiates a graph: nodes in dependency order; child graphs are inlined.
+fn flatten(g: &Graph) -> Result<Vec<Arc<ExecNode>>, CUresult> {
+    let mut list: Vec<Arc<ExecNode>> = Vec::new();
+    for (h, n) in g.ordered()? {
+        let params = n.params.lock().clone();
+        if let Params::Child(child) = &params {
+            list.extend(flatten(child)?);
+            continue;
+        }
+        let bodies = match &params {
+            Params::Conditional(_, _, b) => {
+                b.iter().map(|g| flatten(g)).collect::<Result<_, _>>()?
+            }
+            _ => Vec::new(),
+        };
+        let deps = n
+            .deps
+            .lock()
+            .iter()
+            .filter_map(|d| list.iter().position(|e| e.origin.lock().contains(d)))
+            .collect();
+        list.push(Arc::new(ExecNode {
+            origin: Mutex::new(vec![h]),
+            node_type: n.node_type,
+            build: Mutex::new(n.build.lock().clone()),
+            params: Mutex::new(params),
+            enabled: std::sync::atomic::AtomicBool::new(true),
+            deps,
+            bodies,
+        }));
+    }
+    Ok(list)
+}
+
+/// Enqueues the enabled nodes of `list` on `r`; a conditional node runs the body its handle's
+/// value selects. Kernels do not compute on simgpu, so a value is never changed by the device:
+/// it is the handle's default, and a WHILE body with a non-zero value runs once.
+fn enqueue(s: &'static crate::sim::Sim, r: &super::StreamRef, list: &[Arc<ExecNode>]) -> R {
+    for n in list {
+        if !n.enabled.load(Acquire) {
+            continue;
+        }
+        if let Params::Conditional(handle, kind, _) = *n.params.lock() {
+            let v = cond_value(handle);
+            let body = match kind {
+                COND_IF if v != 0 => n.bodies.first(),
+                COND_IF => n.bodies.get(1),
+                COND_WHILE if v != 0 => n.bodies.first(),
+                COND_SWITCH => n.bodies.get(v as usize),
+                _ => None,
+            };
+            if let Some(b) = body {
+                enqueue(s, r, b)?;
+            }
+            continue;
+        }
+        let build = n.build.lock().clone();
+        submit(s, r, build()?);
+    }
+    Ok(())
+}
+
+const COND_IF: u32 = 0;
+const COND_WHILE: u32 = 1;
+const COND_SWITCH: u32 = 2;
+
+/// Conditional handles: (default launch value, flags).
+fn conds() -> &'static Mutex<HashMap<u64, (u32, u32)>> {
+    static C: OnceLock<Mutex<HashMap<u64, (u32, u32)>>> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+fn cond_value(h: u64) -> u32 {
+    conds().lock().get(&h).map_or(0, |c| c.0)
+}
+
+/// The node of `exec` made from graph node `node`.
+fn exec_node(exec: *mut c_void, node: *mut c_void) -> Result<Arc<ExecNode>, CUresult> {
+    let e = execs()
+        .get(exec as usize)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    fn find(list: &[Arc<ExecNode>], h: usize) -> Option<Arc<ExecNode>> {
+        list.iter().find_map(|n| {
+            if n.origin.lock().contains(&h) {
+                Some(n.clone())
+            } else {
+                n.bodies.iter().find_map(|b| find(b, h))
+            }
+        })
+    }
+    find(&e.nodes, node as usize).ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Checks that `new` has the topology and node types of `old` (cuGraphExecUpdate's rules),
+/// as a CUgraphExecUpdateResult and the offending node of the new graph.
+fn same_shape(old: &[Arc<ExecNode>], new: &[Arc<ExecNode>]) -> Result<(), (u32, usize)> {
+    const TOPOLOGY_CHANGED: u32 = 2;
+    const NODE_TYPE_CHANGED: u32 = 3;
+    const PARAMETERS_CHANGED: u32 = 5;
+    if old.len() != new.len() {
+        let at = new
+            .get(old.len())
+            .or(new.last())
+            .map_or(0, |n| n.origin.lock()[0]);
+        return Err((TOPOLOGY_CHANGED, at));
+    }
+    for (a, b) in old.iter().zip(new) {
+        let at = b.origin.lock()[0];
+        if a.node_type != b.node_type {
+            return Err((NODE_TYPE_CHANGED, at));
+        }
+        if a.deps != b.deps || a.bodies.len() != b.bodies.len() {
+            return Err((TOPOLOGY_CHANGED, at));
+        }
+        match (&*a.params.lock(), &*b.params.lock()) {
+            // An allocation node cannot change; a free node must free the same pointer.
+            (Params::MemAlloc(x, _), Params::MemAlloc(y, _)) if x.ptr != y.ptr => {
+                return Err((PARAMETERS_CHANGED, at))
+            }
+            (Params::MemFree(x), Params::MemFree(y)) if x != y => {
+                return Err((PARAMETERS_CHANGED, at))
+            }
+            (Params::Conditional(_, x, _), Params::Conditional(_, y, _)) if x != y => {
+                return Err((PARAMETERS_CHANGED, at))
+            }
+            _ => {}
+        }
+        for (x, y) in a.bodies.iter().zip(&b.bodies) {
+            same_shape(x, y)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes the operations of `new` into `old` (same shape), remembering the new graph's nodes.
+fn take_update(old: &[Arc<ExecNode>], new: &[Arc<ExecNode>]) {
+    for (a, b) in old.iter().zip(new) {
+        *a.build.lock() = b.build.lock().clone();
+        *a.params.lock() = b.params.lock().clone();
+        let origin = b.origin.lock().clone();
+        a.origin.lock().extend(origin);
+        for (x, y) in a.bodies.iter().zip(&b.bodies) {
+            take_update(x, y);
+        }
+    }
 }
 
 fn graphs() -> &'static Registry<Graph> {
@@ -276,7 +550,7 @@ fn graph(h: *mut c_void) -> Result<Arc<Graph>, CUresult> {
 
 unsafe fn instantiate(pexec: *mut *mut c_void, g: *mut c_void) -> R {
     let g = graph(g)?;
-    let list = g.ordered()?;
+    let list = flatten(&g)?;
     let h = execs().insert(Arc::new(GraphExec { nodes: list }));
     out(pexec, h as *mut c_void)
 }
@@ -311,31 +585,386 @@ unsafe fn add_kernel_node(
     let build = kernel_op(f, p.grid, p.block, p.params)?;
     let info = KernelNode {
         func: f as usize,
+        is_kernel: v2 && p.func.is_null(),
         grid: p.grid,
         block: p.block,
         shared_mem: p.shared_mem,
     };
     out(
         pn,
-        g.add_after(NODE_KERNEL, build, Some(info), deps) as *mut c_void,
+        g.add_after(NODE_KERNEL, build, Params::Kernel(info), deps) as *mut c_void,
     )
+}
+
+/// The builder and recorded parameters of a kernel node from `CUDA_KERNEL_NODE_PARAMS(_v2)`.
+unsafe fn kernel_params(
+    p: *const KernelNodeParams,
+    v2: bool,
+) -> Result<(Builder, Params), CUresult> {
+    let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let f = if v2 && p.func.is_null() {
+        p.kern
+    } else {
+        p.func
+    };
+    let build = kernel_op(f, p.grid, p.block, p.params)?;
+    let info = KernelNode {
+        func: f as usize,
+        is_kernel: v2 && p.func.is_null(),
+        grid: p.grid,
+        block: p.block,
+        shared_mem: p.shared_mem,
+    };
+    Ok((build, Params::Kernel(info)))
+}
+
+fn memcpy_params(p: *const Memcpy3D) -> Result<(Builder, Params), CUresult> {
+    let s = sim()?;
+    // SAFETY: the caller's CUDA_MEMCPY3D (checked for NULL).
+    let c = Copy3D(*unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?);
+    copy3d_op(s, c)?; // validate now
+    Ok((Arc::new(move || copy3d_op(s, c)), Params::Memcpy(c)))
+}
+
+fn memset_params(p: *const MemsetNodeParams) -> Result<(Builder, Params), CUresult> {
+    let s = sim()?;
+    // SAFETY: the caller's CUDA_MEMSET_NODE_PARAMS (checked for NULL).
+    let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let a = MemsetArgs {
+        dst: p.dst,
+        pitch: p.pitch as u64,
+        value: p.value,
+        elem: p.element_size as u64,
+        width: p.width as u64,
+        height: p.height as u64,
+    };
+    if !matches!(a.elem, 1 | 2 | 4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let op = move || memset_op(s, a.dst, a.pitch, a.value, a.elem, a.width, a.height);
+    op()?;
+    Ok((Arc::new(op), Params::Memset(a)))
+}
+
+fn host_params(p: *const HostNodeParams) -> Result<(Builder, Params), CUresult> {
+    // SAFETY: the caller's CUDA_HOST_NODE_PARAMS (checked for NULL).
+    let p = unsafe { p.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if p.func.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let call = HostCall(p.func as usize, p.user_data as usize);
+    let build: Builder = Arc::new(move || {
+        Ok(Op::marker().with_effect(move || {
+            let call = call;
+            // SAFETY: CUhostFn is `void (*)(void *userData)`.
+            let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(call.0) };
+            unsafe { f(call.1 as *mut c_void) }
+        }))
+    });
+    Ok((build, Params::Host(call)))
+}
+
+fn event_params(ev: *mut c_void, record: bool) -> Result<(Builder, Params), CUresult> {
+    let s = sim()?;
+    let e = s.events.get(ev as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let state = e.state.clone();
+    if record {
+        let build: Builder = Arc::new(move || {
+            let mut op = Op::marker();
+            op.event = Some(state.clone());
+            Ok(op)
+        });
+        return Ok((build, Params::EventRecord(ev as usize)));
+    }
+    // A wait orders after the event's most recent record at the time the graph is launched.
+    let build: Builder = Arc::new(move || {
+        let rec = *state.inner.lock();
+        let mut op = Op::marker();
+        if rec.recorded {
+            op.deps.push((rec.stream, rec.seq));
+        }
+        Ok(op)
+    });
+    Ok((build, Params::EventWait(ev as usize)))
+}
+
+/// A graph allocation of `size` bytes on the device of `params` (CUDA_MEM_ALLOC_NODE_PARAMS); its
+/// address is written back to `dptr`. Safety: a non-NULL `p` points to the application's
+/// CUDA_MEM_ALLOC_NODE_PARAMS (MEM_ALLOC_PARAMS_SIZE bytes, pool properties first).
+unsafe fn mem_alloc_params(p: *mut u8) -> Result<(Builder, Params, u64), CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let props = &*(p as *const MemPoolProps);
+    let size = *(p.add(104) as *const usize);
+    if size == 0 || props.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = sim()?.device(props.location.id)?;
+    let ctx = super::current_ctx()?;
+    let ptr = super::memory::alloc_on(dev, Arc::as_ptr(&ctx) as usize, size as u64, 0)?;
+    *(p.add(112) as *mut u64) = ptr;
+    let mut bytes = [0u8; MEM_ALLOC_PARAMS_SIZE];
+    std::ptr::copy_nonoverlapping(p, bytes.as_mut_ptr(), MEM_ALLOC_PARAMS_SIZE);
+    let mem = Arc::new(GraphMem { ptr });
+    let keep = mem.clone();
+    let build: Builder = Arc::new(move || {
+        let _ = &keep;
+        Ok(Op::marker())
+    });
+    Ok((build, Params::MemAlloc(mem, bytes), ptr))
+}
+
+/// A cuMemAllocAsync captured into `g`: an allocation node that owns `ptr`.
+pub fn add_captured_alloc(g: &Graph, ptr: u64, size: usize, dev: usize) {
+    let mut bytes = [0u8; MEM_ALLOC_PARAMS_SIZE];
+    // CUDA_MEM_ALLOC_NODE_PARAMS: pinned allocation on the device; bytesize at 104, dptr at 112.
+    bytes[0] = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
+    bytes[8] = CU_MEM_LOCATION_TYPE_DEVICE as u8;
+    bytes[12..16].copy_from_slice(&(dev as i32).to_ne_bytes());
+    bytes[104..112].copy_from_slice(&(size as u64).to_ne_bytes());
+    bytes[112..120].copy_from_slice(&ptr.to_ne_bytes());
+    let mem = Arc::new(GraphMem { ptr });
+    let keep = mem.clone();
+    let build: Builder = Arc::new(move || {
+        let _ = &keep;
+        Ok(Op::marker())
+    });
+    g.add(NODE_MEM_ALLOC, build, Params::MemAlloc(mem, bytes));
+}
+
+/// A cuMemFreeAsync captured into `g`.
+pub fn add_captured_free(g: &Graph, ptr: u64) {
+    let (b, p) = mem_free_params(ptr);
+    g.add(NODE_MEM_FREE, b, p);
+}
+
+fn mem_free_params(ptr: u64) -> (Builder, Params) {
+    (Arc::new(|| Ok(Op::marker())), Params::MemFree(ptr))
+}
+
+/// A node from `CUgraphNodeParams` (`cuGraphAddNode`): the type at offset 0, its parameters at 16.
+/// Safety: a non-NULL `p` points to the application's CUgraphNodeParams (256 bytes), whose union
+/// holds the parameters of the type it names.
+unsafe fn generic_params(g: &Arc<Graph>, p: *mut u8) -> Result<(u32, Builder, Params), CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let kind = *(p as *const u32);
+    let u = p.add(16);
+    let (b, params) = match kind {
+        NODE_KERNEL => kernel_params(u as *const KernelNodeParams, true)?,
+        // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then the CUDA_MEMCPY3D.
+        NODE_MEMCPY => memcpy_params(u.add(16) as *const Memcpy3D)?,
+        NODE_MEMSET => memset_params(u as *const MemsetNodeParams)?,
+        NODE_HOST => host_params(u as *const HostNodeParams)?,
+        NODE_EMPTY => (Arc::new(|| Ok(Op::marker())) as Builder, Params::None),
+        NODE_GRAPH => {
+            let child = graph(*(u as *const *mut c_void))?;
+            (
+                Arc::new(|| Ok(Op::marker())) as Builder,
+                Params::Child(child.deep_clone()?),
+            )
+        }
+        NODE_WAIT_EVENT => event_params(*(u as *const *mut c_void), false)?,
+        NODE_EVENT_RECORD => event_params(*(u as *const *mut c_void), true)?,
+        NODE_MEM_ALLOC => {
+            let (b, params, _) = mem_alloc_params(u)?;
+            (b, params)
+        }
+        NODE_MEM_FREE => mem_free_params(*(u as *const u64)),
+        NODE_CONDITIONAL => {
+            // CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out, ctx.
+            let (handle, ty, size) = (
+                *(u as *const u64),
+                *(u.add(8) as *const u32),
+                *(u.add(12) as *const u32),
+            );
+            if !conds().lock().contains_key(&handle) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let ok = match ty {
+                COND_IF => matches!(size, 1 | 2),
+                COND_WHILE => size == 1,
+                COND_SWITCH => size > 0,
+                _ => false,
+            };
+            if !ok {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let bodies: Vec<Arc<Graph>> = (0..size)
+                .map(|_| {
+                    let b: Arc<Graph> = Arc::default();
+                    graphs().insert(b.clone());
+                    b
+                })
+                .collect();
+            // The CUDA-owned array of body graphs lives as long as the node (kept below).
+            let arr: Box<[*mut c_void]> = bodies
+                .iter()
+                .map(|b| Arc::as_ptr(b) as *mut c_void)
+                .collect();
+            *(u.add(16) as *mut *mut c_void) = arr.as_ptr() as *mut c_void;
+            let arr = SendBox(arr);
+            let build: Builder = Arc::new(move || {
+                let _ = &arr;
+                Ok(Op::marker())
+            });
+            (build, Params::Conditional(handle, ty, bodies))
+        }
+        _ => return Err(CUDA_ERROR_NOT_SUPPORTED),
+    };
+    let _ = g;
+    Ok((kind, b, params))
+}
+
+/// The array of body-graph handles a conditional node hands out.
+struct SendBox(#[allow(dead_code)] Box<[*mut c_void]>);
+// SAFETY: graph handles (addresses of registry entries), never dereferenced through this box.
+unsafe impl Send for SendBox {}
+unsafe impl Sync for SendBox {}
+
+fn node(h: *mut c_void) -> Result<Arc<Node>, CUresult> {
+    nodes().get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// Replaces a graph node's parameters (the type must match).
+fn set_node(h: *mut c_void, node_type: u32, (b, p): (Builder, Params)) -> R {
+    let n = node(h)?;
+    if n.node_type != node_type {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    *n.build.lock() = b;
+    *n.params.lock() = p;
+    Ok(())
+}
+
+/// Replaces the parameters of an executable graph's node (the type must match).
+fn set_exec_node(e: *mut c_void, h: *mut c_void, node_type: u32, (b, p): (Builder, Params)) -> R {
+    let n = exec_node(e, h)?;
+    if n.node_type != node_type {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    *n.build.lock() = b;
+    *n.params.lock() = p;
+    Ok(())
+}
+
+/// Writes a node list the way the Get functions do: the count when `list` is NULL, else up to
+/// `*n` handles (and zeroed edge data), NULL-padded, and the count.
+unsafe fn write_nodes(v: &[usize], list: *mut *mut c_void, edges: *mut u64, n: *mut usize) -> R {
+    if n.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if !list.is_null() {
+        for i in 0..*n {
+            *list.add(i) = v.get(i).map_or(std::ptr::null_mut(), |h| *h as *mut c_void);
+            if !edges.is_null() {
+                *edges.add(i) = 0; // CUgraphEdgeData: default edge
+            }
+        }
+    }
+    *n = v.len();
+    Ok(())
+}
+
+unsafe fn get_edges(
+    g: *mut c_void,
+    from: *mut *mut c_void,
+    to: *mut *mut c_void,
+    edata: *mut u64,
+    n: *mut usize,
+) -> R {
+    let e = graph(g)?.edges();
+    if n.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if !from.is_null() && !to.is_null() {
+        for i in 0..*n {
+            let (f, t) = e.get(i).copied().unwrap_or((0, 0));
+            *from.add(i) = f as *mut c_void;
+            *to.add(i) = t as *mut c_void;
+            if !edata.is_null() {
+                *edata.add(i) = 0;
+            }
+        }
+    }
+    *n = e.len();
+    Ok(())
+}
+
+fn dependents(h: *mut c_void) -> Result<Vec<usize>, CUresult> {
+    let n = node(h)?;
+    let g = graphs().get(n.owner).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    Ok(g.edges()
+        .into_iter()
+        .filter(|(f, _)| *f == h as usize)
+        .map(|(_, t)| t)
+        .collect())
+}
+
+unsafe fn add_node(
+    pn: *mut *mut c_void,
+    g: *mut c_void,
+    deps: *const *mut c_void,
+    n: usize,
+    p: *mut u8,
+) -> R {
+    let g = graph(g)?;
+    let deps = dep_list(deps, n)?;
+    let (kind, b, params) = generic_params(&g, p)?;
+    out(pn, g.add_after(kind, b, params, deps) as *mut c_void)
+}
+
+/// A driver result as `R`.
+trait IntoR {
+    fn result(self) -> R;
+}
+impl IntoR for CUresult {
+    fn result(self) -> R {
+        if self == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
+}
+
+fn exec_update(e: *mut c_void, g: *mut c_void) -> Result<(), (CUresult, u32, usize)> {
+    let exec = execs()
+        .get(e as usize)
+        .ok_or((CUDA_ERROR_INVALID_HANDLE, 1, 0))?;
+    let g = graph(g).map_err(|r| (r, 1, 0))?;
+    let new = flatten(&g).map_err(|r| (r, 1, 0))?;
+    same_shape(&exec.nodes, &new)
+        .map_err(|(why, at)| (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, why, at))?;
+    take_update(&exec.nodes, &new);
+    Ok(())
 }
 
 unsafe fn kernel_node_params(n: *mut c_void, p: *mut KernelNodeParams, v2: bool) -> R {
     let node = nodes().get(n as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let k = node.kernel.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let k = node.kernel().ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let w = &mut *p;
-    w.func = k.func as *mut c_void;
+    w.func = if v2 && k.is_kernel {
+        std::ptr::null_mut()
+    } else {
+        k.func as *mut c_void
+    };
     w.grid = k.grid;
     w.block = k.block;
     w.shared_mem = k.shared_mem;
     w.params = std::ptr::null_mut();
     w.extra = std::ptr::null_mut();
     if v2 {
-        w.kern = std::ptr::null_mut();
+        w.kern = if k.is_kernel {
+            k.func as *mut c_void
+        } else {
+            std::ptr::null_mut()
+        };
         w.ctx = std::ptr::null_mut();
     }
     Ok(())
@@ -396,7 +1025,7 @@ driver! {
     }
     fn cuGraphAddEmptyNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize) {
         let g = graph(g)?;
-        out(pn, g.add_after(NODE_EMPTY, Arc::new(|| Ok(Op::marker())), None, dep_list(deps, n)?) as *mut c_void)
+        out(pn, g.add_after(NODE_EMPTY, Arc::new(|| Ok(Op::marker())), Params::None, dep_list(deps, n)?) as *mut c_void)
     }
     fn cuGraphAddKernelNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const KernelNodeParams) {
         add_kernel_node(pn, g, dep_list(deps, n)?, p, false)
@@ -405,41 +1034,19 @@ driver! {
         add_kernel_node(pn, g, dep_list(deps, n)?, p, true)
     }
     fn cuGraphAddMemcpyNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const Memcpy3D, _ctx: CUcontext) {
-        let s = sim()?;
         let g = graph(g)?;
-        let c = super::memory::Copy3D(*p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?);
-        super::memory::copy3d_op(s, c)?; // validate now
-        let build: Builder = Arc::new(move || super::memory::copy3d_op(s, c));
-        out(pn, g.add_after(NODE_MEMCPY, build, None, dep_list(deps, n)?) as *mut c_void)
+        let (b, params) = memcpy_params(p)?;
+        out(pn, g.add_after(NODE_MEMCPY, b, params, dep_list(deps, n)?) as *mut c_void)
     }
     fn cuGraphAddMemsetNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const MemsetNodeParams, _ctx: CUcontext) {
-        let s = sim()?;
         let g = graph(g)?;
-        let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let (dst, pitch, value, elem, w, h) = (p.dst, p.pitch as u64, p.value, p.element_size as u64, p.width as u64, p.height as u64);
-        if !matches!(elem, 1 | 2 | 4) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        super::memory::memset_op(s, dst, pitch, value, elem, w, h)?;
-        let build: Builder = Arc::new(move || super::memory::memset_op(s, dst, pitch, value, elem, w, h));
-        out(pn, g.add_after(NODE_MEMSET, build, None, dep_list(deps, n)?) as *mut c_void)
+        let (b, params) = memset_params(p)?;
+        out(pn, g.add_after(NODE_MEMSET, b, params, dep_list(deps, n)?) as *mut c_void)
     }
     fn cuGraphAddHostNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *const HostNodeParams) {
         let g = graph(g)?;
-        let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if p.func.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let call = HostCall(p.func as usize, p.user_data as usize);
-        let build: Builder = Arc::new(move || {
-            Ok(Op::marker().with_effect(move || {
-                let call = call;
-                // SAFETY: CUhostFn is `void (*)(void *userData)`.
-                let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(call.0) };
-                unsafe { f(call.1 as *mut c_void) }
-            }))
-        });
-        out(pn, g.add_after(NODE_HOST, build, None, dep_list(deps, n)?) as *mut c_void)
+        let (b, params) = host_params(p)?;
+        out(pn, g.add_after(NODE_HOST, b, params, dep_list(deps, n)?) as *mut c_void)
     }
     fn cuGraphAddDependencies(g: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, n: usize) {
         add_dependencies(g, from, to, n)
@@ -447,41 +1054,59 @@ driver! {
     fn cuGraphAddDependencies_v2(g: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, _edges: *const c_void, n: usize) {
         add_dependencies(g, from, to, n)
     }
-    fn cuGraphNodeGetDependencies(node: *mut c_void, deps: *mut *mut c_void, n: *mut usize) {
-        let node = nodes().get(node as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        let d = node.deps.lock();
-        if n.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if !deps.is_null() {
-            for (i, h) in d.iter().take(*n).enumerate() {
-                *deps.add(i) = *h as *mut c_void;
+    fn cuGraphNodeGetDependencies(h: *mut c_void, deps: *mut *mut c_void, n: *mut usize) {
+        let d = node(h)?.deps.lock().clone();
+        write_nodes(&d, deps, std::ptr::null_mut(), n)
+    }
+    fn cuGraphNodeGetDependencies_v2(h: *mut c_void, deps: *mut *mut c_void, edges: *mut u64, n: *mut usize) {
+        let d = node(h)?.deps.lock().clone();
+        write_nodes(&d, deps, edges, n)
+    }
+    fn cuGraphNodeGetDependentNodes(h: *mut c_void, list: *mut *mut c_void, n: *mut usize) {
+        write_nodes(&dependents(h)?, list, std::ptr::null_mut(), n)
+    }
+    fn cuGraphNodeGetDependentNodes_v2(h: *mut c_void, list: *mut *mut c_void, edges: *mut u64, n: *mut usize) {
+        write_nodes(&dependents(h)?, list, edges, n)
+    }
+    fn cuGraphGetEdges(g: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, n: *mut usize) {
+        get_edges(g, from, to, std::ptr::null_mut(), n)
+    }
+    fn cuGraphGetEdges_v2(g: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, edata: *mut u64, n: *mut usize) {
+        get_edges(g, from, to, edata, n)
+    }
+    fn cuGraphGetRootNodes(g: *mut c_void, list: *mut *mut c_void, n: *mut usize) {
+        let g = graph(g)?;
+        let roots: Vec<usize> = g.nodes.lock().iter().copied()
+            .filter(|h| nodes().get(*h).is_some_and(|x| x.deps.lock().is_empty())).collect();
+        write_nodes(&roots, list, std::ptr::null_mut(), n)
+    }
+    fn cuGraphDestroyNode(h: *mut c_void) {
+        let n = nodes().remove(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if let Some(g) = graphs().get(n.owner) {
+            g.nodes.lock().retain(|x| *x != h as usize);
+            for other in g.nodes.lock().iter().filter_map(|x| nodes().get(*x)) {
+                other.deps.lock().retain(|d| *d != h as usize);
             }
         }
-        *n = d.len();
         Ok(())
     }
+    fn cuGraphRemoveDependencies(g: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, n: usize) {
+        graph(g)?;
+        let (from, to) = (dep_list(from, n)?, dep_list(to, n)?);
+        for (f, t) in from.into_iter().zip(to) {
+            let node = nodes().get(t).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let mut d = node.deps.lock();
+            let i = d.iter().position(|x| *x == f).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            d.remove(i);
+        }
+        Ok(())
+    }
+    fn cuGraphRemoveDependencies_v2(g: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, _e: *const c_void, n: usize) {
+        cuGraphRemoveDependencies(g, from, to, n).result()
+    }
     fn cuGraphClone(pclone: *mut *mut c_void, g: *mut c_void) {
-        let g = graph(g)?;
-        let clone: Arc<Graph> = Arc::default();
-        let old = g.nodes.lock().clone();
-        let mut map = HashMap::new();
-        for h in &old {
-            let n = nodes().get(*h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            let deps = n.deps.lock().clone();
-            let new = clone.add_after(n.node_type, n.build.clone(), n.kernel, deps);
-            map.insert(*h, new);
-        }
-        // Dependencies point at the clone's own nodes.
-        for h in clone.nodes.lock().iter() {
-            if let Some(n) = nodes().get(*h) {
-                let mut d = n.deps.lock();
-                for x in d.iter_mut() {
-                    *x = map.get(x).copied().unwrap_or(*x);
-                }
-            }
-        }
-        out(pclone, graphs().insert(clone) as *mut c_void)
+        let clone = graph(g)?.deep_clone()?;
+        out(pclone, Arc::as_ptr(&clone) as *mut c_void)
     }
     fn cuGraphKernelNodeGetParams(n: *mut c_void, p: *mut KernelNodeParams) {
         kernel_node_params(n, p, false)
@@ -497,6 +1122,193 @@ driver! {
     }
     fn cuGraphInstantiateWithFlags(pexec: *mut *mut c_void, g: *mut c_void, _flags: u64) {
         instantiate(pexec, g)
+    }
+    fn cuGraphKernelNodeSetParams(n: *mut c_void, p: *const KernelNodeParams) {
+        set_node(n, NODE_KERNEL, kernel_params(p, false)?)
+    }
+    fn cuGraphKernelNodeSetParams_v2(n: *mut c_void, p: *const KernelNodeParams) {
+        set_node(n, NODE_KERNEL, kernel_params(p, true)?)
+    }
+    fn cuGraphMemcpyNodeGetParams(n: *mut c_void, p: *mut Memcpy3D) {
+        match *node(n)?.params.lock() {
+            Params::Memcpy(c) => out(p, c.0),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphMemcpyNodeSetParams(n: *mut c_void, p: *const Memcpy3D) {
+        set_node(n, NODE_MEMCPY, memcpy_params(p)?)
+    }
+    fn cuGraphMemsetNodeGetParams(n: *mut c_void, p: *mut MemsetNodeParams) {
+        match *node(n)?.params.lock() {
+            Params::Memset(a) => out(p, MemsetNodeParams {
+                dst: a.dst, pitch: a.pitch as usize, value: a.value, element_size: a.elem as u32,
+                width: a.width as usize, height: a.height as usize,
+            }),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphMemsetNodeSetParams(n: *mut c_void, p: *const MemsetNodeParams) {
+        set_node(n, NODE_MEMSET, memset_params(p)?)
+    }
+    fn cuGraphHostNodeGetParams(n: *mut c_void, p: *mut HostNodeParams) {
+        match *node(n)?.params.lock() {
+            Params::Host(c) => out(p, HostNodeParams { func: c.0 as *mut c_void, user_data: c.1 as *mut c_void }),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphHostNodeSetParams(n: *mut c_void, p: *const HostNodeParams) {
+        set_node(n, NODE_HOST, host_params(p)?)
+    }
+    fn cuGraphExecKernelNodeSetParams(e: *mut c_void, n: *mut c_void, p: *const KernelNodeParams) {
+        set_exec_node(e, n, NODE_KERNEL, kernel_params(p, false)?)
+    }
+    fn cuGraphExecKernelNodeSetParams_v2(e: *mut c_void, n: *mut c_void, p: *const KernelNodeParams) {
+        set_exec_node(e, n, NODE_KERNEL, kernel_params(p, true)?)
+    }
+    fn cuGraphExecMemcpyNodeSetParams(e: *mut c_void, n: *mut c_void, p: *const Memcpy3D, _ctx: CUcontext) {
+        set_exec_node(e, n, NODE_MEMCPY, memcpy_params(p)?)
+    }
+    fn cuGraphExecMemsetNodeSetParams(e: *mut c_void, n: *mut c_void, p: *const MemsetNodeParams, _ctx: CUcontext) {
+        set_exec_node(e, n, NODE_MEMSET, memset_params(p)?)
+    }
+    fn cuGraphExecHostNodeSetParams(e: *mut c_void, n: *mut c_void, p: *const HostNodeParams) {
+        set_exec_node(e, n, NODE_HOST, host_params(p)?)
+    }
+    fn cuGraphExecEventRecordNodeSetEvent(e: *mut c_void, n: *mut c_void, ev: *mut c_void) {
+        set_exec_node(e, n, NODE_EVENT_RECORD, event_params(ev, true)?)
+    }
+    fn cuGraphExecEventWaitNodeSetEvent(e: *mut c_void, n: *mut c_void, ev: *mut c_void) {
+        set_exec_node(e, n, NODE_WAIT_EVENT, event_params(ev, false)?)
+    }
+    fn cuGraphNodeSetEnabled(e: *mut c_void, n: *mut c_void, on: u32) {
+        exec_node(e, n)?.enabled.store(on != 0, Release);
+        Ok(())
+    }
+    fn cuGraphNodeGetEnabled(e: *mut c_void, n: *mut c_void, on: *mut u32) {
+        out(on, exec_node(e, n)?.enabled.load(Acquire) as u32)
+    }
+    fn cuGraphExecUpdate(e: *mut c_void, g: *mut c_void, err_node: *mut *mut c_void, result: *mut u32) {
+        let r = exec_update(e, g);
+        let (code, why, at) = match r { Ok(()) => (CUDA_SUCCESS, 0, 0), Err(x) => x };
+        if !err_node.is_null() {
+            *err_node = at as *mut c_void;
+        }
+        if !result.is_null() {
+            *result = why;
+        }
+        if code == CUDA_SUCCESS { Ok(()) } else { Err(code) }
+    }
+    fn cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut usize) {
+        // CUgraphExecUpdateResultInfo: result, errorNode, errorFromNode.
+        let r = exec_update(e, g);
+        let (code, why, at) = match r { Ok(()) => (CUDA_SUCCESS, 0, 0), Err(x) => x };
+        if !info.is_null() {
+            *(info as *mut u32) = why;
+            *info.add(1) = at;
+            *info.add(2) = 0;
+        }
+        if code == CUDA_SUCCESS { Ok(()) } else { Err(code) }
+    }
+    fn cuGraphAddMemAllocNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *mut u8) {
+        let g = graph(g)?;
+        let deps = dep_list(deps, n)?;
+        let (b, params, _) = mem_alloc_params(p)?;
+        out(pn, g.add_after(NODE_MEM_ALLOC, b, params, deps) as *mut c_void)
+    }
+    fn cuGraphMemAllocNodeGetParams(n: *mut c_void, p: *mut u8) {
+        match &*node(n)?.params.lock() {
+            Params::MemAlloc(_, bytes) if !p.is_null() => {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, MEM_ALLOC_PARAMS_SIZE);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphAddMemFreeNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, ptr: CUdeviceptr) {
+        let g = graph(g)?;
+        let deps = dep_list(deps, n)?;
+        if !sim()?.mem.lock().map.contains_key(&ptr) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (b, params) = mem_free_params(ptr);
+        out(pn, g.add_after(NODE_MEM_FREE, b, params, deps) as *mut c_void)
+    }
+    fn cuGraphMemFreeNodeGetParams(n: *mut c_void, ptr: *mut CUdeviceptr) {
+        match *node(n)?.params.lock() {
+            Params::MemFree(p) => out(ptr, p),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphAddChildGraphNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, child: *mut c_void) {
+        let g = graph(g)?;
+        let deps = dep_list(deps, n)?;
+        let copy = graph(child)?.deep_clone()?;
+        out(pn, g.add_after(NODE_GRAPH, Arc::new(|| Ok(Op::marker())), Params::Child(copy), deps) as *mut c_void)
+    }
+    fn cuGraphChildGraphNodeGetGraph(n: *mut c_void, pg: *mut *mut c_void) {
+        match &*node(n)?.params.lock() {
+            Params::Child(c) => out(pg, Arc::as_ptr(c) as *mut c_void),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphAddEventRecordNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, ev: *mut c_void) {
+        let g = graph(g)?;
+        let deps = dep_list(deps, n)?;
+        let (b, params) = event_params(ev, true)?;
+        out(pn, g.add_after(NODE_EVENT_RECORD, b, params, deps) as *mut c_void)
+    }
+    fn cuGraphAddEventWaitNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, ev: *mut c_void) {
+        let g = graph(g)?;
+        let deps = dep_list(deps, n)?;
+        let (b, params) = event_params(ev, false)?;
+        out(pn, g.add_after(NODE_WAIT_EVENT, b, params, deps) as *mut c_void)
+    }
+    fn cuGraphEventRecordNodeGetEvent(n: *mut c_void, ev: *mut *mut c_void) {
+        match *node(n)?.params.lock() {
+            Params::EventRecord(e) => out(ev, e as *mut c_void),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphEventWaitNodeGetEvent(n: *mut c_void, ev: *mut *mut c_void) {
+        match *node(n)?.params.lock() {
+            Params::EventWait(e) => out(ev, e as *mut c_void),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    fn cuGraphConditionalHandleCreate(ph: *mut u64, g: *mut c_void, _ctx: CUcontext, default: u32, flags: u32) {
+        graph(g)?;
+        if ph.is_null() || flags & !1 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE); // CU_GRAPH_COND_ASSIGN_DEFAULT is the only flag
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let h = NEXT.fetch_add(1, Relaxed);
+        conds().lock().insert(h, (default, flags));
+        out(ph, h)
+    }
+    fn cuGraphAddNode(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, n: usize, p: *mut u8) {
+        add_node(pn, g, deps, n, p)
+    }
+    fn cuGraphAddNode_v2(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, _e: *const c_void, n: usize, p: *mut u8) {
+        add_node(pn, g, deps, n, p)
+    }
+    fn cuGraphAddNode_v3(pn: *mut *mut c_void, g: *mut c_void, deps: *const *mut c_void, _e: *const c_void, n: usize, p: *mut u8) {
+        add_node(pn, g, deps, n, p)
+    }
+    fn cuGraphExecNodeSetParams(e: *mut c_void, n: *mut c_void, p: *mut u8) {
+        let g = graph(node(n)?.owner as *mut c_void)?;
+        let (kind, b, params) = generic_params(&g, p)?;
+        if matches!(kind, NODE_MEM_ALLOC | NODE_MEM_FREE | NODE_CONDITIONAL | NODE_GRAPH) {
+            return Err(CUDA_ERROR_INVALID_VALUE); // not updatable in an executable graph
+        }
+        set_exec_node(e, n, kind, (b, params))
+    }
+    fn cuGraphNodeSetParams(n: *mut c_void, p: *mut u8) {
+        let g = graph(node(n)?.owner as *mut c_void)?;
+        let (kind, b, params) = generic_params(&g, p)?;
+        set_node(n, kind, (b, params))
+    }
+    fn cuGraphNodeSetParams_v2(n: *mut c_void, p: *mut u8) {
+        cuGraphNodeSetParams(n, p).result()
     }
     fn cuGraphExecDestroy(e: *mut c_void) {
         execs().remove(e as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
@@ -549,10 +1361,7 @@ driver_ptds! {
         let r = stream_ref(h, ptds)?;
         // One launch call, like cuLaunchKernel (what an interposer counts).
         s.launch_count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        for n in &exec.nodes {
-            submit(s, &r, (n.build)()?);
-        }
-        Ok(())
+        enqueue(s, &r, &exec.nodes)
     }
     fn cuGraphUpload / cuGraphUpload_ptsz(e: *mut c_void, h: CUstream) |ptds| {
         execs().get(e as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;

@@ -184,6 +184,7 @@ unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
             ctx: 0,
             pool: 0,
             id: 0,
+            host_flags: 0,
         },
     );
     IMPORTED

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::*;
 use super::module::{blocks_per_sm, function, Function};
 use std::sync::Arc;
 
-use super::{stream_ref, submit_or_capture, Builder, R};
+use super::{stream_ref, Builder, R};
 use crate::driver_ptds;
 use crate::engine::{Op, Resource};
 use crate::sim::{sim, Sim};
@@ -98,6 +98,7 @@ unsafe fn launch(
     f: *mut c_void,
     grid: [u32; 3],
     block: [u32; 3],
+    smem: u32,
     h: CUstream,
     params: *mut *mut c_void,
     ptds: bool,
@@ -112,7 +113,14 @@ unsafe fn launch(
             return Err(code);
         }
     }
-    submit_or_capture(s, &r, super::graph::NODE_KERNEL, move || build())
+    let node = super::graph::Params::Kernel(super::graph::KernelNode {
+        func: f as usize,
+        is_kernel: false,
+        grid,
+        block,
+        shared_mem: smem,
+    });
+    super::submit_or_capture_params(s, &r, super::graph::NODE_KERNEL, node, move || build())
 }
 
 unsafe fn launch_ex(
@@ -122,17 +130,25 @@ unsafe fn launch_ex(
     ptds: bool,
 ) -> R {
     let c = cfg.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    launch(f, c.grid, c.block, c.stream, params, ptds)
+    launch(
+        f,
+        c.grid,
+        c.block,
+        c.shared_mem_bytes,
+        c.stream,
+        params,
+        ptds,
+    )
 }
 
 driver_ptds! {
     fn cuLaunchKernel / cuLaunchKernel_ptsz(f: *mut c_void, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-                                           _smem: u32, h: CUstream, params: *mut *mut c_void, _extra: *mut *mut c_void) |ptds| {
-        launch(f, [gx, gy, gz], [bx, by, bz], h, params, ptds)
+                                           smem: u32, h: CUstream, params: *mut *mut c_void, _extra: *mut *mut c_void) |ptds| {
+        launch(f, [gx, gy, gz], [bx, by, bz], smem, h, params, ptds)
     }
     fn cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz(f: *mut c_void, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
-                                           _smem: u32, h: CUstream, params: *mut *mut c_void) |ptds| {
-        launch(f, [gx, gy, gz], [bx, by, bz], h, params, ptds)
+                                           smem: u32, h: CUstream, params: *mut *mut c_void) |ptds| {
+        launch(f, [gx, gy, gz], [bx, by, bz], smem, h, params, ptds)
     }
     fn cuLaunchKernelEx / cuLaunchKernelEx_ptsz(cfg: *const LaunchConfig, f: *mut c_void, params: *mut *mut c_void, _extra: *mut *mut c_void) |ptds| {
         launch_ex(cfg, f, params, ptds)

@@ -327,7 +327,7 @@ driver! {
         let base = map_anon(size as u64)?;
         s.mem.lock().insert(base, Alloc {
             size: size as u64, kind: Kind::Managed, device: ctx.device, charged: 0,
-            ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0,
+            ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0, host_flags: 0,
         });
         let chunks = vec![(u32::MAX, 0); (size as u64).div_ceil(CHUNK) as usize];
         STATE.lock().insert(base, Managed { size: size as u64, dev: ctx.device, prefer_cpu: false, chunks });

@@ -23,6 +23,8 @@ pub enum Kind {
     Managed,
     /// A VMM reservation (cuMemAddressReserve); mapped ranges are accounted by their handle.
     Reserved,
+    /// The storage of a CUDA array (see `array.rs`): device memory reached through its handle.
+    Array,
 }
 
 #[derive(Clone, Debug)]
@@ -36,6 +38,9 @@ pub struct Alloc {
     /// Memory pool the allocation came from (stream-ordered allocations).
     pub pool: usize,
     pub id: u64,
+    /// Host memory: the flags it was allocated (CU_MEMHOSTALLOC_*) or registered
+    /// (CU_MEMHOSTREGISTER_*) with.
+    pub host_flags: u32,
 }
 
 #[derive(Default)]
@@ -167,6 +172,7 @@ pub fn alloc_on(dev: usize, ctx: usize, size: u64, pool: usize) -> Result<u64, C
         ctx,
         pool,
         id: 0,
+        host_flags: 0,
     };
     s.mem.lock().insert(base, a);
     Ok(base)
@@ -233,7 +239,7 @@ fn copy_cost(s: &Sim, bytes: u64, bw: u64) -> u64 {
 /// Where a unified-address copy goes.
 fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
     match device_range(s, p, len) {
-        Some((Kind::Device | Kind::Managed, d)) => Ok(Some(d)),
+        Some((Kind::Device | Kind::Managed | Kind::Array, d)) => Ok(Some(d)),
         // Inside a VMM reservation only mapped pages hold memory (touching the rest would fault).
         Some((Kind::Reserved, d)) if super::vmm::is_mapped(p, len) => Ok(Some(d)),
         Some((Kind::Reserved, _)) => Err(CUDA_ERROR_INVALID_VALUE),
@@ -248,11 +254,11 @@ fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
     }
 }
 
-/// The device of [p, p + len) if all of it is device memory simgpu may write (allocations, managed
-/// memory, mapped VMM pages).
+/// The device of [p, p + len) if all of it is memory the device may write (allocations, managed
+/// memory, mapped VMM pages, and page-locked host memory, which every context maps).
 pub fn writable_device_range(s: &Sim, p: u64, len: u64) -> Option<usize> {
     match device_range(s, p, len)? {
-        (Kind::Device | Kind::Managed, d) => Some(d),
+        (Kind::Device | Kind::Managed | Kind::Host | Kind::Registered, d) => Some(d),
         (Kind::Reserved, d) if super::vmm::is_mapped(p, len) => Some(d),
         _ => None,
     }
@@ -376,40 +382,70 @@ impl Copy3D {
     }
 }
 
+/// One side of a 3D copy: address of its first byte, row pitch, bytes between slices.
+fn copy_side(
+    mt: u32,
+    host: u64,
+    dev: u64,
+    array: *mut c_void,
+    (x, y, z): (u64, u64, u64),
+    (pitch, height): (u64, u64),
+    (w, h, depth): (u64, u64, u64),
+) -> Result<(u64, u64, u64), CUresult> {
+    if mt == CU_MEMORYTYPE_ARRAY {
+        // A CUDA array: its own pitch and height; the region must lie inside it.
+        let a = super::array::array(array)?;
+        let (ap, rows) = (a.pitch(), a.rows());
+        if x + w > ap || y + h > rows || z + depth > a.slices() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        return Ok((a.base + z * ap * rows + y * ap + x, ap, ap * rows));
+    }
+    let base = match mt {
+        CU_MEMORYTYPE_HOST => host,
+        CU_MEMORYTYPE_DEVICE => dev,
+        CU_MEMORYTYPE_UNIFIED => {
+            if dev != 0 {
+                dev
+            } else {
+                host
+            }
+        }
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    // Pitched memory: pitch × the allocation's height (at least the copied height) per slice.
+    let p = pitch.max(w);
+    let slice = p * height.max(h);
+    Ok((base + z * slice + y * p + x, p, slice))
+}
+
 /// One operation that copies a (pitched) 3D region: `depth` slices of `height` rows of
-/// `width_in_bytes`. CUDA arrays are not simulated.
+/// `width_in_bytes`, between host memory, device memory and CUDA arrays.
 pub fn copy3d_op(s: &Sim, c: Copy3D) -> Result<Op, CUresult> {
     let p = c.0;
-    let addr = |mt: u32, host: u64, dev: u64| -> Result<u64, CUresult> {
-        match mt {
-            CU_MEMORYTYPE_HOST => Ok(host),
-            CU_MEMORYTYPE_DEVICE => Ok(dev),
-            CU_MEMORYTYPE_UNIFIED => Ok(if dev != 0 { dev } else { host }),
-            _ => Err(CUDA_ERROR_NOT_SUPPORTED),
-        }
-    };
     let (w, h, depth) = (
         p.width_in_bytes as u64,
         p.height as u64,
         p.depth.max(1) as u64,
     );
-    let (sp, dp) = (
-        p.src_pitch.max(p.width_in_bytes) as u64,
-        p.dst_pitch.max(p.width_in_bytes) as u64,
-    );
-    // Bytes between slices: pitch × the allocation's height (at least the copied height).
-    let (ss, ds) = (
-        sp * (p.src_height.max(p.height) as u64),
-        dp * (p.dst_height.max(p.height) as u64),
-    );
-    let src0 = addr(p.src_memory_type, p.src_host as u64, p.src_device)?
-        + p.src_z as u64 * ss
-        + p.src_y as u64 * sp
-        + p.src_x_in_bytes as u64;
-    let dst0 = addr(p.dst_memory_type, p.dst_host as u64, p.dst_device)?
-        + p.dst_z as u64 * ds
-        + p.dst_y as u64 * dp
-        + p.dst_x_in_bytes as u64;
+    let (src0, sp, ss) = copy_side(
+        p.src_memory_type,
+        p.src_host as u64,
+        p.src_device,
+        p.src_array,
+        (p.src_x_in_bytes as u64, p.src_y as u64, p.src_z as u64),
+        (p.src_pitch as u64, p.src_height as u64),
+        (w, h, depth),
+    )?;
+    let (dst0, dp, ds) = copy_side(
+        p.dst_memory_type,
+        p.dst_host as u64,
+        p.dst_device,
+        p.dst_array,
+        (p.dst_x_in_bytes as u64, p.dst_y as u64, p.dst_z as u64),
+        (p.dst_pitch as u64, p.dst_height as u64),
+        (w, h, depth),
+    )?;
     if w == 0 || h == 0 {
         return Ok(Op::marker());
     }
@@ -529,7 +565,7 @@ unsafe fn memset(
 }
 
 /// Allocates page-locked host memory (a plain mapping here), tracked so copies treat it as pinned.
-fn host_alloc(size: usize) -> Result<u64, CUresult> {
+fn host_alloc(size: usize, flags: u32) -> Result<u64, CUresult> {
     let s = sim()?;
     let ctx = current_ctx()?;
     let base = map_anon(size as u64)?;
@@ -543,6 +579,7 @@ fn host_alloc(size: usize) -> Result<u64, CUresult> {
             ctx: 0,
             pool: 0,
             id: 0,
+            host_flags: flags,
         },
     );
     Ok(base)
@@ -597,11 +634,14 @@ driver! {
     }
 
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) {
-        out(pp, host_alloc(size)? as *mut c_void)
+        out(pp, host_alloc(size, 0)? as *mut c_void)
     }
 
-    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: u32) {
-        out(pp, host_alloc(size)? as *mut c_void)
+    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: u32) {
+        if flags & !0x7 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE); // PORTABLE | DEVICEMAP | WRITECOMBINED only
+        }
+        out(pp, host_alloc(size, flags)? as *mut c_void)
     }
 
     fn cuMemFreeHost(p: *mut c_void) {
@@ -627,21 +667,30 @@ driver! {
 
     fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) {
         let s = sim()?;
-        match device_range(s, p as u64, 1) {
-            Some((Kind::Host | Kind::Registered, _)) => out(flags, 0),
+        let t = s.mem.lock();
+        match t.find(p as u64) {
+            // Every context maps page-locked memory (unified addressing): DEVICEMAP is implied.
+            Some((_, a)) if a.kind == Kind::Host => out(flags, a.host_flags | 0x2),
+            Some((_, a)) if a.kind == Kind::Registered => out(flags, a.host_flags | 0x2),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }
 
-    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, _flags: u32) {
+    fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: u32) {
         let s = sim()?;
         let ctx = current_ctx()?;
-        if p.is_null() || size == 0 {
+        if p.is_null() || size == 0 || flags & !0xf != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        s.mem.lock().insert(
+        let mut t = s.mem.lock();
+        // A range already registered (or any part of it) is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED.
+        let (lo, hi) = (p as u64, p as u64 + size as u64);
+        if t.find(lo).is_some() || t.map.range(lo..hi).next().is_some() {
+            return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        t.insert(
             p as u64,
-            Alloc { size: size as u64, kind: Kind::Registered, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0 },
+            Alloc { size: size as u64, kind: Kind::Registered, device: ctx.device, charged: 0, ctx: 0, pool: 0, id: 0, host_flags: flags },
         );
         Ok(())
     }
@@ -654,7 +703,7 @@ driver! {
                 t.map.remove(&(p as u64));
                 Ok(())
             }
-            _ => Err(CUDA_ERROR_NOT_MAPPED),
+            _ => Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
         }
     }
 
@@ -704,13 +753,54 @@ driver! {
     }
 }
 
+/// The contexts of a peer copy must be live (any two devices are peers on simgpu).
+fn peer_contexts(dst: CUcontext, src: CUcontext) -> R {
+    for c in [dst, src] {
+        if c.is_null() {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        super::ctx_from(c)?;
+    }
+    Ok(())
+}
+
+/// A `CUDA_MEMCPY3D_PEER` as a 3D copy: the two layouts are the same except that the peer form
+/// has the source and destination contexts where `CUDA_MEMCPY3D` has its reserved pointers.
+unsafe fn peer_copy(p: *const c_void) -> Result<Copy3D, CUresult> {
+    // SAFETY: p points to a CUDA_MEMCPY3D_PEER (caller's contract), which has Memcpy3D's layout.
+    let mut c = *(p as *const Memcpy3D)
+        .as_ref()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    for ctx in [c.reserved0, c.reserved1] {
+        if !ctx.is_null() {
+            super::ctx_from(ctx as CUcontext)?;
+        }
+    }
+    c.reserved0 = std::ptr::null_mut();
+    c.reserved1 = std::ptr::null_mut();
+    Ok(Copy3D(c))
+}
+
+/// The address of byte `off` of an array, if `n` bytes from there lie inside it.
+fn array_at(a: *mut c_void, off: usize, n: usize) -> Result<u64, CUresult> {
+    let a = super::array::array(a)?;
+    if (off as u64)
+        .checked_add(n as u64)
+        .is_none_or(|end| end > a.size())
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(a.base + off as u64)
+}
+
 unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc) -> R {
     match attr {
         1 => *(data as *mut usize) = a.ctx,
         2 => {
             *(data as *mut u32) = match a.kind {
                 Kind::Host | Kind::Registered => CU_MEMORYTYPE_HOST,
-                Kind::Managed => CU_MEMORYTYPE_UNIFIED,
+                // Managed memory reads as device memory (CU_MEMORYTYPE_UNIFIED is only a copy
+                // parameter); cudart then reports cudaMemoryTypeManaged from IS_MANAGED.
                 _ => CU_MEMORYTYPE_DEVICE,
             }
         }
@@ -727,7 +817,12 @@ unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc)
         15 => *(data as *mut i32) = 0,
         16 => *(data as *mut u32) = 3, // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
         17 => *(data as *mut usize) = a.pool,
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        21 => *(data as *mut i32) = 0, // CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
+        22 => *(data as *mut i32) = 0, // LOCALITY_DOMAIN_ORDINAL: one domain per device
+        _ => {
+            crate::debug!("cuPointerGetAttribute: unknown attribute {attr}");
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
     }
     Ok(())
 }
@@ -745,8 +840,36 @@ driver_ptds! {
     fn cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) |ptds| {
         memcpy(dst, src, n as u64, None, ptds)
     }
-    fn cuMemcpyPeer / cuMemcpyPeer_ptds(dst: CUdeviceptr, _dc: CUcontext, src: CUdeviceptr, _sc: CUcontext, n: usize) |ptds| {
+    fn cuMemcpyPeer / cuMemcpyPeer_ptds(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize) |ptds| {
+        peer_contexts(dc, sc)?;
         memcpy(dst, src, n as u64, None, ptds)
+    }
+    fn cuMemcpy3DPeer / cuMemcpy3DPeer_ptds(p: *const c_void) |ptds| {
+        memcpy3d(peer_copy(p)?, None, ptds)
+    }
+    fn cuMemcpy3DPeerAsync / cuMemcpy3DPeerAsync_ptsz(p: *const c_void, h: CUstream) |ptds| {
+        memcpy3d(peer_copy(p)?, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpyHtoA_v2 / cuMemcpyHtoA_v2_ptds(a: *mut c_void, off: usize, src: *const c_void, n: usize) |ptds| {
+        memcpy(array_at(a, off, n)?, src as u64, n as u64, None, ptds)
+    }
+    fn cuMemcpyAtoH_v2 / cuMemcpyAtoH_v2_ptds(dst: *mut c_void, a: *mut c_void, off: usize, n: usize) |ptds| {
+        memcpy(dst as u64, array_at(a, off, n)?, n as u64, None, ptds)
+    }
+    fn cuMemcpyDtoA_v2 / cuMemcpyDtoA_v2_ptds(a: *mut c_void, off: usize, src: CUdeviceptr, n: usize) |ptds| {
+        memcpy(array_at(a, off, n)?, src, n as u64, None, ptds)
+    }
+    fn cuMemcpyAtoD_v2 / cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, a: *mut c_void, off: usize, n: usize) |ptds| {
+        memcpy(dst, array_at(a, off, n)?, n as u64, None, ptds)
+    }
+    fn cuMemcpyAtoA_v2 / cuMemcpyAtoA_v2_ptds(da: *mut c_void, doff: usize, sa: *mut c_void, soff: usize, n: usize) |ptds| {
+        memcpy(array_at(da, doff, n)?, array_at(sa, soff, n)?, n as u64, None, ptds)
+    }
+    fn cuMemcpyHtoAAsync_v2 / cuMemcpyHtoAAsync_v2_ptsz(a: *mut c_void, off: usize, src: *const c_void, n: usize, h: CUstream) |ptds| {
+        memcpy(array_at(a, off, n)?, src as u64, n as u64, Some((h, ptds)), ptds)
+    }
+    fn cuMemcpyAtoHAsync_v2 / cuMemcpyAtoHAsync_v2_ptsz(dst: *mut c_void, a: *mut c_void, off: usize, n: usize, h: CUstream) |ptds| {
+        memcpy(dst as u64, array_at(a, off, n)?, n as u64, Some((h, ptds)), ptds)
     }
     fn cuMemcpyAsync / cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream) |ptds| {
         memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
@@ -760,7 +883,8 @@ driver_ptds! {
     fn cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream) |ptds| {
         memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
     }
-    fn cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, _dc: CUcontext, src: CUdeviceptr, _sc: CUcontext, n: usize, h: CUstream) |ptds| {
+    fn cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize, h: CUstream) |ptds| {
+        peer_contexts(dc, sc)?;
         memcpy(dst, src, n as u64, Some((h, ptds)), ptds)
     }
     fn cuMemcpy2D_v2 / cuMemcpy2D_v2_ptds(p: *const Memcpy2D) |ptds| {

@@ -9,6 +9,7 @@ use crate::engine::{Op, StreamId};
 use crate::sim::{sim, Context, Sim};
 use crate::types::*;
 
+pub mod array;
 pub mod context;
 pub mod device;
 pub mod event;
@@ -26,6 +27,7 @@ pub mod stream;
 pub mod vmm;
 
 pub use crate::export_tables::cuGetExportTable;
+pub use array::*;
 pub use context::*;
 pub use device::*;
 pub use event::*;
@@ -218,9 +220,21 @@ pub fn submit_or_capture(
     node_type: u32,
     build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
 ) -> R {
+    submit_or_capture_params(sim, s, node_type, graph::Params::None, build)
+}
+
+/// `submit_or_capture`, recording `params` with a captured node (what the node Get functions
+/// report).
+pub fn submit_or_capture_params(
+    sim: &'static Sim,
+    s: &StreamRef,
+    node_type: u32,
+    params: graph::Params,
+    build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
+) -> R {
     if let Some(g) = graph::capturing(s.id) {
         build()?; // validate now, as the driver does at capture time
-        g.add(node_type, std::sync::Arc::new(build), None);
+        g.add(node_type, std::sync::Arc::new(build), params);
         return Ok(());
     }
     submit(sim, s, build()?);

@@ -68,8 +68,15 @@ unsafe fn alloc_async(
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    stream_ref(h, ptds)?;
+    let r = stream_ref(h, ptds)?;
     let p = pool(ph as *mut c_void)?;
+    if let Some(g) = crate::driver::graph::capturing(r.id) {
+        // Captured: the graph owns the allocation (address fixed now, freed with the graph).
+        let ptr = alloc_device(size as u64, 0)?;
+        crate::driver::graph::add_captured_alloc(&g, ptr, size, p.dev);
+        *dptr = ptr;
+        return Ok(());
+    }
     let ptr = alloc_device(size as u64, ph)?;
     let u = p.used.fetch_add(size as u64, AcqRel) + size as u64;
     p.used_high.fetch_max(u, AcqRel);
@@ -180,6 +187,12 @@ driver_ptds! {
     fn cuMemFreeAsync / cuMemFreeAsync_ptsz(ptr: CUdeviceptr, h: CUstream) |ptds| {
         let s = sim()?;
         let r = stream_ref(h, ptds)?;
+        if let Some(g) = crate::driver::graph::capturing(r.id) {
+            // Captured: a free node; the memory goes when the graph no longer needs it.
+            s.mem.lock().map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            crate::driver::graph::add_captured_free(&g, ptr);
+            return Ok(());
+        }
         let (size, ph) = {
             let t = s.mem.lock();
             let a = t.map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;

@@ -61,7 +61,7 @@ driver! {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let dev = super::current_ctx_opt().map_or(0, |c| c.device);
-        s.mem.lock().insert(p as u64, Alloc { size: size as u64, kind: Kind::Reserved, device: dev, charged: 0, ctx: 0, pool: 0, id: 0 });
+        s.mem.lock().insert(p as u64, Alloc { size: size as u64, kind: Kind::Reserved, device: dev, charged: 0, ctx: 0, pool: 0, id: 0, host_flags: 0 });
         out(ptr, p as u64)
     }
     fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
