@@ -62,6 +62,13 @@ crate::hooks! {
     wrap cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
     wrap cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
 
+    // CUDA arrays (texture and surface storage), charged at their dense size.
+    wrap cuArrayCreate_v2(ph: *mut *mut c_void, desc: *const ArrayDesc) => memory::array_create;
+    wrap cuArray3DCreate_v2(ph: *mut *mut c_void, desc: *const Array3DDesc) => memory::array3d_create;
+    wrap cuMipmappedArrayCreate(ph: *mut *mut c_void, desc: *const Array3DDesc, levels: c_uint) => memory::mipmapped_array_create;
+    wrap cuArrayDestroy(h: *mut c_void) => memory::array_destroy;
+    wrap cuMipmappedArrayDestroy(h: *mut c_void) => memory::array_destroy;
+
     // What the job sees of the device's memory: the quota.
     wrap cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
     wrap cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::total_mem;

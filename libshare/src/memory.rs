@@ -12,6 +12,7 @@ use crate::types::*;
 
 static ALLOCS: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLES: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
+static ARRAYS: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
 
 fn table(slot: &AtomicPtr<Allocations>) -> &'static Allocations {
     let p = slot.load(Acquire);
@@ -37,10 +38,16 @@ fn handles() -> &'static Allocations {
     table(&HANDLES)
 }
 
+/// Live CUDA arrays and mipmapped arrays by handle.
+fn arrays() -> &'static Allocations {
+    table(&ARRAYS)
+}
+
 /// In a forked child: the parent's allocations are not the child's. No allocation, no lock.
 pub fn forget_all_after_fork() {
     ALLOCS.store(std::ptr::null_mut(), Release);
     HANDLES.store(std::ptr::null_mut(), Release);
+    ARRAYS.store(std::ptr::null_mut(), Release);
     CTX_CHARGED.store(0, Release);
 }
 
@@ -83,7 +90,8 @@ pub unsafe fn primary_ctx_retain(
 }
 
 /// cudaDeviceReset: the driver frees every allocation of the primary context, so the process's
-/// allocations on that device go back to the quota (cudart makes all its allocations there).
+/// allocations and arrays on that device go back to the quota (cudart makes all its allocations
+/// there).
 pub unsafe fn primary_ctx_reset(
     real: unsafe extern "C" fn(CUdevice) -> CUresult,
     dev: CUdevice,
@@ -92,7 +100,8 @@ pub unsafe fn primary_ctx_reset(
     if r == CUDA_SUCCESS && dev >= 0 {
         if let Some(sh) = crate::state::get() {
             let d = dev as usize % libshare_abi::MAX_DEVICES;
-            for (_, (_, bytes)) in allocs().drain_device(d) {
+            let freed = allocs().drain_device(d).into_iter();
+            for (_, (_, bytes)) in freed.chain(arrays().drain_device(d)) {
                 sh.uncharge(d, bytes);
                 sh.count_free(d);
             }
@@ -370,6 +379,76 @@ pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) 
     let r = real(handle);
     if r == CUDA_SUCCESS {
         if let (Some((dev, bytes)), Some(sh)) = (handles().remove(handle), crate::state::get()) {
+            sh.uncharge(dev, bytes);
+            sh.count_free(dev);
+        }
+    }
+    r
+}
+
+/// A CUDA array (texture/surface storage) of `bytes`, charged on the current device and
+/// recorded by handle. Charged at its dense size (`Array3DDesc::dense_bytes`): a GPU pads and
+/// tiles arrays, so this is what the array takes at least. Arrays of formats without a fixed
+/// element size are passed through uncharged.
+unsafe fn charged_array(
+    ph: *mut *mut c_void,
+    bytes: Option<u64>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match (current_device(), bytes) {
+        (Some(dev), Some(b)) if !ph.is_null() && b > 0 => {
+            charged(sh, dev, b, call, || *ph as u64, arrays())
+        }
+        _ => call(),
+    }
+}
+
+pub unsafe fn array_create(
+    real: unsafe extern "C" fn(*mut *mut c_void, *const ArrayDesc) -> CUresult,
+    ph: *mut *mut c_void,
+    desc: *const ArrayDesc,
+) -> CUresult {
+    let bytes = desc
+        .as_ref()
+        .and_then(|d| Array3DDesc::from(d).dense_bytes());
+    charged_array(ph, bytes, || real(ph, desc))
+}
+
+pub unsafe fn array3d_create(
+    real: unsafe extern "C" fn(*mut *mut c_void, *const Array3DDesc) -> CUresult,
+    ph: *mut *mut c_void,
+    desc: *const Array3DDesc,
+) -> CUresult {
+    let bytes = desc.as_ref().and_then(|d| d.dense_bytes());
+    charged_array(ph, bytes, || real(ph, desc))
+}
+
+pub unsafe fn mipmapped_array_create(
+    real: unsafe extern "C" fn(*mut *mut c_void, *const Array3DDesc, c_uint) -> CUresult,
+    ph: *mut *mut c_void,
+    desc: *const Array3DDesc,
+    levels: c_uint,
+) -> CUresult {
+    let bytes = desc.as_ref().and_then(|d| {
+        (0..levels.min(64)).try_fold(0u64, |sum, i| {
+            sum.checked_add(d.mip_level(i).dense_bytes()?)
+        })
+    });
+    charged_array(ph, bytes, || real(ph, desc, levels))
+}
+
+/// cuArrayDestroy and cuMipmappedArrayDestroy.
+pub unsafe fn array_destroy(
+    real: unsafe extern "C" fn(*mut c_void) -> CUresult,
+    h: *mut c_void,
+) -> CUresult {
+    let r = real(h);
+    if r == CUDA_SUCCESS {
+        if let (Some((dev, bytes)), Some(sh)) = (arrays().remove(h as u64), crate::state::get()) {
             sh.uncharge(dev, bytes);
             sh.count_free(dev);
         }

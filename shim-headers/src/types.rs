@@ -158,3 +158,138 @@ pub struct MemPoolProps {
     pub usage: u16,
     pub reserved: [u8; 54],
 }
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: u32,
+    pub channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Array3DDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: u32,
+    pub channels: u32,
+    pub flags: u32,
+}
+
+pub const ARRAY3D_LAYERED: u32 = 0x01;
+pub const ARRAY3D_SURFACE_LDST: u32 = 0x02;
+pub const ARRAY3D_CUBEMAP: u32 = 0x04;
+
+impl From<&ArrayDesc> for Array3DDesc {
+    /// A 1D or 2D array as the 3D descriptor with depth 0 and no flags.
+    fn from(d: &ArrayDesc) -> Array3DDesc {
+        Array3DDesc {
+            width: d.width,
+            height: d.height,
+            depth: 0,
+            format: d.format,
+            channels: d.channels,
+            flags: 0,
+        }
+    }
+}
+
+impl Array3DDesc {
+    /// Level `i` of a mipmapped array of this descriptor: each dimension halves (at least 1);
+    /// layers and cube faces do not.
+    pub fn mip_level(&self, i: u32) -> Array3DDesc {
+        let shrink = |v: usize| if v == 0 { 0 } else { (v >> i).max(1) };
+        let layered = self.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
+        Array3DDesc {
+            width: shrink(self.width),
+            height: shrink(self.height),
+            depth: if layered {
+                self.depth
+            } else {
+                shrink(self.depth)
+            },
+            ..*self
+        }
+    }
+
+    /// The array's elements laid out densely (rows × slices, no padding), or None for formats
+    /// without a fixed element size (block-compressed, planar video) or a bad channel count.
+    /// Drivers pad and tile, so on a GPU an array takes at least this much.
+    pub fn dense_bytes(&self) -> Option<u64> {
+        let elem = array_element_size(self.format, self.channels)?;
+        let rows = (self.height as u64).max(1);
+        let slices = (self.depth as u64).max(1);
+        (self.width as u64)
+            .checked_mul(elem)?
+            .checked_mul(rows)?
+            .checked_mul(slices)
+    }
+}
+
+/// Bytes per element of array format `format` (`CUarray_format`) × `channels`, or None for
+/// formats without a fixed element size (block-compressed and planar video formats).
+pub fn array_element_size(format: u32, channels: u32) -> Option<u64> {
+    let per_channel = match format {
+        0x01 | 0x08 => 1,        // (un)signed int8
+        0x02 | 0x09 | 0x10 => 2, // (un)signed int16, half
+        0x03 | 0x0a | 0x20 => 4, // (un)signed int32, float
+        // Formats with the channel count in the name: the descriptor's count must match.
+        0x50 => return (channels == 1).then_some(4), // UNORM_INT_101010_2
+        0xc0..=0xcb => {
+            let i = format - 0xc0;
+            let (bytes, n) = (
+                if (i / 3).is_multiple_of(2) { 1 } else { 2 },
+                [1, 2, 4][(i % 3) as usize],
+            );
+            return (channels == n).then_some(bytes * n as u64);
+        }
+        _ => return None,
+    };
+    matches!(channels, 1 | 2 | 4).then_some(per_channel * channels as u64)
+}
+
+#[cfg(test)]
+mod array_tests {
+    use super::*;
+
+    #[test]
+    fn element_sizes() {
+        assert_eq!(array_element_size(0x20, 4), Some(16)); // float4
+        assert_eq!(array_element_size(0x01, 4), Some(4)); // uchar4
+        assert_eq!(array_element_size(0x10, 2), Some(4)); // half2
+        assert_eq!(array_element_size(0x01, 3), None);
+        assert_eq!(array_element_size(0xc2, 4), Some(4)); // UNORM_INT8X4
+        assert_eq!(array_element_size(0xc5, 4), Some(8)); // UNORM_INT16X4
+        assert_eq!(array_element_size(0xc9, 1), Some(2)); // SNORM_INT16X1
+        assert_eq!(array_element_size(0x91, 4), None); // BC1: not laid out
+    }
+
+    #[test]
+    fn mip_levels_halve_but_keep_layers_and_sizes_are_dense() {
+        let d = Array3DDesc {
+            width: 64,
+            height: 20,
+            depth: 3,
+            format: 0x20,
+            channels: 1,
+            flags: ARRAY3D_LAYERED,
+        };
+        let l = d.mip_level(3);
+        assert_eq!((l.width, l.height, l.depth), (8, 2, 3));
+        let l = d.mip_level(6);
+        assert_eq!((l.width, l.height), (1, 1));
+        assert_eq!(d.dense_bytes(), Some(64 * 20 * 3 * 4));
+        let flat = Array3DDesc::from(&ArrayDesc {
+            width: 100,
+            height: 0,
+            format: 0x01,
+            channels: 4,
+        });
+        assert_eq!(flat.dense_bytes(), Some(400));
+    }
+}

@@ -10,6 +10,7 @@
  *        shim_driver fork              fork after cuInit with 100 MiB held in the parent (see below)
  *        shim_driver ignore_init       carry on after a failed cuInit: allocation must still fail
  *        shim_driver paths             every allocation and launch path once (counters test)
+ *        shim_driver arrays            CUDA arrays under a 64 MiB quota (charged, refused, returned)
  * Prints "key=value" lines; "FAIL ..." and exit 1 on an unexpected result; "OK" at the end. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -450,6 +451,52 @@ static int paths(void) {
     return 0;
 }
 
+/* CUDA arrays under a 64 MiB quota: charged at their dense size, refused past the quota,
+ * returned on destroy. */
+static int arrays(void) {
+    resolver("dlsym");
+    setup();
+    CUresult (*create2d)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *) = dl("cuArrayCreate_v2");
+    CUresult (*create3d)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *) = dl("cuArray3DCreate_v2");
+    CUresult (*destroy)(CUarray) = dl("cuArrayDestroy");
+    CUresult (*mip_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned) =
+        dl("cuMipmappedArrayCreate");
+    CUresult (*mip_destroy)(CUmipmappedArray) = dl("cuMipmappedArrayDestroy");
+    size_t f0 = free_now();
+
+    CUDA_ARRAY_DESCRIPTOR d2 = {.Width = 2048, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT,
+                                .NumChannels = 4};
+    CUarray a2;
+    CHECK(create2d(&a2, &d2));
+    EXPECT(free_now() == f0 - 32 * MIB, "2D float4 array charged %llu", (unsigned long long)(f0 - free_now()));
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = 1024, .Height = 1024, .Depth = 8,
+                                  .Format = CU_AD_FORMAT_UNSIGNED_INT32, .NumChannels = 1,
+                                  .Flags = CUDA_ARRAY3D_LAYERED};
+    CUarray a3;
+    CHECK(create3d(&a3, &d3));
+    EXPECT(free_now() == f0 - 64 * MIB, "layered array charged %llu", (unsigned long long)(f0 - free_now() - 32 * MIB));
+    CUDA_ARRAY_DESCRIPTOR small = {.Width = 1024, .Height = 0, .Format = CU_AD_FORMAT_UNSIGNED_INT8,
+                                   .NumChannels = 1};
+    CUarray over = NULL;
+    CUresult rc = create2d(&over, &small);
+    printf("over_quota=%d\n", (int)rc);
+    EXPECT(rc == CUDA_ERROR_OUT_OF_MEMORY, "an array past the quota returned %d", (int)rc);
+    CHECK(destroy(a2));
+    EXPECT(free_now() == f0 - 32 * MIB, "destroy returned %llu", (unsigned long long)(free_now() - (f0 - 64 * MIB)));
+    CUDA_ARRAY3D_DESCRIPTOR dm = {.Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT,
+                                  .NumChannels = 1};
+    CUmipmappedArray m;
+    CHECK(mip_create(&m, &dm, 3)); /* 4 MiB + 1 MiB + 256 KiB */
+    EXPECT(free_now() == f0 - 32 * MIB - 5 * MIB - 256 * 1024, "mipmapped array charged %llu",
+           (unsigned long long)(f0 - 32 * MIB - free_now()));
+    CHECK(mip_destroy(m));
+    CHECK(destroy(a3));
+    EXPECT(free_now() == f0, "free %llu after destroying every array, expected %llu",
+           (unsigned long long)free_now(), (unsigned long long)f0);
+    printf("OK\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "quota") && argc == 3) return quota(argv[2]);
@@ -458,6 +505,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "fork")) return fork_test();
     if (!strcmp(mode, "ignore_init")) return ignore_init();
     if (!strcmp(mode, "paths")) return paths();
+    if (!strcmp(mode, "arrays")) return arrays();
     fprintf(stderr, "usage: see the comment at the top of shim_driver.c\n");
     return 2;
 }

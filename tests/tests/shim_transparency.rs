@@ -247,3 +247,26 @@ fn shim_every_allocation_and_launch_path_is_counted_once() {
     assert_eq!(dev.allocs.load(Acquire), sim.api_allocs);
     gpu.assert_no_stub_calls();
 }
+
+#[test]
+fn shim_cuda_arrays_count_against_the_quota() {
+    // cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate are charged at the arrays' size,
+    // refused past the quota with CUDA_ERROR_OUT_OF_MEMORY, and returned on destroy (the
+    // program checks each step through cuMemGetInfo).
+    let bin = compile_gcc("shim_driver.c", "shim_driver", &[]);
+    let gpu = SimGpu::new().memory("8GiB").with_shim().quota("64MiB");
+    let out = gpu.run_cmd_ok(|| {
+        let mut cmd = gpu.command(&bin);
+        cmd.arg("arrays");
+        cmd
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("over_quota=2\n"), "{}", describe(&out));
+    let st = gpu.container_state("default");
+    use std::sync::atomic::Ordering::Acquire;
+    let dev = st.device(0);
+    assert_eq!(dev.used.load(Acquire), 0, "memory left charged after exit");
+    assert_eq!(dev.peak.load(Acquire), 64 << 20, "peak is the quota");
+    assert_eq!(dev.oom.load(Acquire), 1, "one refusal");
+    gpu.assert_no_stub_calls();
+}

@@ -18,28 +18,6 @@ use crate::driver;
 use crate::sim::{sim, Registry};
 use crate::types::*;
 
-/// `CUDA_ARRAY_DESCRIPTOR`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ArrayDesc {
-    pub width: usize,
-    pub height: usize,
-    pub format: u32,
-    pub channels: u32,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Array3DDesc {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: u32,
-    pub channels: u32,
-    pub flags: u32,
-}
-
 /// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
 #[repr(C)]
 pub struct ArrayMemReq {
@@ -48,9 +26,6 @@ pub struct ArrayMemReq {
     pub reserved: [u32; 4],
 }
 
-pub const ARRAY3D_LAYERED: u32 = 0x01;
-pub const ARRAY3D_SURFACE_LDST: u32 = 0x02;
-pub const ARRAY3D_CUBEMAP: u32 = 0x04;
 /// Every CUDA_ARRAY3D_* flag of cuda.h (layered … video encode/decode).
 const ARRAY3D_ALL_FLAGS: u32 = 0x1ff;
 
@@ -140,34 +115,12 @@ pub fn array(h: *mut c_void) -> Result<Arc<Array>, CUresult> {
     arrays().get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
-/// Bytes per element of `format` × `channels`, or None for formats simgpu does not lay out
-/// (block-compressed and planar video formats).
-fn element_size(format: u32, channels: u32) -> Option<u64> {
-    let per_channel = match format {
-        0x01 | 0x08 => 1,        // (un)signed int8
-        0x02 | 0x09 | 0x10 => 2, // (un)signed int16, half
-        0x03 | 0x0a | 0x20 => 4, // (un)signed int32, float
-        // Formats with the channel count in the name: the descriptor's count must match.
-        0x50 => return (channels == 1).then_some(4), // UNORM_INT_101010_2
-        0xc0..=0xcb => {
-            let i = format - 0xc0;
-            let (bytes, n) = (
-                if (i / 3).is_multiple_of(2) { 1 } else { 2 },
-                [1, 2, 4][(i % 3) as usize],
-            );
-            return (channels == n).then_some(bytes * n as u64);
-        }
-        _ => return None,
-    };
-    matches!(channels, 1 | 2 | 4).then_some(per_channel * channels as u64)
-}
-
 /// Validates a descriptor the way `cuArray3DCreate` documents it.
 fn check_desc(d: &Array3DDesc) -> Result<u64, CUresult> {
     if d.flags & !ARRAY3D_ALL_FLAGS != 0 || d.width == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let elem = element_size(d.format, d.channels).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let elem = array_element_size(d.format, d.channels).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let layered = d.flags & ARRAY3D_LAYERED != 0;
     if d.flags & ARRAY3D_CUBEMAP != 0 {
         // Cubemaps are square with 6 faces (a multiple of 6 when layered).
@@ -235,19 +188,6 @@ fn destroy(h: usize) {
     unmap(a.base, a.size());
 }
 
-/// Level `i` of a mipmapped array of `d`: each dimension halves (at least 1); layers and cube
-/// faces do not.
-fn level_desc(d: &Array3DDesc, i: u32) -> Array3DDesc {
-    let shrink = |v: usize| if v == 0 { 0 } else { (v >> i).max(1) };
-    let layered = d.flags & (ARRAY3D_LAYERED | ARRAY3D_CUBEMAP) != 0;
-    Array3DDesc {
-        width: shrink(d.width),
-        height: shrink(d.height),
-        depth: if layered { d.depth } else { shrink(d.depth) },
-        ..*d
-    }
-}
-
 /// Reads a `T` at byte `off` of a descriptor.
 fn field<T: Copy>(bytes: &[u8], off: usize) -> T {
     assert!(off + std::mem::size_of::<T>() <= bytes.len());
@@ -279,13 +219,14 @@ fn check_resource(res: &[u8; RESOURCE_DESC_SIZE], surface: bool) -> R {
             // linear: devPtr, format, numChannels, sizeInBytes;
             // pitch2D: devPtr, format, numChannels, width, height, pitchInBytes.
             let (format, channels): (u32, u32) = (field(res, 16), field(res, 20));
-            element_size(format, channels).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            array_element_size(format, channels).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             let len: usize = if kind == RESOURCE_TYPE_LINEAR {
                 field(res, 24)
             } else {
                 let (h, pitch): (usize, usize) = (field(res, 32), field(res, 40));
                 pitch * h.saturating_sub(1)
-                    + field::<usize>(res, 24) * element_size(format, channels).unwrap_or(1) as usize
+                    + field::<usize>(res, 24)
+                        * array_element_size(format, channels).unwrap_or(1) as usize
             };
             if handle == 0
                 || super::memory::device_range(s, handle as u64, len.max(1) as u64).is_none()
@@ -338,7 +279,7 @@ unsafe fn write_bytes<const N: usize>(dst: *mut c_void, b: &[u8; N]) -> R {
 driver! {
     fn cuArrayCreate_v2(ph: *mut *mut c_void, d: *const ArrayDesc) {
         let d = d.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let d3 = Array3DDesc { width: d.width, height: d.height, depth: 0, format: d.format, channels: d.channels, flags: 0 };
+        let d3 = Array3DDesc::from(d);
         if ph.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -387,7 +328,7 @@ driver! {
         }
         let mut list = Vec::new();
         for i in 0..levels {
-            match create(level_desc(&d, i), true) {
+            match create(d.mip_level(i), true) {
                 Ok(h) => list.push(h),
                 Err(e) => {
                     list.into_iter().for_each(destroy);
@@ -469,33 +410,5 @@ mod tests {
         assert_eq!(std::mem::size_of::<ArrayMemReq>(), 32);
         // graph.rs reads CUDA_MEM_ALLOC_NODE_PARAMS past a CUmemPoolProps of this size.
         assert_eq!(std::mem::size_of::<crate::types::MemPoolProps>(), 88);
-    }
-
-    #[test]
-    fn element_sizes() {
-        assert_eq!(element_size(0x20, 4), Some(16)); // float4
-        assert_eq!(element_size(0x01, 4), Some(4)); // uchar4
-        assert_eq!(element_size(0x10, 2), Some(4)); // half2
-        assert_eq!(element_size(0x01, 3), None);
-        assert_eq!(element_size(0xc2, 4), Some(4)); // UNORM_INT8X4
-        assert_eq!(element_size(0xc5, 4), Some(8)); // UNORM_INT16X4
-        assert_eq!(element_size(0xc9, 1), Some(2)); // SNORM_INT16X1
-        assert_eq!(element_size(0x91, 4), None); // BC1: not laid out
-    }
-
-    #[test]
-    fn mip_levels_halve_but_keep_layers() {
-        let d = Array3DDesc {
-            width: 64,
-            height: 20,
-            depth: 3,
-            format: 0x20,
-            channels: 1,
-            flags: ARRAY3D_LAYERED,
-        };
-        let l = level_desc(&d, 3);
-        assert_eq!((l.width, l.height, l.depth), (8, 2, 3));
-        let l = level_desc(&d, 6);
-        assert_eq!((l.width, l.height), (1, 1));
     }
 }
