@@ -69,6 +69,13 @@ crate::hooks! {
     wrap cuArrayDestroy(h: *mut c_void) => memory::array_destroy;
     wrap cuMipmappedArrayDestroy(h: *mut c_void) => memory::array_destroy;
 
+    // CUDA-graph memory nodes (captured cuMemAllocAsync goes through the hooks above).
+    wrap cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut MemAllocNodeParams) => memory::graph_add_mem_alloc_node;
+    wrap cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, dptr: CUdeviceptr) => memory::graph_add_mem_free_node;
+    wrap cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut GraphNodeParams) => memory::graph_add_node;
+    wrap cuGraphAddNode_v2(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => memory::graph_add_node_v2;
+    wrap cuGraphAddNode_v3(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => memory::graph_add_node_v2;
+
     // What the job sees of the device's memory: the quota.
     wrap cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
     wrap cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::total_mem;

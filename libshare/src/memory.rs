@@ -216,6 +216,14 @@ fn charged(
     r
 }
 
+/// The driver freed `key` (a pointer or handle of `table`): return its bytes to the quota.
+fn returned(table: &Allocations, key: u64) {
+    if let (Some((dev, bytes)), Some(sh)) = (table.remove(key), crate::state::get()) {
+        sh.uncharge(dev, bytes);
+        sh.count_free(dev);
+    }
+}
+
 /// An allocation that writes its pointer to `dptr`: charged on the current device, recorded by
 /// pointer. Without a context (the driver will refuse anyway) or for size 0, passed through.
 unsafe fn charged_alloc(
@@ -298,10 +306,7 @@ pub unsafe fn free(
 ) -> CUresult {
     let r = real(ptr);
     if r == CUDA_SUCCESS && ptr != 0 {
-        if let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) {
-            sh.uncharge(dev, bytes);
-            sh.count_free(dev);
-        }
+        returned(allocs(), ptr);
     }
     r
 }
@@ -334,10 +339,7 @@ pub unsafe fn free_async(
 ) -> CUresult {
     let r = real(ptr, stream);
     if r == CUDA_SUCCESS {
-        if let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) {
-            sh.uncharge(dev, bytes);
-            sh.count_free(dev);
-        }
+        returned(allocs(), ptr);
     }
     r
 }
@@ -378,10 +380,7 @@ pub unsafe fn create(
 pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) -> CUresult {
     let r = real(handle);
     if r == CUDA_SUCCESS {
-        if let (Some((dev, bytes)), Some(sh)) = (handles().remove(handle), crate::state::get()) {
-            sh.uncharge(dev, bytes);
-            sh.count_free(dev);
-        }
+        returned(handles(), handle);
     }
     r
 }
@@ -448,12 +447,140 @@ pub unsafe fn array_destroy(
 ) -> CUresult {
     let r = real(h);
     if r == CUDA_SUCCESS {
-        if let (Some((dev, bytes)), Some(sh)) = (arrays().remove(h as u64), crate::state::get()) {
-            sh.uncharge(dev, bytes);
-            sh.count_free(dev);
-        }
+        returned(arrays(), h as u64);
     }
     r
+}
+
+/// CUDA-graph memory: an allocation node is charged when it is added to a graph (the driver
+/// backs it from then on, and keeps the memory in its graph pool across launches), and returned
+/// when it is freed — by a free node added to a graph or by `cuMemFree(Async)` outside, as the
+/// CUDA documentation requires of graph allocations. Allocations captured from a stream
+/// (`cuMemAllocAsync` during capture) already take this path through the async hooks.
+pub unsafe fn graph_add_mem_alloc_node(
+    real: unsafe extern "C" fn(
+        *mut CUgraphNode,
+        CUgraph,
+        *const CUgraphNode,
+        usize,
+        *mut MemAllocNodeParams,
+    ) -> CUresult,
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    charged_graph_alloc(params, || real(node, graph, deps, n, params))
+}
+
+unsafe fn charged_graph_alloc(
+    params: *mut MemAllocNodeParams,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match params.as_ref() {
+        Some(p)
+            if p.pool_props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
+                && p.pool_props.location.id >= 0
+                && p.bytesize > 0 =>
+        {
+            let dev = p.pool_props.location.id as usize % libshare_abi::MAX_DEVICES;
+            charged(
+                sh,
+                dev,
+                p.bytesize as u64,
+                call,
+                || (*params).dptr,
+                allocs(),
+            )
+        }
+        _ => call(),
+    }
+}
+
+pub unsafe fn graph_add_mem_free_node(
+    real: unsafe extern "C" fn(
+        *mut CUgraphNode,
+        CUgraph,
+        *const CUgraphNode,
+        usize,
+        CUdeviceptr,
+    ) -> CUresult,
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    let r = real(node, graph, deps, n, dptr);
+    if r == CUDA_SUCCESS {
+        returned(allocs(), dptr);
+    }
+    r
+}
+
+type AddNodeFn = unsafe extern "C" fn(
+    *mut CUgraphNode,
+    CUgraph,
+    *const CUgraphNode,
+    usize,
+    *mut GraphNodeParams,
+) -> CUresult;
+type AddNodeV2Fn = unsafe extern "C" fn(
+    *mut CUgraphNode,
+    CUgraph,
+    *const CUgraphNode,
+    *const c_void,
+    usize,
+    *mut GraphNodeParams,
+) -> CUresult;
+
+pub unsafe fn graph_add_node(
+    real: AddNodeFn,
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    params: *mut GraphNodeParams,
+) -> CUresult {
+    accounted_node(params, || real(node, graph, deps, n, params))
+}
+
+/// cuGraphAddNode_v2 and _v3 (with edge data).
+pub unsafe fn graph_add_node_v2(
+    real: AddNodeV2Fn,
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const c_void,
+    n: usize,
+    params: *mut GraphNodeParams,
+) -> CUresult {
+    accounted_node(params, || real(node, graph, deps, edges, n, params))
+}
+
+/// `cuGraphAddNode`: memory allocation and free nodes are accounted as by the dedicated
+/// functions; other nodes pass through.
+unsafe fn accounted_node(
+    params: *mut GraphNodeParams,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match params.as_mut().map(|p| p.kind) {
+        Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => charged_graph_alloc(&mut (*params).alloc, call),
+        Some(CU_GRAPH_NODE_TYPE_MEM_FREE) => {
+            let dptr = (*params).free_dptr();
+            let r = call();
+            if r == CUDA_SUCCESS {
+                returned(allocs(), dptr);
+            }
+            r
+        }
+        _ => call(),
+    }
 }
 
 /// (total, free) as the job must see them on `dev`: the quota as total, quota − used as free,

@@ -11,6 +11,8 @@ pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphNode = *mut c_void;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
@@ -159,6 +161,42 @@ pub struct MemPoolProps {
     pub reserved: [u8; 54],
 }
 
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share this layout).
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: MemPoolProps,
+    pub access_descs: *const MemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    /// Out: the allocation's address.
+    pub dptr: CUdeviceptr,
+}
+
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
+
+/// `CUgraphNodeParams` (cuGraphAddNode): the node type, then a 232-byte union of which only the
+/// memory-node members are named here.
+#[repr(C)]
+pub struct GraphNodeParams {
+    pub kind: u32,
+    pub reserved0: [i32; 3],
+    /// The union, as `CUDA_MEM_ALLOC_NODE_PARAMS_v2` (valid when `kind` is MEM_ALLOC).
+    pub alloc: MemAllocNodeParams,
+    pub union_rest: [u8; 232 - std::mem::size_of::<MemAllocNodeParams>()],
+    pub reserved2: i64,
+}
+
+impl GraphNodeParams {
+    /// The union as `CUDA_MEM_FREE_NODE_PARAMS` (`{ CUdeviceptr dptr; }`; valid when `kind` is
+    /// MEM_FREE): its first eight bytes.
+    pub fn free_dptr(&self) -> CUdeviceptr {
+        // SAFETY: the union starts at `alloc`, which is at least eight bytes long; any bit
+        // pattern is a valid u64.
+        unsafe { std::ptr::read_unaligned(&self.alloc as *const MemAllocNodeParams as *const u64) }
+    }
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -256,6 +294,13 @@ pub fn array_element_size(format: u32, channels: u32) -> Option<u64> {
 #[cfg(test)]
 mod array_tests {
     use super::*;
+
+    #[test]
+    fn graph_node_params_match_cuda_h() {
+        assert_eq!(std::mem::size_of::<MemAllocNodeParams>(), 120);
+        assert_eq!(std::mem::size_of::<GraphNodeParams>(), 256);
+        assert_eq!(std::mem::offset_of!(GraphNodeParams, alloc), 16);
+    }
 
     #[test]
     fn element_sizes() {

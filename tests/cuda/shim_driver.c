@@ -11,6 +11,7 @@
  *        shim_driver ignore_init       carry on after a failed cuInit: allocation must still fail
  *        shim_driver paths             every allocation and launch path once (counters test)
  *        shim_driver arrays            CUDA arrays under a 64 MiB quota (charged, refused, returned)
+ *        shim_driver graph_mem         CUDA-graph memory nodes under a 64 MiB quota (the same)
  * Prints "key=value" lines; "FAIL ..." and exit 1 on an unexpected result; "OK" at the end. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -497,6 +498,77 @@ static int arrays(void) {
     return 0;
 }
 
+/* CUDA-graph memory nodes under a 64 MiB quota: an allocation node is charged when added,
+ * refused past the quota, and returned by a free node (dedicated functions and cuGraphAddNode). */
+static int graph_mem(void) {
+    resolver("dlsym");
+    setup();
+    CUresult (*graph_create)(CUgraph *, unsigned) = dl("cuGraphCreate");
+    CUresult (*add_alloc)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                          CUDA_MEM_ALLOC_NODE_PARAMS *) = dl("cuGraphAddMemAllocNode");
+    CUresult (*add_free)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr) =
+        dl("cuGraphAddMemFreeNode");
+    CUresult (*add_node)(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *,
+                         size_t, CUgraphNodeParams *) = dl("cuGraphAddNode_v2");
+    CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long) =
+        dl("cuGraphInstantiateWithFlags");
+    CUresult (*graph_launch)(CUgraphExec, CUstream) = dl("cuGraphLaunch");
+    CUresult (*exec_destroy)(CUgraphExec) = dl("cuGraphExecDestroy");
+    CUresult (*graph_destroy)(CUgraph) = dl("cuGraphDestroy");
+    size_t f0 = free_now();
+
+    CUgraph g;
+    CHECK(graph_create(&g, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS ap;
+    memset(&ap, 0, sizeof ap);
+    ap.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    ap.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    ap.poolProps.location.id = 0;
+    ap.bytesize = 48 * MIB;
+    CUgraphNode a1, f1, a2, f2;
+    CHECK(add_alloc(&a1, g, NULL, 0, &ap));
+    EXPECT(ap.dptr != 0, "no address for the allocation node");
+    EXPECT(free_now() == f0 - 48 * MIB, "allocation node charged %llu",
+           (unsigned long long)(f0 - free_now()));
+    CUDA_MEM_ALLOC_NODE_PARAMS big = ap;
+    big.bytesize = 32 * MIB;
+    big.dptr = 0;
+    CUgraphNode refused;
+    CUresult rc = add_alloc(&refused, g, &a1, 1, &big);
+    printf("over_quota=%d\n", (int)rc);
+    EXPECT(rc == CUDA_ERROR_OUT_OF_MEMORY, "an allocation node past the quota returned %d", (int)rc);
+    CHECK(add_free(&f1, g, &a1, 1, ap.dptr));
+    EXPECT(free_now() == f0, "free node returned %llu of 48 MiB",
+           (unsigned long long)(free_now() - (f0 - 48 * MIB)));
+
+    CUgraphNodeParams np;
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    np.alloc.poolProps = ap.poolProps;
+    np.alloc.bytesize = 16 * MIB;
+    CHECK(add_node(&a2, g, &f1, NULL, 1, &np));
+    EXPECT(free_now() == f0 - 16 * MIB, "cuGraphAddNode allocation charged %llu",
+           (unsigned long long)(f0 - free_now()));
+    CUdeviceptr p2 = np.alloc.dptr;
+    memset(&np, 0, sizeof np);
+    np.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    np.free.dptr = p2;
+    CHECK(add_node(&f2, g, &a2, NULL, 1, &np));
+    EXPECT(free_now() == f0, "cuGraphAddNode free returned %llu of 16 MiB",
+           (unsigned long long)(free_now() - (f0 - 16 * MIB)));
+
+    CUgraphExec ge;
+    CHECK(instantiate(&ge, g, 0));
+    CHECK(graph_launch(ge, 0));
+    CHECK(api.ctx_synchronize());
+    CHECK(exec_destroy(ge));
+    CHECK(graph_destroy(g));
+    EXPECT(free_now() == f0, "free %llu at the end, expected %llu", (unsigned long long)free_now(),
+           (unsigned long long)f0);
+    printf("OK\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "quota") && argc == 3) return quota(argv[2]);
@@ -506,6 +578,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "ignore_init")) return ignore_init();
     if (!strcmp(mode, "paths")) return paths();
     if (!strcmp(mode, "arrays")) return arrays();
+    if (!strcmp(mode, "graph_mem")) return graph_mem();
     fprintf(stderr, "usage: see the comment at the top of shim_driver.c\n");
     return 2;
 }
