@@ -82,6 +82,10 @@ static int export_table(void) {
     return 0;
 }
 
+static const char *two_kernels = ".version 7.0\n.target sm_80\n.address_size 64\n"
+                                 ".visible .entry first(.param .u64 p)\n{\n ret;\n}\n"
+                                 ".visible .entry second(.param .u32 n)\n{\n ret;\n}\n";
+
 static int bogus_launch(void) {
     init_fn cu_init = (init_fn)sym("cuInit");
     device_get_fn dev_get = (device_get_fn)sym("cuDeviceGet");
@@ -113,6 +117,35 @@ static int bogus_launch(void) {
     printf("null_launch_rc=%d\n", rc);
     EXPECT(rc != CUDA_SUCCESS, "cuLaunchKernel with a NULL CUfunction succeeded");
 
+    /* A real kernel with launch dimensions past the device's limits: CUDA_ERROR_INVALID_VALUE. */
+    module_load_data_fn load = (module_load_data_fn)sym("cuModuleLoadData");
+    module_get_function_fn get_function = (module_get_function_fn)sym("cuModuleGetFunction");
+    CUmodule mod;
+    EXPECT(load(&mod, two_kernels) == CUDA_SUCCESS, "cuModuleLoadData");
+    CUfunction f;
+    EXPECT(get_function(&f, mod, "second") == CUDA_SUCCESS, "cuModuleGetFunction");
+    static const unsigned dims[][6] = {
+        {1, 65536, 1, 32, 1, 1}, /* grid y past 65535 */
+        {1, 1, 65536, 32, 1, 1}, /* grid z past 65535 */
+        {0, 1, 1, 32, 1, 1},     /* an empty grid */
+        {1, 1, 1, 2048, 1, 1},   /* more than 1024 threads */
+        {1, 1, 1, 1, 1, 65},     /* block z past 64 */
+        {1, 1, 1, 32, 32, 2},    /* 2048 threads in three dimensions */
+    };
+    int bad_dims_refused = 0;
+    for (unsigned i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        const unsigned *d = dims[i];
+        rc = launch(f, d[0], d[1], d[2], d[3], d[4], d[5], 0, NULL, params, NULL);
+        EXPECT(rc == CUDA_ERROR_INVALID_VALUE, "launch dims #%u returned %d", i, rc);
+        bad_dims_refused++;
+    }
+    printf("bad_dims_refused=%d\n", bad_dims_refused);
+    /* At the limits (kept short: a kernel's modelled time grows with its blocks). */
+    rc = launch(f, 1, 65535, 1, 1, 1, 64, 0, NULL, params, NULL);
+    EXPECT(rc == CUDA_SUCCESS, "launch with grid y 65535, block z 64 returned %d", rc);
+    rc = launch(f, 1, 1, 65535, 1024, 1, 1, 0, NULL, params, NULL);
+    EXPECT(rc == CUDA_SUCCESS, "launch with grid z 65535, 1024 threads returned %d", rc);
+
     /* The context is still usable afterwards: the error is not sticky. */
     rc = ctx_sync();
     printf("sync_rc=%d\n", rc);
@@ -142,10 +175,6 @@ static void visit(void *opaque, CUfunction f) {
     if (v->n < 8) v->f[v->n] = f;
     v->n++;
 }
-
-static const char *two_kernels = ".version 7.0\n.target sm_80\n.address_size 64\n"
-                                 ".visible .entry first(.param .u64 p)\n{\n ret;\n}\n"
-                                 ".visible .entry second(.param .u32 n)\n{\n ret;\n}\n";
 
 static int tools_module(void) {
     init_fn cu_init = (init_fn)sym("cuInit");

@@ -81,7 +81,7 @@ fn tools_module_export_table_visits_module_functions() {
 }
 
 #[test]
-fn launch_with_bogus_function_handle_fails_cleanly() {
+fn launch_with_bogus_function_handle_or_dimensions_fails_cleanly() {
     let bin = compile_driver_c("driver_api_test.c");
     let gpu = SimGpu::new();
     let out = gpu.run_ok(&bin, &["bogus_launch"]);
@@ -91,6 +91,7 @@ fn launch_with_bogus_function_handle_fails_cleanly() {
         Some(CUDA_ERROR_INVALID_HANDLE.to_string().as_str()),
         "{stdout}"
     );
+    assert_eq!(fact(&stdout, "bad_dims_refused").as_deref(), Some("6"));
     assert_eq!(fact(&stdout, "sync_rc").as_deref(), Some("0"));
     assert!(stdout.lines().any(|l| l == "OK"), "{stdout}");
 }

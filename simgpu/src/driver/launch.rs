@@ -77,8 +77,13 @@ pub unsafe fn kernel_op(
 ) -> Result<Builder, CUresult> {
     let s = sim()?;
     let func = function(f)?;
-    if grid.contains(&0)
-        || block.contains(&0)
+    // The device's limits (the A100-like attributes simgpu reports): 1024 threads per block,
+    // block dimensions (1024, 1024, 64), grid dimensions (2^31 - 1, 65535, 65535).
+    const MAX_BLOCK: [u32; 3] = [1024, 1024, 64];
+    const MAX_GRID: [u32; 3] = [i32::MAX as u32, 65535, 65535];
+    let within = |dims: [u32; 3], max: [u32; 3]| (0..3).all(|i| (1..=max[i]).contains(&dims[i]));
+    if !within(grid, MAX_GRID)
+        || !within(block, MAX_BLOCK)
         || block.iter().map(|&x| x as u64).product::<u64>() > 1024
     {
         return Err(CUDA_ERROR_INVALID_VALUE);
