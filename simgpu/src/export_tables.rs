@@ -1,4 +1,4 @@
-//! The undocumented driver export tables that cudart, cuBLAS, cuBLASLt and cuFFT fetch with
+//! The undocumented driver export tables that cudart, cuBLAS, cuBLASLt, cuFFT and CUPTI fetch with
 //! `cuGetExportTable` (facts in `shared/reference/cuda-export-tables.md` and `simgpu/README.md`).
 //! Each table is an array of pointers; for most, slot 0 holds the table size in bytes. Slots whose
 //! meaning is unknown are logging stubs (returning 0 in the older tables, an error in
@@ -64,6 +64,19 @@ const TOOLS_MODULE: [u8; 16] = uuid(
     [0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e],
 );
 
+/// The table libcupti (13.x) fetches before anything else: every public CUPTI function goes
+/// through a dispatcher that needs it, and when it is refused the dispatcher's error path calls
+/// itself until the stack overflows. The dispatcher calls the slot at byte offset 0x218 only when
+/// slot 0 (the size) is larger, and otherwise runs CUPTI's own implementation. Served with 64
+/// slots (size 512): every slot but the size is a logging stub, and none is called by CUPTI 13.2.
+/// CUPTI then finds the driver's tools interface refused, so activity tracing stays unavailable.
+const CUPTI: [u8; 16] = uuid(
+    0x7cb63f9b,
+    0x9ca4,
+    0x8e42,
+    [0xa4, 0x84, 0xbe, 0xb6, 0x6e, 0x6a, 0xed, 0x7f],
+);
+
 /// Builds the memory-order bytes of a UUID written as in the reference (first three groups are
 /// listed in memory order already).
 const fn uuid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
@@ -85,6 +98,7 @@ struct Tables {
     integrity: Box<[usize]>,
     tools_context: Box<[usize]>,
     tools_module: Box<[usize]>,
+    cupti: Box<[usize]>,
 }
 
 /// A table with `n` slots, slot 0 = `size_slots * 8` bytes (if Some), others `fill`, then overrides.
@@ -163,6 +177,11 @@ fn tables() -> &'static Tables {
             t[7] = tools_module_functions as *const () as usize;
             t.into_boxed_slice()
         },
+        cupti: {
+            let mut t: Vec<usize> = CUPTI_STUBS.iter().map(|&f| f as usize).collect();
+            t[0] = t.len() * std::mem::size_of::<usize>();
+            t.into_boxed_slice()
+        },
     })
 }
 
@@ -183,6 +202,7 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
         INTEGRITY_CHECK => Some(&t.integrity),
         TOOLS_CONTEXT => Some(&t.tools_context),
         TOOLS_MODULE => Some(&t.tools_module),
+        CUPTI => Some(&t.cupti),
         _ => None,
     };
     match table {
@@ -371,6 +391,9 @@ macro_rules! stub_slots {
 
 // Slot 0 (the size) and slot 7 are replaced when the table is built.
 stub_slots!(TOOLS_MODULE_STUBS, "tools_module", [0 1 2 3 4 5 6 7]);
+// Slot 0 (the size) is replaced when the table is built.
+stub_slots!(CUPTI_STUBS, "cupti", [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+    32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63]);
 
 /// The callback of `tools_module_functions`: called once per function with the caller's opaque
 /// pointer and the function's handle.

@@ -17,7 +17,9 @@
 //! - process utilisation: one sample per such process, `smUtil` its share of the last second,
 //!   time stamped now (CPU clock, µs); none if `lastSeenTimeStamp` is not in the past;
 //! - graphics processes: none. Temperature is a constant 40 °C; power follows utilisation
-//!   (55 W idle to 400 W busy, like an A100 SXM4).
+//!   (55 W idle to 400 W busy, like an A100 SXM4). Clocks are an A100's maximum clocks, current
+//!   and maximum alike (1410 MHz graphics/SM, 1215 MHz memory, 1290 MHz video), the SM and memory
+//!   clocks being those `cuDeviceGetAttribute` reports (13, 36).
 //!
 //! Every export is NULL-safe (`NVML_ERROR_INVALID_ARGUMENT`), returns
 //! `NVML_ERROR_UNINITIALIZED` before `nvmlInit` (and after the matching `nvmlShutdown`) and
@@ -1077,6 +1079,42 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     })
 }
 
+/// `nvmlClockType_t`: graphics, SM, memory, video; MHz.
+fn clock_mhz(kind: c_uint) -> Result<c_uint, NvmlReturn> {
+    match kind {
+        0 | 1 => Ok(1410),
+        2 => Ok(1215),
+        3 => Ok(1290),
+        _ => Err(NVML_ERROR_INVALID_ARGUMENT),
+    }
+}
+
+/// The current clock of one domain (MHz); the simulated GPU always runs at its maximum clocks.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: NvmlDevice,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetClockInfo", || {
+        dev(device)?;
+        out(clock, clock_mhz(kind)?)
+    })
+}
+
+/// The maximum clock of one domain (MHz).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+    device: NvmlDevice,
+    kind: c_uint,
+    clock: *mut c_uint,
+) -> NvmlReturn {
+    run("nvmlDeviceGetMaxClockInfo", || {
+        dev(device)?;
+        out(clock, clock_mhz(kind)?)
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exports: memory and utilisation
 
@@ -1680,6 +1718,15 @@ mod tests {
             assert_eq!(nvmlDeviceGetTemperature(h, 0, &mut temp), NVML_SUCCESS);
             assert_eq!(
                 nvmlDeviceGetTemperature(h, 1, &mut temp),
+                NVML_ERROR_INVALID_ARGUMENT
+            );
+            let mut mhz = 0;
+            assert_eq!(nvmlDeviceGetClockInfo(h, 1, &mut mhz), NVML_SUCCESS);
+            assert_eq!(mhz, 1410);
+            assert_eq!(nvmlDeviceGetMaxClockInfo(h, 2, &mut mhz), NVML_SUCCESS);
+            assert_eq!(mhz, 1215);
+            assert_eq!(
+                nvmlDeviceGetClockInfo(h, 4, &mut mhz),
                 NVML_ERROR_INVALID_ARGUMENT
             );
             assert_eq!(

@@ -121,3 +121,42 @@ fn torch_distributed_nccl_single_rank() {
         gpu.assert_no_stub_calls();
     }
 }
+
+/// `tests/python/torch_broad2.py`: the profiler (CUPTI), NVTX, TorchScript, cuSPARSE, cuSOLVER, CUB,
+/// cuDNN benchmark mode, AMP, `torch.compile(mode="reduce-overhead")`, every SDPA backend, memory
+/// history and fraction, stream priorities, IPC events, NVML, the caching-allocator API,
+/// DataLoader workers, jiterator, CUDA-graphed callables and expandable segments.
+fn broad2(gpu: &SimGpu) {
+    let script = python_source("torch_broad2.py");
+    let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 23, "steps missing: {lines:?}");
+    let failed: Vec<_> = lines.iter().filter(|v| v["ok"] != true).collect();
+    assert!(failed.is_empty(), "failed steps: {failed:?}");
+    let sdpa = lines.iter().find(|v| v["step"] == "SDPA backends").unwrap();
+    assert_eq!(
+        sdpa["backends"],
+        serde_json::json!([
+            "FLASH_ATTENTION",
+            "EFFICIENT_ATTENTION",
+            "CUDNN_ATTENTION",
+            "MATH"
+        ])
+    );
+    gpu.assert_no_stub_calls();
+}
+
+#[test]
+fn torch_broad2_workload() {
+    broad2(&SimGpu::new().timeout(std::time::Duration::from_secs(400)));
+}
+
+#[test]
+fn torch_broad2_workload_under_the_shim() {
+    broad2(
+        &SimGpu::new()
+            .with_shim()
+            .quota("8GiB")
+            .timeout(std::time::Duration::from_secs(400)),
+    );
+}
