@@ -150,6 +150,11 @@ int main(void) {
     CHECK(cudaMemRangeGetAttribute(&loc, sizeof loc, cudaMemRangeAttributePreferredLocation, m, mn));
     int read_mostly = -1;
     CHECK(cudaMemRangeGetAttribute(&read_mostly, sizeof read_mostly, cudaMemRangeAttributeReadMostly, m, mn / 2));
+    int last_prefetch = -5;
+    CHECK(cudaMemRangeGetAttribute(&last_prefetch, sizeof last_prefetch,
+                                   cudaMemRangeAttributeLastPrefetchLocation, m, mn));
+    int accessed_by[2] = {-5, -5};
+    CHECK(cudaMemRangeGetAttribute(accessed_by, sizeof accessed_by, cudaMemRangeAttributeAccessedBy, m, mn));
     unsigned char *m2;
     CHECK(cudaMallocManaged(&m2, 1 << 20, cudaMemAttachHost));
     CHECK(cudaStreamAttachMemAsync(s[1], m2, 0, cudaMemAttachSingle));
@@ -190,8 +195,10 @@ int main(void) {
     printf("{\"check\":\"streams\",\"streams_ok\":%d,\"elapsed_ms\":%.3f,\"wait_ok\":%d,\"polls\":%ld,"
            "\"no_timing\":%d,\"callbacks_ok\":%d,\"zero_copy_ok\":%d,\"registered_ok\":%d,"
            "\"registered_type\":%d,\"unregister_again\":%d,\"managed_ok\":%d,\"preferred\":%d,"
-           "\"read_mostly\":%d,\"attach_ok\":%d,\"managed_type\":%d,\"pool_ok\":%d,\"default_cb_ok\":%d}\n",
+           "\"read_mostly\":%d,\"last_prefetch\":%d,\"accessed_by\":[%d,%d],\"attach_ok\":%d,\"managed_type\":%d,"
+           "\"pool_ok\":%d,\"default_cb_ok\":%d}\n",
            streams_ok, ms, wait_ok, polls, no_timing, cb_ok, zero_copy_ok, reg_ok, reg_type, unreg_again,
-           managed_ok, loc, read_mostly, attach_ok, managed_type, pool_ok, default_cb_ok);
+           managed_ok, loc, read_mostly, last_prefetch, accessed_by[0], accessed_by[1], attach_ok,
+           managed_type, pool_ok, default_cb_ok);
     return 0;
 }

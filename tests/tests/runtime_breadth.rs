@@ -70,6 +70,18 @@ fn streams_events_callbacks_zero_copy_registered_and_managed_memory() {
         "cudaErrorHostMemoryNotRegistered: {v}"
     );
     assert_eq!(v["managed_type"], 3, "cudaMemoryTypeManaged: {v}");
+    // What cudaMemAdvise / cudaMemPrefetchAsync recorded, read back by cudaMemRangeGetAttribute.
+    assert_eq!(v["preferred"], 0, "preferred location device 0: {v}");
+    assert_eq!(v["read_mostly"], 1, "{v}");
+    assert_eq!(
+        v["last_prefetch"], -1,
+        "last prefetched to the host (cudaCpuDeviceId): {v}"
+    );
+    assert_eq!(
+        v["accessed_by"],
+        serde_json::json!([0, -2]),
+        "device 0, then cudaInvalidDeviceId: {v}"
+    );
 }
 
 #[test]

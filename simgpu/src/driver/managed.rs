@@ -26,6 +26,12 @@ struct Managed {
     size: u64,
     dev: usize,
     prefer_cpu: bool,
+    /// What `cuMemAdvise` and `cuMemPrefetchAsync` recorded, for `cuMemRangeGetAttribute`
+    /// (device ordinals; CU_DEVICE_CPU = -1 for the host).
+    read_mostly: bool,
+    preferred: Option<i32>,
+    accessed_by: Vec<i32>,
+    last_prefetch: Option<i32>,
     /// Per chunk: (entry index in the shared table or u32::MAX, tag).
     chunks: Vec<(u32, u64)>,
 }
@@ -262,16 +268,121 @@ unsafe fn advise(p: CUdeviceptr, len: usize, advice: u32, loc_kind: u32, loc_id:
         }
         any = true;
         let cpu = loc_kind == CU_MEM_LOCATION_TYPE_HOST || loc_id == CU_DEVICE_CPU;
+        let loc = if cpu { CU_DEVICE_CPU } else { loc_id };
+        // Read-mostly and accessed-by are recorded but do not change the cost model.
         match advice {
-            3 => m.prefer_cpu = cpu, // SET_PREFERRED_LOCATION
-            4 => m.prefer_cpu = false,
-            _ => {} // read-mostly / accessed-by do not change the model
+            1 => m.read_mostly = true,
+            2 => m.read_mostly = false,
+            3 => {
+                m.prefer_cpu = cpu;
+                m.preferred = Some(loc);
+            }
+            4 => {
+                m.prefer_cpu = false;
+                m.preferred = None;
+            }
+            5 if !m.accessed_by.contains(&loc) => m.accessed_by.push(loc),
+            6 => m.accessed_by.retain(|&d| d != loc),
+            _ => {}
         }
     }
     if any {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+const CU_DEVICE_INVALID: i32 = -2;
+
+/// `cuMemRangeGetAttribute` over the managed allocations that `[p, p + len)` covers: a value
+/// common to all of them, else the documented "mixed" answer. Advice is kept per allocation, not
+/// per page.
+///
+/// # Safety
+/// `data` points to `size` writable bytes (the driver API's contract with its caller).
+unsafe fn range_attribute(
+    data: *mut c_void,
+    size: usize,
+    attr: u32,
+    p: CUdeviceptr,
+    len: usize,
+) -> R {
+    let _s = sim()?;
+    if data.is_null() || len == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let st = STATE.lock();
+    let ms: Vec<&Managed> = st
+        .range(..p + len as u64)
+        .filter(|(b, m)| *b + m.size > p)
+        .map(|(_, m)| m)
+        .collect();
+    if ms.is_empty() {
+        return Err(CUDA_ERROR_INVALID_VALUE); // not managed memory
+    }
+    // One value common to every allocation of the range, else `mixed`.
+    let common = |f: &dyn Fn(&Managed) -> i32, mixed: i32| {
+        let v = f(ms[0]);
+        if ms.iter().all(|m| f(m) == v) {
+            v
+        } else {
+            mixed
+        }
+    };
+    let loc_type = |d: Option<i32>| match d {
+        None => 0, // CU_MEM_LOCATION_TYPE_INVALID
+        Some(CU_DEVICE_CPU) => CU_MEM_LOCATION_TYPE_HOST as i32,
+        Some(_) => CU_MEM_LOCATION_TYPE_DEVICE as i32,
+    };
+    let int = |v: i32| -> R {
+        if size != 4 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        *(data as *mut i32) = v;
+        Ok(())
+    };
+    match attr {
+        1 => int(ms.iter().all(|m| m.read_mostly) as i32), // READ_MOSTLY
+        2 => int(common(
+            &|m| m.preferred.unwrap_or(CU_DEVICE_INVALID),
+            CU_DEVICE_INVALID,
+        )),
+        3 => {
+            // ACCESSED_BY: the devices set on every allocation, then CU_DEVICE_INVALID.
+            if !size.is_multiple_of(4) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let out = std::slice::from_raw_parts_mut(data as *mut i32, size / 4);
+            out.fill(CU_DEVICE_INVALID);
+            let all = ms[0]
+                .accessed_by
+                .iter()
+                .filter(|d| ms.iter().all(|m| m.accessed_by.contains(d)));
+            for (slot, d) in out.iter_mut().zip(all) {
+                *slot = *d;
+            }
+            Ok(())
+        }
+        4 => int(common(
+            &|m| m.last_prefetch.unwrap_or(CU_DEVICE_INVALID),
+            CU_DEVICE_INVALID,
+        )),
+        5 => int(common(&|m| loc_type(m.preferred), 0)),
+        6 => int(common(
+            &|m| m.preferred.filter(|&d| d >= 0).unwrap_or(CU_DEVICE_INVALID),
+            CU_DEVICE_INVALID,
+        )),
+        7 => int(common(&|m| loc_type(m.last_prefetch), 0)),
+        8 => int(common(
+            &|m| {
+                m.last_prefetch
+                    .filter(|&d| d >= 0)
+                    .unwrap_or(CU_DEVICE_INVALID)
+            },
+            CU_DEVICE_INVALID,
+        )),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
@@ -297,6 +408,14 @@ unsafe fn prefetch(
         }
         v
     };
+    {
+        let mut st = STATE.lock();
+        for b in &bases {
+            if let Some(m) = st.get_mut(b) {
+                m.last_prefetch = Some(if to_cpu { CU_DEVICE_CPU } else { dev });
+            }
+        }
+    }
     let (start, n) = (p, len as u64);
     let op = if to_cpu {
         let mut op = Op::new(Resource::D2H(r.ctx.device), 0);
@@ -330,7 +449,10 @@ driver! {
             ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0, host_flags: 0,
         });
         let chunks = vec![(u32::MAX, 0); (size as u64).div_ceil(CHUNK) as usize];
-        STATE.lock().insert(base, Managed { size: size as u64, dev: ctx.device, prefer_cpu: false, chunks });
+        STATE.lock().insert(base, Managed {
+            size: size as u64, dev: ctx.device, prefer_cpu: false, read_mostly: false,
+            preferred: None, accessed_by: Vec::new(), last_prefetch: None, chunks,
+        });
         s.shared.slot(s.slot).dev[ctx.device].allocs.fetch_add(1, AcqRel);
         s.shared.dev(ctx.device).allocs.fetch_add(1, AcqRel);
         out(dptr, base)
@@ -341,9 +463,15 @@ driver! {
     fn cuMemAdvise_v2(p: CUdeviceptr, len: usize, advice: u32, loc: MemLocation) {
         advise(p, len, advice, loc.kind, loc.id)
     }
-    fn cuMemRangeGetAttribute(data: *mut c_void, size: usize, _attr: u32, _p: CUdeviceptr, _len: usize) {
-        if !data.is_null() {
-            std::ptr::write_bytes(data as *mut u8, 0, size);
+    fn cuMemRangeGetAttribute(data: *mut c_void, size: usize, attr: u32, p: CUdeviceptr, len: usize) {
+        range_attribute(data, size, attr, p, len)
+    }
+    fn cuMemRangeGetAttributes(data: *mut *mut c_void, sizes: *mut usize, attrs: *mut u32, n: usize, p: CUdeviceptr, len: usize) {
+        if data.is_null() || sizes.is_null() || attrs.is_null() || n == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for i in 0..n {
+            range_attribute(*data.add(i), *sizes.add(i), *attrs.add(i), p, len)?;
         }
         Ok(())
     }
