@@ -6,17 +6,27 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use crate::types::*;
-use shim_headers::{resolve, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+use shim_headers::{resolve, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, DECLARED_UP_TO};
 
 type GetProcV1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult;
 type GetProcV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult;
 
 /// Replaces `*pfn` with the hook for (symbol, version, flags), if the shim hooks that ABI entry.
+/// `same_abi(entry_version)` says whether the driver answers the request with the same function
+/// as it does at `entry_version`; it is asked only for requests newer than the declaration list,
+/// where a newer driver may have added an ABI version the list does not know (that function is
+/// then passed through unhooked, never replaced by a hook with another prototype).
 ///
 /// # Safety
 /// `sym` is a C string and `pfn` a valid pointer holding the driver's answer.
-pub unsafe fn substitute(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) {
+pub unsafe fn substitute(
+    sym: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    same_abi: impl FnOnce(u32) -> bool,
+) {
     if sym.is_null() || pfn.is_null() || (*pfn).is_null() {
         return;
     }
@@ -24,9 +34,18 @@ pub unsafe fn substitute(sym: *const c_char, pfn: *mut *mut c_void, version: i32
         return;
     };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
-    if let Ok(entry) = resolve(name, version.max(0) as u32, per_thread) {
+    let version = version.max(0) as u32;
+    if let Ok(entry) = resolve(name, version, per_thread) {
         if let Some(h) = crate::hooks::hook_ptr(entry.export) {
-            *pfn = h;
+            if version <= DECLARED_UP_TO || same_abi(entry.version) {
+                *pfn = h;
+            } else {
+                tracing::warn!(
+                    name,
+                    version,
+                    "driver function newer than libshare's declaration list: passed through unhooked"
+                );
+            }
         }
     }
 }
@@ -40,7 +59,11 @@ pub unsafe fn get_proc_address(
 ) -> CUresult {
     let r = real(sym, pfn, version, flags);
     if r == CUDA_SUCCESS {
-        substitute(sym, pfn, version, flags);
+        let answer = *pfn;
+        substitute(sym, pfn, version, flags, |v| {
+            let mut p = std::ptr::null_mut();
+            real(sym, &mut p, v as i32, flags) == CUDA_SUCCESS && p == answer
+        });
     }
     r
 }
@@ -55,7 +78,42 @@ pub unsafe fn get_proc_address_v2(
 ) -> CUresult {
     let r = real(sym, pfn, version, flags, status);
     if r == CUDA_SUCCESS {
-        substitute(sym, pfn, version, flags);
+        let answer = *pfn;
+        substitute(sym, pfn, version, flags, |v| {
+            let mut p = std::ptr::null_mut();
+            let mut st = 0;
+            real(sym, &mut p, v as i32, flags, &mut st) == CUDA_SUCCESS && p == answer
+        });
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `substitute` leaves in `*pfn` for a request of `cuMemAlloc` at `version`.
+    fn answer(version: i32, same_abi: bool) -> *mut c_void {
+        let driver_answer = 0x1000 as *mut c_void;
+        let mut pfn = driver_answer;
+        // SAFETY: a C string and a valid out-pointer.
+        unsafe { substitute(c"cuMemAlloc".as_ptr(), &mut pfn, version, 0, |_| same_abi) };
+        pfn
+    }
+
+    #[test]
+    fn requests_newer_than_the_declaration_list_are_hooked_only_with_the_same_abi() {
+        let hook = crate::hooks::hook_ptr("cuMemAlloc_v2").unwrap();
+        assert_eq!(
+            answer(12000, false),
+            hook,
+            "known version: the table decides"
+        );
+        assert_eq!(answer(DECLARED_UP_TO as i32 + 1000, true), hook);
+        assert_eq!(
+            answer(DECLARED_UP_TO as i32 + 1000, false),
+            0x1000 as *mut c_void,
+            "an ABI the list does not know passes through"
+        );
+    }
 }

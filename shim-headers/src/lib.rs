@@ -20,6 +20,11 @@ include!(concat!(env!("OUT_DIR"), "/tables.rs"));
 
 pub mod types;
 
+/// The newest CUDA version whose header the declaration list was generated from (13.5): for a
+/// request up to this version [`resolve`] is authoritative; beyond it a newer driver may have
+/// added an ABI version the list does not know.
+pub const DECLARED_UP_TO: u32 = 13050;
+
 /// `CUgetProcAddress_flags`: ask for the per-thread-default-stream variant.
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
