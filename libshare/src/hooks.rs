@@ -13,7 +13,7 @@
 use std::ffi::{c_char, c_uint, c_void};
 
 use crate::types::*;
-use crate::{init, launch, memory, procaddr};
+use crate::{graph_mem, init, launch, memory, procaddr};
 
 crate::hooks! {
     // Initialisation and entry-point lookup.
@@ -56,11 +56,11 @@ crate::hooks! {
     wrap cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64) => memory::create;
     wrap cuMemRelease(handle: u64) => memory::release;
     wrap cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async;
-    wrap cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async;
+    wrap cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async_ptsz;
     wrap cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool;
-    wrap cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool;
+    wrap cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool_ptsz;
     wrap cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
-    wrap cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
+    wrap cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) => memory::free_async_ptsz;
 
     // CUDA arrays (texture and surface storage), charged at their dense size.
     wrap cuArrayCreate_v2(ph: *mut *mut c_void, desc: *const ArrayDesc) => memory::array_create;
@@ -69,12 +69,20 @@ crate::hooks! {
     wrap cuArrayDestroy(h: *mut c_void) => memory::array_destroy;
     wrap cuMipmappedArrayDestroy(h: *mut c_void) => memory::array_destroy;
 
-    // CUDA-graph memory nodes (captured cuMemAllocAsync goes through the hooks above).
-    wrap cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut MemAllocNodeParams) => memory::graph_add_mem_alloc_node;
-    wrap cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, dptr: CUdeviceptr) => memory::graph_add_mem_free_node;
-    wrap cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut GraphNodeParams) => memory::graph_add_node;
-    wrap cuGraphAddNode_v2(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => memory::graph_add_node_v2;
-    wrap cuGraphAddNode_v3(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => memory::graph_add_node_v2;
+    // CUDA-graph memory: charged from the allocation node until the last graph holding it goes.
+    wrap cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut MemAllocNodeParams) => graph_mem::add_mem_alloc_node;
+    wrap cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, dptr: CUdeviceptr) => graph_mem::add_mem_free_node;
+    wrap cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut GraphNodeParams) => graph_mem::add_node;
+    wrap cuGraphAddNode_v2(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => graph_mem::add_node_v2;
+    wrap cuGraphAddNode_v3(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => graph_mem::add_node_v2;
+    wrap cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) => graph_mem::instantiate;
+    wrap cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) => graph_mem::instantiate;
+    wrap cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => graph_mem::instantiate_with_flags;
+    wrap cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph_mem::instantiate_with_params;
+    wrap cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph_mem::instantiate_with_params;
+    wrap cuGraphClone(out: *mut CUgraph, graph: CUgraph) => graph_mem::clone;
+    wrap cuGraphDestroy(graph: CUgraph) => graph_mem::destroy;
+    wrap cuGraphExecDestroy(exec: CUgraphExec) => graph_mem::destroy;
 
     // What the job sees of the device's memory: the quota.
     wrap cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
@@ -85,6 +93,16 @@ crate::hooks! {
     call cuDeviceGetCount(count: *mut i32);
     call cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
+    call cuCtxGetCurrent(ctx: *mut CUcontext);
+    call cuEventCreate(event: *mut CUevent, flags: c_uint);
+    call cuEventRecord(event: CUevent, stream: CUstream);
+    call cuEventRecord_ptsz(event: CUevent, stream: CUstream);
+    call cuEventQuery(event: CUevent);
+    call cuEventSynchronize(event: CUevent);
+    call cuEventDestroy_v2(event: CUevent);
+    call cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
+    call cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
+    call cuStreamGetCaptureInfo_v2_ptsz(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //!
 //! - `hooks.rs`: THE list of hooked driver functions (one line each); `macros.rs` expands it.
 //! - `interpose.rs`: `dlsym` (how cudart/cuBLAS find the driver), `procaddr.rs`: `cuGetProcAddress`.
-//! - `memory.rs`: the quota on every allocation path (`cuMemAlloc_v2` → `memory::alloc`).
+//! - `memory.rs`: the quota on every allocation path (`cuMemAlloc_v2` → `memory::alloc`);
+//!   `deferred.rs`: stream-ordered frees return their charge when the stream reaches them;
+//!   `graph_mem.rs`: CUDA-graph memory stays charged while a graph holds it.
 //! - `launch.rs`: launch accounting (the rate gate comes with the daemon).
 //! - `state.rs`: lazy per-process state, the real driver, fork/exit handling; the shared-memory
 //!   layout itself is `libshare-abi`.
@@ -14,6 +16,8 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod config;
+pub mod deferred;
+pub mod graph_mem;
 pub mod hooks;
 pub mod init;
 pub mod interpose;

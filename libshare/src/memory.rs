@@ -96,6 +96,7 @@ pub unsafe fn primary_ctx_reset(
     real: unsafe extern "C" fn(CUdevice) -> CUresult,
     dev: CUdevice,
 ) -> CUresult {
+    crate::deferred::before_context_loss(None);
     let r = real(dev);
     if r == CUDA_SUCCESS && dev >= 0 {
         if let Some(sh) = crate::state::get() {
@@ -116,6 +117,7 @@ pub unsafe fn ctx_destroy(
     real: unsafe extern "C" fn(CUcontext) -> CUresult,
     ctx: CUcontext,
 ) -> CUresult {
+    crate::deferred::before_context_loss((!ctx.is_null()).then_some(ctx));
     const CU_POINTER_ATTRIBUTE_CONTEXT: c_uint = 1;
     let owned: Vec<u64> = match (crate::state::real().cuPointerGetAttribute, ctx.is_null()) {
         (Some(attr), false) => allocs()
@@ -202,18 +204,35 @@ fn charged(
     key: impl FnOnce() -> u64,
     table: &Allocations,
 ) -> CUresult {
+    charged_then(sh, dev, bytes, call, || table.insert(key(), dev, bytes))
+}
+
+/// Charge `bytes`, run the driver's allocation; on success `record` who holds the charge, else
+/// return it.
+pub(crate) fn charged_then(
+    sh: &Shim,
+    dev: usize,
+    bytes: u64,
+    call: impl FnOnce() -> CUresult,
+    record: impl FnOnce(),
+) -> CUresult {
     if !sh.charge(dev, bytes) {
         tracing::debug!(dev, bytes, "allocation refused: over quota");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let r = call();
     if r == CUDA_SUCCESS {
-        table.insert(key(), dev, bytes);
+        record();
         sh.count_alloc(dev);
     } else {
         sh.uncharge(dev, bytes);
     }
     r
+}
+
+/// Removes a tracked device allocation (its charge is now the caller's to hold or return).
+pub(crate) fn take_allocation(ptr: CUdeviceptr) -> Option<(usize, u64)> {
+    allocs().remove(ptr)
 }
 
 /// The driver freed `key` (a pointer or handle of `table`): return its bytes to the quota.
@@ -311,35 +330,104 @@ pub unsafe fn free(
     r
 }
 
+/// Stream-ordered allocation. During stream capture the allocation becomes a node of the
+/// captured graph, which holds the charge (see `graph_mem`).
+unsafe fn charged_async(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let sh = match shim() {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    match (current_device(), crate::graph_mem::capturing(stream, ptsz)) {
+        (Some(dev), Some(graph)) if !dptr.is_null() && size > 0 => {
+            charged_then(sh, dev, size as u64, call, || {
+                crate::graph_mem::adopt(graph, *dptr, dev, size as u64)
+            })
+        }
+        _ => charged_alloc(dptr, size, call),
+    }
+}
+
+type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+type AllocPoolFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, *mut c_void, CUstream) -> CUresult;
+type FreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+
 pub unsafe fn alloc_async(
-    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult,
+    real: AllocAsyncFn,
     dptr: *mut CUdeviceptr,
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged_alloc(dptr, size, || real(dptr, size, stream))
+    charged_async(dptr, size, stream, false, || real(dptr, size, stream))
+}
+
+pub unsafe fn alloc_async_ptsz(
+    real: AllocAsyncFn,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+) -> CUresult {
+    charged_async(dptr, size, stream, true, || real(dptr, size, stream))
 }
 
 pub unsafe fn alloc_from_pool(
-    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, *mut c_void, CUstream) -> CUresult,
+    real: AllocPoolFn,
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    charged_alloc(dptr, size, || real(dptr, size, pool, stream))
+    charged_async(dptr, size, stream, false, || real(dptr, size, pool, stream))
 }
 
-/// Stream-ordered free: the quota is returned when the free is issued (the memory is the pool's
-/// to reuse from then on).
-pub unsafe fn free_async(
-    real: unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult,
-    ptr: CUdeviceptr,
+pub unsafe fn alloc_from_pool_ptsz(
+    real: AllocPoolFn,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    let r = real(ptr, stream);
-    if r == CUDA_SUCCESS {
-        returned(allocs(), ptr);
+    charged_async(dptr, size, stream, true, || real(dptr, size, pool, stream))
+}
+
+pub unsafe fn free_async(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    freed_async(ptr, stream, false, || real(ptr, stream))
+}
+
+pub unsafe fn free_async_ptsz(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    freed_async(ptr, stream, true, || real(ptr, stream))
+}
+
+/// Stream-ordered free: the memory is freed when the stream reaches the free, so the charge is
+/// returned then (`deferred`), not when the free is issued. Freed during stream capture, the
+/// allocation passes to the captured graph, which holds the charge from then on.
+unsafe fn freed_async(
+    ptr: CUdeviceptr,
+    stream: CUstream,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let graph = crate::graph_mem::capturing(stream, ptsz);
+    let r = call();
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) else {
+        return r; // not ours (or graph memory: its graph holds the charge)
+    };
+    sh.count_free(dev);
+    match graph {
+        Some(g) => crate::graph_mem::adopt(g, ptr, dev, bytes),
+        None => {
+            if !crate::deferred::defer(dev, bytes, stream, ptsz) {
+                sh.uncharge(dev, bytes);
+            }
+        }
     }
     r
 }
@@ -452,137 +540,6 @@ pub unsafe fn array_destroy(
     r
 }
 
-/// CUDA-graph memory: an allocation node is charged when it is added to a graph (the driver
-/// backs it from then on, and keeps the memory in its graph pool across launches), and returned
-/// when it is freed — by a free node added to a graph or by `cuMemFree(Async)` outside, as the
-/// CUDA documentation requires of graph allocations. Allocations captured from a stream
-/// (`cuMemAllocAsync` during capture) already take this path through the async hooks.
-pub unsafe fn graph_add_mem_alloc_node(
-    real: unsafe extern "C" fn(
-        *mut CUgraphNode,
-        CUgraph,
-        *const CUgraphNode,
-        usize,
-        *mut MemAllocNodeParams,
-    ) -> CUresult,
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    params: *mut MemAllocNodeParams,
-) -> CUresult {
-    charged_graph_alloc(params, || real(node, graph, deps, n, params))
-}
-
-unsafe fn charged_graph_alloc(
-    params: *mut MemAllocNodeParams,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    match params.as_ref() {
-        Some(p)
-            if p.pool_props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
-                && p.pool_props.location.id >= 0
-                && p.bytesize > 0 =>
-        {
-            let dev = p.pool_props.location.id as usize % libshare_abi::MAX_DEVICES;
-            charged(
-                sh,
-                dev,
-                p.bytesize as u64,
-                call,
-                || (*params).dptr,
-                allocs(),
-            )
-        }
-        _ => call(),
-    }
-}
-
-pub unsafe fn graph_add_mem_free_node(
-    real: unsafe extern "C" fn(
-        *mut CUgraphNode,
-        CUgraph,
-        *const CUgraphNode,
-        usize,
-        CUdeviceptr,
-    ) -> CUresult,
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    dptr: CUdeviceptr,
-) -> CUresult {
-    let r = real(node, graph, deps, n, dptr);
-    if r == CUDA_SUCCESS {
-        returned(allocs(), dptr);
-    }
-    r
-}
-
-type AddNodeFn = unsafe extern "C" fn(
-    *mut CUgraphNode,
-    CUgraph,
-    *const CUgraphNode,
-    usize,
-    *mut GraphNodeParams,
-) -> CUresult;
-type AddNodeV2Fn = unsafe extern "C" fn(
-    *mut CUgraphNode,
-    CUgraph,
-    *const CUgraphNode,
-    *const c_void,
-    usize,
-    *mut GraphNodeParams,
-) -> CUresult;
-
-pub unsafe fn graph_add_node(
-    real: AddNodeFn,
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    params: *mut GraphNodeParams,
-) -> CUresult {
-    accounted_node(params, || real(node, graph, deps, n, params))
-}
-
-/// cuGraphAddNode_v2 and _v3 (with edge data).
-pub unsafe fn graph_add_node_v2(
-    real: AddNodeV2Fn,
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    edges: *const c_void,
-    n: usize,
-    params: *mut GraphNodeParams,
-) -> CUresult {
-    accounted_node(params, || real(node, graph, deps, edges, n, params))
-}
-
-/// `cuGraphAddNode`: memory allocation and free nodes are accounted as by the dedicated
-/// functions; other nodes pass through.
-unsafe fn accounted_node(
-    params: *mut GraphNodeParams,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    match params.as_mut().map(|p| p.kind) {
-        Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => charged_graph_alloc(&mut (*params).alloc, call),
-        Some(CU_GRAPH_NODE_TYPE_MEM_FREE) => {
-            let dptr = (*params).free_dptr();
-            let r = call();
-            if r == CUDA_SUCCESS {
-                returned(allocs(), dptr);
-            }
-            r
-        }
-        _ => call(),
-    }
-}
-
 /// (total, free) as the job must see them on `dev`: the quota as total, quota − used as free,
 /// never more than the device really has. Without a quota, the driver's figures.
 pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
@@ -604,6 +561,7 @@ pub unsafe fn get_info(
     free: *mut usize,
     total: *mut usize,
 ) -> CUresult {
+    crate::deferred::settle(false);
     let (mut f, mut t) = (0usize, 0usize);
     let r = real(&mut f, &mut t);
     if r != CUDA_SUCCESS {

@@ -107,7 +107,12 @@ impl Shim {
             return true; // exiting: the slot is gone, the memory is freed with the process
         }
         let st = &self.state;
-        let ok = st.reserve(dev, bytes) || (st.reclaim_dead() > 0 && st.reserve(dev, bytes));
+        // Not enough room: memory of dead processes of the container, then this process's
+        // stream-ordered frees the streams have reached, then those still queued (waiting).
+        let ok = st.reserve(dev, bytes)
+            || (st.reclaim_dead() > 0 && st.reserve(dev, bytes))
+            || (crate::deferred::settle(false) && st.reserve(dev, bytes))
+            || (crate::deferred::settle(true) && st.reserve(dev, bytes));
         if ok {
             st.slot(self.slot).used[dev].fetch_add(bytes, AcqRel);
         } else {
@@ -336,6 +341,8 @@ extern "C" fn after_fork_child() {
     SHIM.store(std::ptr::null_mut(), Release);
     STATUS.store(0, Release);
     crate::memory::forget_all_after_fork();
+    crate::deferred::forget_all_after_fork();
+    crate::graph_mem::forget_all_after_fork();
 }
 
 /// At exit: return this process's memory to the quota now rather than when someone notices.
@@ -401,5 +408,51 @@ impl Allocations {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key)
             .map(|(d, b)| (d as usize, b))
+    }
+}
+
+/// Process-local state behind a mutex, which a forked child must not inherit: a lock held by
+/// another thread at fork time would never be released in the child. The fork handler calls
+/// [`PerProcess::reset`], after which the child lazily gets a fresh value (the parent's leaks).
+pub struct PerProcess<T: Default + 'static>(AtomicPtr<Mutex<T>>);
+
+impl<T: Default + 'static> Default for PerProcess<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Default + 'static> PerProcess<T> {
+    pub const fn new() -> Self {
+        PerProcess(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    pub fn get(&self) -> &'static Mutex<T> {
+        let p = self.0.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: values are leaked, never freed.
+            return unsafe { &*p };
+        }
+        let fresh = Box::into_raw(Box::new(Mutex::new(T::default())));
+        match self
+            .0
+            .compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire)
+        {
+            // SAFETY: ours, leaked from now on.
+            Ok(_) => unsafe { &*fresh },
+            // SAFETY: another thread installed one first (ours leaks: rare, small).
+            Err(other) => unsafe { &*other },
+        }
+    }
+
+    /// Locks, ignoring poisoning (a panic in a hook never leaves the data inconsistent: every
+    /// critical section is a few plain collection operations).
+    pub fn lock(&self) -> std::sync::MutexGuard<'static, T> {
+        self.get().lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// In a forked child: forget the parent's value. No allocation, no lock.
+    pub fn reset(&self) {
+        self.0.store(std::ptr::null_mut(), Release);
     }
 }

@@ -11,7 +11,8 @@
  *        shim_driver ignore_init       carry on after a failed cuInit: allocation must still fail
  *        shim_driver paths             every allocation and launch path once (counters test)
  *        shim_driver arrays            CUDA arrays under a 64 MiB quota (charged, refused, returned)
- *        shim_driver graph_mem         CUDA-graph memory nodes under a 64 MiB quota (the same)
+ *        shim_driver graph_mem         CUDA-graph memory under a 64 MiB quota (held while a graph exists)
+ *        shim_driver async_window      a stream-ordered free returns the quota when the stream reaches it
  * Prints "key=value" lines; "FAIL ..." and exit 1 on an unexpected result; "OK" at the end. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -498,8 +499,9 @@ static int arrays(void) {
     return 0;
 }
 
-/* CUDA-graph memory nodes under a 64 MiB quota: an allocation node is charged when added,
- * refused past the quota, and returned by a free node (dedicated functions and cuGraphAddNode). */
+/* CUDA-graph memory under a 64 MiB quota: an allocation node is charged when added and stays
+ * charged while a graph or an executable graph made from it exists, free nodes or not (dedicated
+ * functions and cuGraphAddNode). */
 static int graph_mem(void) {
     resolver("dlsym");
     setup();
@@ -516,6 +518,9 @@ static int graph_mem(void) {
     CUresult (*exec_destroy)(CUgraphExec) = dl("cuGraphExecDestroy");
     CUresult (*graph_destroy)(CUgraph) = dl("cuGraphDestroy");
     size_t f0 = free_now();
+#define CHARGED(mib, what)                                                                         \
+    EXPECT(free_now() == f0 - (mib) * MIB, "%s: charged %llu MiB, expected %d", what,             \
+           (unsigned long long)((f0 - free_now()) / MIB), (int)(mib))
 
     CUgraph g;
     CHECK(graph_create(&g, 0));
@@ -528,8 +533,7 @@ static int graph_mem(void) {
     CUgraphNode a1, f1, a2, f2;
     CHECK(add_alloc(&a1, g, NULL, 0, &ap));
     EXPECT(ap.dptr != 0, "no address for the allocation node");
-    EXPECT(free_now() == f0 - 48 * MIB, "allocation node charged %llu",
-           (unsigned long long)(f0 - free_now()));
+    CHARGED(48, "allocation node");
     CUDA_MEM_ALLOC_NODE_PARAMS big = ap;
     big.bytesize = 32 * MIB;
     big.dptr = 0;
@@ -538,8 +542,7 @@ static int graph_mem(void) {
     printf("over_quota=%d\n", (int)rc);
     EXPECT(rc == CUDA_ERROR_OUT_OF_MEMORY, "an allocation node past the quota returned %d", (int)rc);
     CHECK(add_free(&f1, g, &a1, 1, ap.dptr));
-    EXPECT(free_now() == f0, "free node returned %llu of 48 MiB",
-           (unsigned long long)(free_now() - (f0 - 48 * MIB)));
+    CHARGED(48, "after its free node (the graph still holds it)");
 
     CUgraphNodeParams np;
     memset(&np, 0, sizeof np);
@@ -547,24 +550,71 @@ static int graph_mem(void) {
     np.alloc.poolProps = ap.poolProps;
     np.alloc.bytesize = 16 * MIB;
     CHECK(add_node(&a2, g, &f1, NULL, 1, &np));
-    EXPECT(free_now() == f0 - 16 * MIB, "cuGraphAddNode allocation charged %llu",
-           (unsigned long long)(f0 - free_now()));
+    CHARGED(64, "cuGraphAddNode allocation");
     CUdeviceptr p2 = np.alloc.dptr;
     memset(&np, 0, sizeof np);
     np.type = CU_GRAPH_NODE_TYPE_MEM_FREE;
     np.free.dptr = p2;
     CHECK(add_node(&f2, g, &a2, NULL, 1, &np));
-    EXPECT(free_now() == f0, "cuGraphAddNode free returned %llu of 16 MiB",
-           (unsigned long long)(free_now() - (f0 - 16 * MIB)));
+    CHARGED(64, "cuGraphAddNode free");
+
+    /* While the graph can run, its memory is not the container's to allocate again. */
+    CUdeviceptr outside = 0;
+    rc = api.mem_alloc(&outside, 8 * MIB);
+    printf("alloc_while_graph_exists=%d\n", (int)rc);
+    EXPECT(rc == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc beside a 64 MiB graph returned %d", (int)rc);
 
     CUgraphExec ge;
     CHECK(instantiate(&ge, g, 0));
     CHECK(graph_launch(ge, 0));
     CHECK(api.ctx_synchronize());
-    CHECK(exec_destroy(ge));
     CHECK(graph_destroy(g));
-    EXPECT(free_now() == f0, "free %llu at the end, expected %llu", (unsigned long long)free_now(),
-           (unsigned long long)f0);
+    CHARGED(64, "graph destroyed, executable graph alive");
+    CHECK(exec_destroy(ge));
+    CHARGED(0, "both destroyed");
+    printf("OK\n");
+    return 0;
+#undef CHARGED
+}
+
+/* A stream-ordered free returns the quota when the stream reaches it, not when it is issued:
+ * under a 256 MiB quota, 200 MiB freed behind a 300 ms kernel stays charged until then, and a
+ * 200 MiB cuMemAlloc meanwhile waits for it instead of exceeding the quota. */
+static int async_window(void) {
+    resolver("dlsym");
+    setup();
+    CUresult (*stream_create)(CUstream *, unsigned) = dl("cuStreamCreate");
+    CUresult (*stream_sync)(CUstream) = dl("cuStreamSynchronize");
+    CUresult (*module_load)(CUmodule *, const void *) = dl("cuModuleLoadData");
+    CUresult (*get_function)(CUfunction *, CUmodule, const char *) = dl("cuModuleGetFunction");
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **) = dl("cuLaunchKernel");
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) = dl("cuMemAllocAsync");
+    CUresult (*free_async)(CUdeviceptr, CUstream) = dl("cuMemFreeAsync");
+    static const char spin_ptx[] = ".version 7.0\n.target sm_80\n.address_size 64\n"
+                                   ".visible .entry simgpu_spin(.param .u64 ns)\n{\n ret;\n}\n";
+    CUstream s;
+    CHECK(stream_create(&s, CU_STREAM_NON_BLOCKING));
+    CUmodule mod;
+    CHECK(module_load(&mod, spin_ptx));
+    CUfunction spin;
+    CHECK(get_function(&spin, mod, "simgpu_spin"));
+    size_t f0 = free_now();
+    CUdeviceptr a = 0, b = 0;
+    CHECK(alloc_async(&a, 200 * MIB, s));
+    unsigned long long ns = 300000000ull;
+    void *args[] = {&ns};
+    CHECK(launch(spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL));
+    CHECK(free_async(a, s));
+    size_t during = free_now();
+    printf("charged_while_queued_mib=%llu\n", (unsigned long long)((f0 - during) / MIB));
+    EXPECT(f0 - during == 200 * MIB, "a queued free returned its charge early");
+    CHECK(api.mem_alloc(&b, 200 * MIB)); /* waits for the free, then fits */
+    printf("alloc_after_wait=0\n");
+    CHECK(api.mem_free(b));
+    CHECK(stream_sync(s));
+    EXPECT(free_now() == f0, "free %llu MiB at the end, expected %llu",
+           (unsigned long long)(free_now() / MIB), (unsigned long long)(f0 / MIB));
     printf("OK\n");
     return 0;
 }
@@ -579,6 +629,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "paths")) return paths();
     if (!strcmp(mode, "arrays")) return arrays();
     if (!strcmp(mode, "graph_mem")) return graph_mem();
+    if (!strcmp(mode, "async_window")) return async_window();
     fprintf(stderr, "usage: see the comment at the top of shim_driver.c\n");
     return 2;
 }

@@ -248,36 +248,55 @@ fn shim_every_allocation_and_launch_path_is_counted_once() {
     gpu.assert_no_stub_calls();
 }
 
-/// Runs `shim_driver <mode>` under a 64 MiB quota: the program checks each charge and return
-/// through cuMemGetInfo and expects one allocation past the quota to be refused.
-fn memory_path_under_a_64_mib_quota(mode: &str) {
+/// Runs `shim_driver <mode>` under a `quota`: the program checks each charge and return through
+/// cuMemGetInfo. Afterwards nothing is left charged, the container's refusals are `refusals`, and
+/// simgpu's own device-memory peak (what the job really held) never exceeded the quota.
+fn memory_path_under_a_quota(mode: &str, quota: &str, refusals: u64) -> String {
     let bin = compile_gcc("shim_driver.c", "shim_driver", &[]);
-    let gpu = SimGpu::new().memory("8GiB").with_shim().quota("64MiB");
+    let gpu = SimGpu::new().memory("8GiB").with_shim().quota(quota);
     let out = gpu.run_cmd_ok(|| {
         let mut cmd = gpu.command(&bin);
         cmd.arg(mode);
         cmd
     });
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("over_quota=2\n"), "{}", describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let limit = libshare_abi::units::parse_size(quota).unwrap();
     let st = gpu.container_state("default");
     use std::sync::atomic::Ordering::Acquire;
     let dev = st.device(0);
     assert_eq!(dev.used.load(Acquire), 0, "memory left charged after exit");
-    assert!(dev.peak.load(Acquire) <= 64 << 20, "peak above the quota");
-    assert_eq!(dev.oom.load(Acquire), 1, "one refusal");
+    assert!(dev.peak.load(Acquire) <= limit, "peak above the quota");
+    assert_eq!(dev.oom.load(Acquire), refusals, "refusals: {stdout}");
+    let sim_peak = gpu.sim_mem_peak(0, 8 << 30);
+    assert!(
+        sim_peak <= limit,
+        "simgpu's device memory peaked at {} MiB, over the {quota} quota: {stdout}",
+        sim_peak >> 20
+    );
     gpu.assert_no_stub_calls();
+    stdout
 }
 
 #[test]
 fn shim_cuda_arrays_count_against_the_quota() {
     // cuArrayCreate, cuArray3DCreate and cuMipmappedArrayCreate: charged at the arrays' size,
     // refused past the quota with CUDA_ERROR_OUT_OF_MEMORY, returned on destroy.
-    memory_path_under_a_64_mib_quota("arrays");
+    let out = memory_path_under_a_quota("arrays", "64MiB", 1);
+    assert!(out.contains("over_quota=2\n"), "{out}");
 }
 
 #[test]
-fn shim_graph_memory_nodes_count_against_the_quota() {
-    // cuGraphAddMemAllocNode / cuGraphAddMemFreeNode and cuGraphAddNode with memory nodes.
-    memory_path_under_a_64_mib_quota("graph_mem");
+fn shim_graph_memory_stays_charged_while_a_graph_holds_it() {
+    // cuGraphAddMemAllocNode / cuGraphAddMemFreeNode and cuGraphAddNode with memory nodes; the
+    // charge outlives free nodes and the graph while an executable graph made from it exists.
+    let out = memory_path_under_a_quota("graph_mem", "64MiB", 2);
+    assert!(out.contains("over_quota=2\n"), "{out}");
+    assert!(out.contains("alloc_while_graph_exists=2\n"), "{out}");
+}
+
+#[test]
+fn shim_stream_ordered_free_returns_the_quota_when_the_stream_reaches_it() {
+    let out = memory_path_under_a_quota("async_window", "256MiB", 0);
+    assert!(out.contains("charged_while_queued_mib=200\n"), "{out}");
+    assert!(out.contains("alloc_after_wait=0\n"), "{out}");
 }
