@@ -19,7 +19,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// A production and an opportunistic job sharing the GPU (simgpu when there is none), live.
+    /// A production and an opportunistic job sharing the GPU (simgpu when there is none) under the
+    /// shim, with live throughput and per-container memory.
     Demo(demo::DemoArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
     Status(status::StatusArgs),
@@ -77,6 +78,16 @@ mod tests {
         assert_eq!(a.duration, 2.5);
         assert!(a.sim && a.json);
         assert_eq!(a.simgpu_lib.as_deref(), Some(std::path::Path::new("/x")));
+        assert!(a.shim.is_none() && !a.no_shim);
+        let cli = Cli::try_parse_from(["sharectl", "demo", "--shim", "/l/libshare.so"]).unwrap();
+        let Command::Demo(a) = cli.command else {
+            panic!("demo")
+        };
+        assert_eq!(
+            a.shim.as_deref(),
+            Some(std::path::Path::new("/l/libshare.so"))
+        );
+        assert!(Cli::try_parse_from(["sharectl", "demo", "--no-shim", "--shim", "/x"]).is_err());
         assert!(Cli::try_parse_from(["sharectl", "demo", "--duration", "0"]).is_err());
         assert!(Cli::try_parse_from(["sharectl", "demo", "--duration", "abc"]).is_err());
         assert!(Cli::try_parse_from(["sharectl"]).is_err());

@@ -10,7 +10,7 @@ use libshare_abi::units::format_size;
 use libshare_abi::SlotTable;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 
 #[derive(Args, Debug)]
@@ -61,11 +61,17 @@ fn container(name: &str, st: &State) -> Value {
     json!({ "container": name, "class": class, "devices": devices, "processes": processes })
 }
 
-pub fn run(args: StatusArgs) -> Result<()> {
-    let dir = args
-        .state_dir
-        .or_else(|| std::env::var_os("LIBSHARE_STATE_DIR").map(PathBuf::from))
-        .unwrap_or_else(libshare_abi::default_state_dir);
+/// The state directory `sharectl status` reads: `--state-dir`, else `$LIBSHARE_STATE_DIR`, else
+/// the shim's default.
+fn state_dir(arg: Option<PathBuf>) -> PathBuf {
+    arg.or_else(|| std::env::var_os("LIBSHARE_STATE_DIR").map(PathBuf::from))
+        .unwrap_or_else(libshare_abi::default_state_dir)
+}
+
+/// Every container's figures under the state directory `dir`, sorted by name (the JSON objects of
+/// `sharectl status --json`), and one error line per state file that could not be read. Used by
+/// `status` and by the demo's live numbers.
+pub fn read_containers(dir: &Path) -> Result<(Vec<Value>, Vec<String>)> {
     let root = dir.join("containers");
     let mut names: Vec<String> = match std::fs::read_dir(&root) {
         Ok(rd) => rd
@@ -79,12 +85,18 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let mut containers = Vec::new();
     let mut errors = Vec::new();
     for name in names {
-        let path = libshare_abi::container_dir(&dir, &name).join(libshare_abi::STATE_FILE);
+        let path = libshare_abi::container_dir(dir, &name).join(libshare_abi::STATE_FILE);
         match State::open_view(&path) {
             Ok(st) => containers.push(container(&name, &st)),
             Err(e) => errors.push(format!("container {name}: {e}")),
         }
     }
+    Ok((containers, errors))
+}
+
+pub fn run(args: StatusArgs) -> Result<()> {
+    let dir = state_dir(args.state_dir);
+    let (containers, errors) = read_containers(&dir)?;
     if args.json {
         println!(
             "{}",
@@ -93,7 +105,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
             )?
         );
     } else {
-        print_table(&dir, &containers);
+        for line in table(&dir, &containers) {
+            println!("{line}");
+        }
         for e in &errors {
             eprintln!("sharectl: {e}");
         }
@@ -104,23 +118,23 @@ pub fn run(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_table(dir: &std::path::Path, containers: &[Value]) {
+/// The `sharectl status` table, one string per line.
+pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
     if containers.is_empty() {
-        println!(
+        return vec![format!(
             "no containers under {} (none has used CUDA with libshare yet)",
             dir.display()
-        );
-        return;
+        )];
     }
-    println!(
+    let mut lines = vec![format!(
         "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>6}",
         "CONTAINER", "CLASS", "GPU", "USED", "QUOTA", "PEAK", "REFUSED", "PROCS"
-    );
+    )];
     for c in containers {
         let procs = c["processes"].as_array().map_or(0, |p| p.len());
         let devices = c["devices"].as_array().cloned().unwrap_or_default();
         if devices.is_empty() {
-            println!(
+            lines.push(format!(
                 "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>6}",
                 c["container"].as_str().unwrap_or("?"),
                 c["class"].as_str().unwrap_or("?"),
@@ -130,7 +144,7 @@ fn print_table(dir: &std::path::Path, containers: &[Value]) {
                 "-",
                 "-",
                 procs
-            );
+            ));
         }
         for d in devices {
             let size = |k: &str| format_size(d[k].as_u64().unwrap_or(0));
@@ -138,17 +152,18 @@ fn print_table(dir: &std::path::Path, containers: &[Value]) {
                 Some(0) | None => "none".to_string(),
                 Some(q) => format_size(q),
             };
-            println!(
+            lines.push(format!(
                 "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>6}",
                 c["container"].as_str().unwrap_or("?"),
                 c["class"].as_str().unwrap_or("?"),
-                d["device"],
+                d["device"].as_u64().unwrap_or(0),
                 size("used_bytes"),
                 quota,
                 size("peak_bytes"),
-                d["refused_over_quota"],
+                d["refused_over_quota"].as_u64().unwrap_or(0),
                 procs
-            );
+            ));
         }
     }
+    lines
 }

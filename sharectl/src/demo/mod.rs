@@ -1,19 +1,29 @@
 //! `sharectl demo`: a production and an opportunistic job on one GPU (real, or simgpu).
 //!
-//! Today (no shim, no daemon yet) it shows native co-location, i.e. the problem libshare solves:
-//! phase 1 runs the production job alone for its solo throughput, phase 2 runs it together with
-//! a GPU-saturating opportunistic job. The jobs are the ordinary CUDA programs of the `jobs`
-//! crate, started as child processes; the demo reads their JSON lines.
+//! It shows what libshare enforces today and what it does not yet. Both jobs run under the shim
+//! (`libshare.so`, preloaded) as two containers with memory quotas, "prod" (production) and
+//! "batch" (opportunistic), in a state directory private to the run; the live numbers include
+//! each container's memory, read from the shim's state files as `sharectl status` reads them.
+//! Phase 1 runs the production job alone for its solo throughput; phase 2 runs it next to an
+//! opportunistic job that keeps the GPU busy, and a second batch worker tries to grow the batch
+//! container past its quota (the shim refuses it). GPU time is not controlled yet (no daemon):
+//! phase 2's slowdown of the production job is the problem kernel-rate control will solve. The
+//! jobs are the ordinary CUDA programs of the `jobs` crate, started as child processes; the demo
+//! reads their JSON lines.
 
 mod child;
 mod platform;
 
+use crate::status;
 use anyhow::{anyhow, bail};
 use child::{Job, Msg, Role};
-use platform::Gpu;
+use libshare_abi::units::format_size;
+use platform::{Gpu, StateDir};
 use serde_json::{json, Value};
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -54,9 +64,12 @@ fn check_stdout() -> anyhow::Result<()> {
 
 /// Run a production and an opportunistic job on this machine's GPU, or on simgpu.
 ///
-/// Phase 1 runs the production job (simjob-train) alone; phase 2 runs it together with an
-/// opportunistic job (simjob-saturate) that keeps the GPU busy. Live numbers are printed once a
-/// second, then a summary. libshare's shim is not in use yet: this shows native co-location.
+/// Both run under libshare's shim as two containers with memory quotas: "prod" (production) and
+/// "batch" (opportunistic, smaller quota). Phase 1 runs the production job alone; phase 2 runs it
+/// next to the opportunistic job, which keeps the GPU busy, and a second batch worker tries to
+/// grow the batch container past its quota (the shim refuses it). Live throughput and
+/// per-container memory are printed once a second, then a summary. Kernel-rate control (the
+/// daemon that protects production's GPU time) is not built yet: compute is shared natively.
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
     /// Seconds per phase.
@@ -72,9 +85,18 @@ pub struct DemoArgs {
     #[arg(long, value_name = "DIR")]
     pub simgpu_lib: Option<PathBuf>,
 
-    /// Directory holding simjob-train and simjob-saturate [default: next to the sharectl binary].
+    /// Directory holding simjob-train [default: next to the sharectl binary].
     #[arg(long, value_name = "DIR")]
     pub jobs_dir: Option<PathBuf>,
+
+    /// The shim to preload [default: libshare.so next to the sharectl binary, else
+    /// <target>/dist/libshare.so; without either the demo runs without the shim].
+    #[arg(long, value_name = "FILE", conflicts_with = "no_shim")]
+    pub shim: Option<PathBuf>,
+
+    /// Run the jobs without the shim (native co-location only, no quotas).
+    #[arg(long)]
+    pub no_shim: bool,
 
     /// Print JSON lines (progress, then a final summary with "final": true) instead of text.
     #[arg(long)]
@@ -106,32 +128,158 @@ const PRODUCTION: (&str, &[&str]) = (
         "--cpu-ms",
         "4",
         "--mem",
-        "256MiB",
+        "512MiB",
     ],
 );
 
 /// GPU time per production iteration (the `--gpu-ms` above).
 const PRODUCTION_GPU_MS: f64 = 6.0;
 
-/// The opportunistic job: back-to-back 2 ms kernels, up to 4 in flight.
-const OPPORTUNISTIC: (&str, &[&str]) = ("simjob-saturate", &["--kernel-ms", "2", "--depth", "4"]);
+/// The opportunistic job: best-effort training with no host gap, i.e. back-to-back kernels
+/// (4 in flight, then a sync): it takes all the GPU time it can get.
+const OPPORTUNISTIC: (&str, &[&str]) = (
+    "simjob-train",
+    &[
+        "--gpu-ms",
+        "8",
+        "--kernels",
+        "4",
+        "--cpu-ms",
+        "0",
+        "--mem",
+        "384MiB",
+    ],
+);
+
+/// GPU time per opportunistic iteration.
+const OPPORTUNISTIC_GPU_MS: f64 = 8.0;
+
+/// A second worker of the batch container, started in phase 2: it asks for more memory than is
+/// left of the container's quota (384 MiB held + 256 MiB > 512 MiB).
+const GROW: (&str, &[&str]) = (
+    "simjob-train",
+    &[
+        "--mem",
+        "256MiB",
+        "--iters",
+        "1",
+        "--gpu-ms",
+        "1",
+        "--kernels",
+        "1",
+        "--cpu-ms",
+        "0",
+        "--report-interval",
+        "0",
+    ],
+);
+
+/// What the second batch worker asks for (its `--mem`).
+const GROW_BYTES: u64 = 256 << 20;
+
+/// A libshare container of the demo: its name, class and memory quota (the shim's variables).
+#[derive(Clone, Copy, Debug)]
+struct Container {
+    name: &'static str,
+    class: &'static str,
+    quota: &'static str,
+}
+
+impl Container {
+    /// The quota as `sharectl status` prints sizes (`512 MiB`).
+    fn quota_text(&self) -> String {
+        libshare_abi::units::parse_size(self.quota)
+            .map(format_size)
+            .unwrap_or_else(|| self.quota.to_string())
+    }
+}
+
+const PROD: Container = Container {
+    name: "prod",
+    class: "production",
+    quota: "2GiB",
+};
+
+const BATCH: Container = Container {
+    name: "batch",
+    class: "opportunistic",
+    quota: "512MiB",
+};
 
 /// How long a job may take to start (CUDA initialisation) or to stop after its duration.
 const GRACE: Duration = Duration::from_secs(60);
 
+/// The shim, preloaded into every job, with a state directory private to this demo run.
+struct Shim {
+    lib: PathBuf,
+    state: StateDir,
+}
+
+impl Shim {
+    /// The shim's variables for a process of container `c`.
+    fn env(&self, c: Container) -> Vec<(String, OsString)> {
+        vec![
+            ("LD_PRELOAD".into(), self.lib.clone().into()),
+            ("LIBSHARE_STATE_DIR".into(), self.state.path().into()),
+            ("LIBSHARE_CONTAINER".into(), c.name.into()),
+            ("LIBSHARE_CLASS".into(), c.class.into()),
+            ("LIBSHARE_MEMORY_LIMIT".into(), c.quota.into()),
+        ]
+    }
+}
+
+/// Why the demo runs without the shim.
+enum NoShim {
+    /// `--no-shim`.
+    Asked,
+    /// Not built: where it was looked for.
+    NotFound(Vec<PathBuf>),
+}
+
+impl NoShim {
+    /// Why, and what to do about it, one line each.
+    fn lines(&self) -> Vec<String> {
+        match self {
+            NoShim::Asked => vec!["--no-shim: the jobs run without libshare".into()],
+            NoShim::NotFound(paths) => vec![
+                format!(
+                    "libshare.so not found (looked for {})",
+                    paths
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "build it: cargo build --release -p libshare (or scripts/build-shim.sh for target/dist/libshare.so)".into(),
+                "running without the shim: no memory quotas, no per-container numbers".into(),
+            ],
+        }
+    }
+}
+
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let gpu = Gpu::select(args.sim, args.simgpu_lib.as_deref())?;
     let train_bin = platform::job_binary(args.jobs_dir.as_deref(), PRODUCTION.0)?;
-    let sat_bin = platform::job_binary(args.jobs_dir.as_deref(), OPPORTUNISTIC.0)?;
+    let shim = if args.no_shim {
+        Err(NoShim::Asked)
+    } else {
+        match platform::shim_library(args.shim.as_deref())? {
+            Some(lib) => Ok(Shim {
+                lib,
+                state: StateDir::create()?,
+            }),
+            None => Err(NoShim::NotFound(platform::shim_candidates()?)),
+        }
+    };
     let out = Output { json: args.json };
     let demo = Demo {
         gpu: &gpu,
         train_bin: &train_bin,
-        sat_bin: &sat_bin,
+        shim: shim.as_ref().ok(),
         secs: args.duration,
         out,
     };
-    out.intro(&gpu, &args);
+    out.intro(&gpu, &shim, &args);
 
     out.phase_header(1, false, args.duration);
     let solo = demo.phase(None)?;
@@ -143,7 +291,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let co = demo.phase(Some(solo_rate))?;
     out.phase_done(&co);
 
-    out.summary(&gpu, &solo, &co);
+    out.summary(&gpu, demo.shim, &solo, &co);
     Ok(())
 }
 
@@ -153,12 +301,35 @@ struct PhaseResult {
     production: Value,
     /// The opportunistic job's throughput while the production job ran, if it ran.
     opportunistic: Option<OppRate>,
+    /// The containers (as `sharectl status --json` shows them) late in the phase, while the jobs
+    /// still held their memory; None without the shim.
+    containers: Option<Vec<Value>>,
+    /// What happened to the second batch worker (phase 2, with the shim).
+    grow: Option<Grow>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct OppRate {
-    kernels_per_s: f64,
+    iters_per_s: f64,
     gpu_ms_per_s: f64,
+}
+
+impl OppRate {
+    fn from_iters(iters_per_s: f64) -> OppRate {
+        OppRate {
+            iters_per_s,
+            gpu_ms_per_s: iters_per_s * OPPORTUNISTIC_GPU_MS,
+        }
+    }
+}
+
+/// The second batch worker's outcome.
+#[derive(Clone, Debug)]
+struct Grow {
+    /// Its allocation failed with CUDA_ERROR_OUT_OF_MEMORY.
+    refused: bool,
+    /// Its error line, or what happened.
+    message: String,
 }
 
 fn rate(final_line: &Value) -> anyhow::Result<f64> {
@@ -170,7 +341,7 @@ fn rate(final_line: &Value) -> anyhow::Result<f64> {
 struct Demo<'a> {
     gpu: &'a Gpu,
     train_bin: &'a Path,
-    sat_bin: &'a Path,
+    shim: Option<&'a Shim>,
     secs: f64,
     out: Output,
 }
@@ -187,24 +358,55 @@ impl Demo<'_> {
         v
     }
 
+    /// Environment of a process of container `c`: the GPU's, plus the shim's if in use.
+    fn env(&self, c: Container) -> Vec<(String, OsString)> {
+        let mut env = self.gpu.job_env();
+        if let Some(shim) = self.shim {
+            env.extend(shim.env(c));
+        }
+        env
+    }
+
+    /// Every container's figures, read like `sharectl status` does; None without the shim. A
+    /// state file being created at this instant is skipped (it shows on the next read).
+    fn containers(&self) -> Option<Vec<Value>> {
+        let shim = self.shim?;
+        Some(
+            status::read_containers(shim.state.path())
+                .map(|(c, _errors)| c)
+                .unwrap_or_default(),
+        )
+    }
+
     /// Runs the production job for `secs`, alone (`solo == None`) or next to the opportunistic
     /// job (`solo == Some(solo rate)`, used for the live ratio).
     fn phase(&self, solo: Option<f64>) -> anyhow::Result<PhaseResult> {
         let (tx, rx) = mpsc::channel();
-        let env = self.gpu.job_env();
         let mut sat = None;
         if solo.is_some() {
             // Start the opportunistic job first and let it run until the production job is done
             // (then stop it with SIGTERM), so the whole production run is co-located.
             let args = self.args(OPPORTUNISTIC.1, self.secs + GRACE.as_secs_f64(), "0.5s");
-            let job = Job::spawn(Role::Opportunistic, self.sat_bin, &args, &env, tx.clone())?;
+            let job = Job::spawn(
+                Role::Opportunistic,
+                self.train_bin,
+                &args,
+                &self.env(BATCH),
+                tx.clone(),
+            )?;
             match wait_for_start(&rx, Role::Opportunistic) {
                 Ok(()) => sat = Some(job),
                 Err(e) => return Err(fail(job, e)),
             }
         }
         let args = self.args(PRODUCTION.1, self.secs, "1s");
-        let train = match Job::spawn(Role::Production, self.train_bin, &args, &env, tx.clone()) {
+        let train = match Job::spawn(
+            Role::Production,
+            self.train_bin,
+            &args,
+            &self.env(PROD),
+            tx.clone(),
+        ) {
             Ok(j) => j,
             Err(e) => {
                 if let Some(s) = sat {
@@ -232,22 +434,75 @@ impl Demo<'_> {
             }
             return Err(e);
         }
+        // The second batch worker, if it has not reported yet (a very short phase).
+        if let Some(grow_rx) = live.grow_rx.take() {
+            let g = grow_rx.recv_timeout(GRACE).unwrap_or(Grow {
+                refused: false,
+                message: format!("{} did not report in time", GROW.0),
+            });
+            self.out.grow(&g);
+            live.grow = Some(g);
+            // Its refusal happened after production's last snapshot: read the containers again
+            // (production has freed its memory by now; its peak still shows).
+            live.snapshot = self.containers();
+        }
         let mut opportunistic = None;
         if let Some(s) = sat {
             s.request_stop();
             let final_line = wait_for_final(&rx, Role::Opportunistic);
             s.finish(GRACE)?;
             opportunistic = live.overlap_rate().or_else(|| {
-                final_line.map(|v| OppRate {
-                    kernels_per_s: v["kernels_per_s"].as_f64().unwrap_or(0.0),
-                    gpu_ms_per_s: v["gpu_ms_per_s"].as_f64().unwrap_or(0.0),
-                })
+                final_line.map(|v| OppRate::from_iters(v["iters_per_s"].as_f64().unwrap_or(0.0)))
             });
         }
         Ok(PhaseResult {
             production,
             opportunistic,
+            containers: live.snapshot.take().or_else(|| self.containers()),
+            grow: live.grow,
         })
+    }
+
+    /// Starts the second batch worker on a thread; its outcome arrives on the returned channel.
+    fn start_grow(&self) -> Receiver<Grow> {
+        let (tx, rx) = mpsc::channel();
+        let mut cmd = Command::new(self.train_bin);
+        cmd.args(GROW.1)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in self.env(BATCH) {
+            cmd.env(k, v);
+        }
+        std::thread::spawn(move || {
+            let g = match cmd.output() {
+                Err(e) => Grow {
+                    refused: false,
+                    message: format!("cannot start {}: {e}", GROW.0),
+                },
+                Ok(out) if out.status.success() => Grow {
+                    refused: false,
+                    message: format!("{} got its memory (not refused)", GROW.0),
+                },
+                Ok(out) => {
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    let prefix = format!("{}: ", GROW.0);
+                    let line = err
+                        .lines()
+                        .rev()
+                        .find(|l| l.starts_with(&prefix))
+                        .or_else(|| err.lines().last())
+                        .unwrap_or("failed without a message")
+                        .to_string();
+                    Grow {
+                        refused: line.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+                        message: line,
+                    }
+                }
+            };
+            let _ = tx.send(g);
+        });
+        rx
     }
 
     /// Follows both jobs until the production job's final line; prints live numbers on each
@@ -261,7 +516,13 @@ impl Demo<'_> {
         let deadline = Instant::now() + Duration::from_secs_f64(self.secs) + GRACE;
         loop {
             check_stdout()?;
-            let msg = match rx.recv_timeout(Duration::from_millis(200)) {
+            if let Some(g) = live.grow_rx.as_ref().and_then(|r| r.try_recv().ok()) {
+                live.grow_rx = None;
+                self.out.grow(&g);
+                live.grow = Some(g);
+                live.snapshot = self.containers();
+            }
+            let msg = match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
                     if Instant::now() > deadline {
@@ -275,11 +536,20 @@ impl Demo<'_> {
             };
             match msg {
                 Msg::Line(Role::Production, v) => match v["event"].as_str() {
-                    Some("start") => live.production_started = Some(Instant::now()),
+                    Some("start") => {
+                        live.production_started = Some(Instant::now());
+                        // Both jobs hold their memory now: the batch container tries to grow.
+                        if solo.is_some() && self.shim.is_some() {
+                            live.grow_rx = Some(self.start_grow());
+                        }
+                    }
                     Some("progress") => {
                         let r = v["iters_per_s"].as_f64().unwrap_or(0.0);
                         let t = v["t"].as_f64().unwrap_or(0.0);
-                        self.out.live(t, r, solo, live.latest);
+                        let containers = self.containers();
+                        self.out
+                            .live(t, r, solo, live.latest, containers.as_deref());
+                        live.snapshot = containers;
                     }
                     Some("final") => {
                         live.production_finished = Some(Instant::now());
@@ -292,7 +562,7 @@ impl Demo<'_> {
                     bail!("{} stopped without a summary", PRODUCTION.0)
                 }
                 Msg::Eof(Role::Opportunistic) => {
-                    bail!("{} stopped early", OPPORTUNISTIC.0)
+                    bail!("the opportunistic {} stopped early", OPPORTUNISTIC.0)
                 }
             }
         }
@@ -344,15 +614,22 @@ fn wait_for_final(rx: &Receiver<Msg>, role: Role) -> Option<Value> {
     }
 }
 
-/// Live state of the opportunistic job.
+/// Live state of a phase: the opportunistic job's progress, the second batch worker, the latest
+/// container figures.
 #[derive(Default)]
 struct Live {
     production_started: Option<Instant>,
     production_finished: Option<Instant>,
     /// Latest opportunistic window rate.
     latest: Option<OppRate>,
-    /// (received at, job's t, cumulative kernels, kernel ms) for each opportunistic progress line.
-    points: Vec<(Instant, f64, f64, f64)>,
+    /// (received at, job's t, cumulative iterations) for each opportunistic progress line.
+    points: Vec<(Instant, f64, f64)>,
+    /// The second batch worker, while it runs.
+    grow_rx: Option<Receiver<Grow>>,
+    /// Its outcome.
+    grow: Option<Grow>,
+    /// The latest container figures.
+    snapshot: Option<Vec<Value>>,
 }
 
 impl Live {
@@ -360,20 +637,15 @@ impl Live {
         if v["event"] != "progress" {
             return;
         }
-        let (Some(kps), Some(gms), Some(t), Some(k)) = (
-            v["kernels_per_s"].as_f64(),
-            v["gpu_ms_per_s"].as_f64(),
+        let (Some(ips), Some(t), Some(n)) = (
+            v["iters_per_s"].as_f64(),
             v["t"].as_f64(),
-            v["kernels"].as_f64(),
+            v["iters"].as_f64(),
         ) else {
             return;
         };
-        self.latest = Some(OppRate {
-            kernels_per_s: kps,
-            gpu_ms_per_s: gms,
-        });
-        let kernel_ms = if kps > 0.0 { gms / kps } else { 0.0 };
-        self.points.push((Instant::now(), t, k, kernel_ms));
+        self.latest = Some(OppRate::from_iters(ips));
+        self.points.push((Instant::now(), t, n));
     }
 
     /// The opportunistic job's rate between the production job's start and end lines.
@@ -389,11 +661,7 @@ impl Live {
         if dt <= 0.0 {
             return None;
         }
-        let kps = (last.2 - first.2) / dt;
-        Some(OppRate {
-            kernels_per_s: kps,
-            gpu_ms_per_s: kps * last.3,
-        })
+        Some(OppRate::from_iters((last.2 - first.2) / dt))
     }
 }
 
@@ -418,12 +686,44 @@ fn r3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
+/// Device 0's figures of container `name` in a `status::read_containers` list (the jobs run on
+/// device 0).
+fn device0<'a>(containers: &'a [Value], name: &str) -> Option<&'a Value> {
+    containers
+        .iter()
+        .find(|c| c["container"] == name)?
+        .get("devices")?
+        .as_array()?
+        .iter()
+        .find(|d| d["device"] == 0)
+}
+
+/// One live line per container: memory used / quota / peak, launches, refused allocations.
+fn container_lines(containers: &[Value]) -> Vec<String> {
+    [PROD, BATCH]
+        .iter()
+        .filter_map(|c| {
+            let d = device0(containers, c.name)?;
+            let size = |k: &str| format_size(d[k].as_u64().unwrap_or(0));
+            Some(format!(
+                "           {:<6} {:>8} used of {:>7} quota, peak {:>8}, {:>6} launches, {} refused",
+                c.name,
+                size("used_bytes"),
+                size("quota_bytes"),
+                size("peak_bytes"),
+                d["launches_live_processes"].as_u64().unwrap_or(0),
+                d["refused_over_quota"].as_u64().unwrap_or(0),
+            ))
+        })
+        .collect()
+}
+
 impl Output {
     fn emit(&self, v: Value) {
         say!("{v}");
     }
 
-    fn intro(&self, gpu: &Gpu, args: &DemoArgs) {
+    fn intro(&self, gpu: &Gpu, shim: &Result<Shim, NoShim>, args: &DemoArgs) {
         let gpu_json = match gpu {
             Gpu::Real { description } => json!({"kind": "real", "description": description}),
             Gpu::Sim { lib_dir, state } => json!({
@@ -432,14 +732,33 @@ impl Output {
                 "state_dir": state.path().display().to_string(),
             }),
         };
+        let container_json =
+            |c: Container| json!({"name": c.name, "class": c.class, "quota": c.quota});
         if self.json {
+            let libshare = match shim {
+                Ok(s) => json!({
+                    "shim": s.lib.display().to_string(),
+                    "state_dir": s.state.path().display().to_string(),
+                    "memory_quotas": true,
+                    "kernel_rate_control": false,
+                }),
+                Err(why) => json!({
+                    "shim": null,
+                    "why": why.lines().join("; "),
+                    "memory_quotas": false,
+                    "kernel_rate_control": false,
+                }),
+            };
             self.emit(json!({
                 "event": "start",
                 "gpu": gpu_json,
-                "libshare": false,
+                "libshare": libshare,
                 "duration_s": args.duration,
                 "production": cmdline(PRODUCTION),
+                "production_container": container_json(PROD),
                 "opportunistic": cmdline(OPPORTUNISTIC),
+                "opportunistic_container": container_json(BATCH),
+                "grow": cmdline(GROW),
             }));
             return;
         }
@@ -456,17 +775,62 @@ impl Output {
                 );
             }
         }
-        say!("  production     {}", cmdline(PRODUCTION));
-        say!("                 training-like: 6 ms of GPU work + 4 ms of CPU per iteration");
-        say!("  opportunistic  {}", cmdline(OPPORTUNISTIC));
-        say!("                 back-to-back kernels: takes all the GPU time it can get");
-        say!("  Both are ordinary, unmodified CUDA driver-API programs.");
+        match shim {
+            Ok(s) => {
+                say!(
+                    "  libshare       shim {} preloaded into every job",
+                    s.lib.display()
+                );
+                say!(
+                    "                 its state dir {} (private to this run; from another",
+                    s.state.path().display()
+                );
+                say!(
+                    "                 terminal: sharectl status --state-dir {})",
+                    s.state.path().display()
+                );
+            }
+            Err(why) => {
+                for (i, l) in why.lines().iter().enumerate() {
+                    let head = if i == 0 {
+                        "libshare       not in use: "
+                    } else {
+                        "               "
+                    };
+                    say!("  {head}{l}");
+                }
+            }
+        }
+        let container = |c: Container| match shim {
+            Ok(_) => format!(
+                "container \"{}\", class {}, memory quota {}",
+                c.name,
+                c.class,
+                c.quota_text()
+            ),
+            Err(_) => "no container (no shim)".into(),
+        };
+        say!("  production     {}", container(PROD));
+        say!("                 {}", cmdline(PRODUCTION));
+        say!("                 training-like: 6 ms of GPU work + 4 ms of CPU per iteration, holds 512 MiB");
+        say!("  opportunistic  {}", container(BATCH));
+        say!("                 {}", cmdline(OPPORTUNISTIC));
+        say!("                 training with no host gap: takes all the GPU time it can get, holds 384 MiB");
+        if shim.is_ok() {
+            say!("                 in phase 2 a second batch worker asks for 256 MiB more: over the quota");
+        }
+        say!("  All are ordinary, unmodified CUDA driver-API programs.");
         say!("");
-        say!("libshare is NOT enforcing anything in this demo yet: there is no shim and no daemon, so the");
-        say!("two jobs share the GPU natively, as they would without libshare. This shows the problem:");
-        say!("how much the production job slows down next to an opportunistic one. Protecting it (and");
-        say!("giving the opportunistic job only the GPU time production leaves idle) arrives with the");
-        say!("libshare shim (issue 3).");
+        if shim.is_ok() {
+            say!("What libshare enforces today: per-container memory quotas (the shim). What it does not");
+            say!("enforce yet: GPU time. Kernel-rate control - the coordinator daemon that would keep the");
+            say!("production job running as if alone and give the opportunistic one only the GPU time it");
+            say!("leaves idle - is not built, so the jobs' kernels share the GPU natively. Phase 2 shows the");
+            say!("problem that control will solve.");
+        } else {
+            say!("Without the shim nothing is enforced: the two jobs share the GPU natively, as they would");
+            say!("without libshare. Phase 2 shows how much the production job slows down.");
+        }
     }
 
     fn phase_header(&self, n: u32, colocated: bool, secs: f64) {
@@ -476,14 +840,21 @@ impl Output {
         say!("");
         if colocated {
             say!(
-                "Phase {n}/2: production + opportunistic job together, natively co-located, {secs} s"
+                "Phase {n}/2: production + opportunistic job together, compute natively co-located, {secs} s"
             );
         } else {
             say!("Phase {n}/2: production job alone (solo throughput), {secs} s");
         }
     }
 
-    fn live(&self, t: f64, rate: f64, solo: Option<f64>, opp: Option<OppRate>) {
+    fn live(
+        &self,
+        t: f64,
+        rate: f64,
+        solo: Option<f64>,
+        opp: Option<OppRate>,
+        containers: Option<&[Value]>,
+    ) {
         if self.json {
             let mut v = json!({
                 "event": "progress",
@@ -493,8 +864,11 @@ impl Output {
             });
             if let Some(s) = solo.filter(|s| *s > 0.0) {
                 v["production_vs_solo"] = json!(r3(rate / s));
-                v["opportunistic_kernels_per_s"] = json!(opp.map(|o| r3(o.kernels_per_s)));
+                v["opportunistic_iters_per_s"] = json!(opp.map(|o| r3(o.iters_per_s)));
                 v["opportunistic_gpu_ms_per_s"] = json!(opp.map(|o| r3(o.gpu_ms_per_s)));
+            }
+            if let Some(c) = containers {
+                v["containers"] = json!(c);
             }
             self.emit(v);
             return;
@@ -505,14 +879,43 @@ impl Output {
             match opp {
                 Some(o) => {
                     line += &format!(
-                        "   opportunistic {:>7.1} kernels/s ({:>5.0} GPU-ms/s)",
-                        o.kernels_per_s, o.gpu_ms_per_s
+                        "   opportunistic {:>6.1} it/s ({:>4.0} GPU-ms/s)",
+                        o.iters_per_s, o.gpu_ms_per_s
                     )
                 }
                 None => line += "   opportunistic (starting)",
             }
         }
         say!("{line}");
+        for l in container_lines(containers.unwrap_or_default()) {
+            say!("{l}");
+        }
+    }
+
+    fn grow(&self, g: &Grow) {
+        if self.json {
+            self.emit(json!({
+                "event": "grow",
+                "container": BATCH.name,
+                "requested_bytes": GROW_BYTES,
+                "refused": g.refused,
+                "message": g.message,
+            }));
+            return;
+        }
+        let ask = format!(
+            "  batch: a second worker asks for {} more ->",
+            format_size(GROW_BYTES)
+        );
+        if g.refused {
+            say!(
+                "{ask} refused by the shim (over batch's {} quota):",
+                BATCH.quota_text()
+            );
+            say!("         {}", g.message);
+        } else {
+            say!("{ask} not refused: {}", g.message);
+        }
     }
 
     fn phase_done(&self, r: &PhaseResult) {
@@ -526,14 +929,14 @@ impl Output {
             format!("  -> production: {iters} iterations in {secs:.1} s = {rate:.1} it/s");
         if let Some(o) = r.opportunistic {
             line += &format!(
-                "; opportunistic: {:.1} kernels/s ({:.0} GPU-ms/s)",
-                o.kernels_per_s, o.gpu_ms_per_s
+                "; opportunistic: {:.1} it/s ({:.0} GPU-ms/s)",
+                o.iters_per_s, o.gpu_ms_per_s
             );
         }
         say!("{line}");
     }
 
-    fn summary(&self, gpu: &Gpu, solo: &PhaseResult, co: &PhaseResult) {
+    fn summary(&self, gpu: &Gpu, shim: Option<&Shim>, solo: &PhaseResult, co: &PhaseResult) {
         let s = solo.production["iters_per_s"].as_f64().unwrap_or(0.0);
         let c = co.production["iters_per_s"].as_f64().unwrap_or(0.0);
         let ratio = if s > 0.0 { c / s } else { 0.0 };
@@ -544,20 +947,32 @@ impl Output {
                 "event": "final",
                 "final": true,
                 "gpu": if gpu.is_sim() { "simgpu" } else { "real" },
-                "libshare": false,
+                "libshare": {
+                    "shim": shim.is_some(),
+                    "memory_quotas": shim.is_some(),
+                    "kernel_rate_control": false,
+                },
                 "solo": {
                     "production_iters_per_s": s,
                     "production_gpu_ms_per_s": r3(s * PRODUCTION_GPU_MS),
                     "production_iter_ms_p50": p50(solo),
                     "production_iter_ms_p99": p99(solo),
+                    "containers": solo.containers,
                 },
                 "colocated": {
                     "production_iters_per_s": c,
                     "production_gpu_ms_per_s": r3(c * PRODUCTION_GPU_MS),
                     "production_iter_ms_p50": p50(co),
                     "production_iter_ms_p99": p99(co),
-                    "opportunistic_kernels_per_s": co.opportunistic.map(|o| r3(o.kernels_per_s)),
+                    "opportunistic_iters_per_s": co.opportunistic.map(|o| r3(o.iters_per_s)),
                     "opportunistic_gpu_ms_per_s": co.opportunistic.map(|o| r3(o.gpu_ms_per_s)),
+                    "containers": co.containers,
+                    "grow": co.grow.as_ref().map(|g| json!({
+                        "container": BATCH.name,
+                        "requested_bytes": GROW_BYTES,
+                        "refused": g.refused,
+                        "message": g.message,
+                    })),
                 },
                 "production_vs_solo": r3(ratio),
             }));
@@ -566,8 +981,13 @@ impl Output {
         let opt = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
         say!("");
         say!(
-            "Summary ({}, no libshare)",
-            if gpu.is_sim() { "simgpu" } else { "real GPU" }
+            "Summary ({}, {})",
+            if gpu.is_sim() { "simgpu" } else { "real GPU" },
+            if shim.is_some() {
+                "libshare shim: memory quotas; no GPU-time control yet"
+            } else {
+                "no libshare"
+            }
         );
         say!("                                     alone   co-located");
         say!(
@@ -592,9 +1012,9 @@ impl Output {
             c * PRODUCTION_GPU_MS
         );
         say!(
-            "  opportunistic kernels/s        {:>9}    {:>9}",
+            "  opportunistic iterations/s     {:>9}    {:>9}",
             "-",
-            opt(co.opportunistic.map(|o| r1(o.kernels_per_s)))
+            opt(co.opportunistic.map(|o| r1(o.iters_per_s)))
         );
         say!(
             "  opportunistic GPU-ms/s         {:>9}    {:>9}",
@@ -602,15 +1022,48 @@ impl Output {
             opt(co.opportunistic.map(|o| r1(o.gpu_ms_per_s)))
         );
         say!("  (GPU-ms/s: kernel time completed per second; 1000 = the GPU always busy)");
-        say!("");
+        if let (Some(shim), Some(containers)) = (shim, co.containers.as_deref()) {
+            say!("");
+            say!("Memory per container in phase 2 (as `sharectl status` shows it):");
+            for l in status::table(shim.state.path(), containers) {
+                say!("  {l}");
+            }
+            say!("");
+            match &co.grow {
+                Some(g) if g.refused => {
+                    let figure = |name: &str, key: &str| {
+                        format_size(
+                            device0(containers, name)
+                                .and_then(|d| d[key].as_u64())
+                                .unwrap_or(0),
+                        )
+                    };
+                    say!(
+                        "Memory: the shim held batch to its {} quota: with {} held, its second worker's {} was",
+                        BATCH.quota_text(),
+                        figure(BATCH.name, "peak_bytes"),
+                        format_size(GROW_BYTES)
+                    );
+                    say!(
+                        "refused (CUDA_ERROR_OUT_OF_MEMORY, counted under REFUSED); prod kept its {} (quota {}, nothing refused).",
+                        figure(PROD.name, "peak_bytes"),
+                        PROD.quota_text()
+                    );
+                }
+                Some(g) => say!(
+                    "Memory: the second batch worker was not refused: {}",
+                    g.message
+                ),
+                None => {}
+            }
+        }
         say!(
-            "Natively co-located, the production job ran at {:.0}% of its solo throughput.",
+            "Compute: natively co-located, the production job ran at {:.0}% of its solo throughput.",
             100.0 * ratio
         );
-        say!("libshare's goal once the shim enforces it (design section 7, scenario S1): production at");
-        say!(
-            ">= 97% of solo while the opportunistic job uses the GPU time production leaves idle."
-        );
+        say!("Kernel-rate control (the coordinator daemon) is not built yet; its goal (design section 7,");
+        say!("scenario S1): production at >= 97% of solo while the opportunistic job uses the GPU time");
+        say!("production leaves idle.");
     }
 }
 
@@ -637,16 +1090,16 @@ mod tests {
         };
         let at = |ms| t0 + Duration::from_millis(ms);
         live.points = vec![
-            (t0 - Duration::from_millis(1), 0.0, 0.0, 2.0),
-            (at(10), 1.0, 100.0, 2.0),
-            (at(20), 2.0, 300.0, 2.0),
-            (at(30), 3.0, 500.0, 2.0),
-            (at(50), 4.0, 10_000.0, 2.0),
+            (t0 - Duration::from_millis(1), 0.0, 0.0),
+            (at(10), 1.0, 100.0),
+            (at(20), 2.0, 300.0),
+            (at(30), 3.0, 500.0),
+            (at(50), 4.0, 10_000.0),
         ];
         live.production_finished = Some(at(40));
         let r = live.overlap_rate().unwrap();
-        assert_eq!(r.kernels_per_s, 200.0);
-        assert_eq!(r.gpu_ms_per_s, 400.0);
+        assert_eq!(r.iters_per_s, 200.0);
+        assert_eq!(r.gpu_ms_per_s, 200.0 * OPPORTUNISTIC_GPU_MS);
         live.points.truncate(2);
         assert_eq!(live.overlap_rate(), None);
     }
@@ -655,6 +1108,38 @@ mod tests {
     fn job_cmdlines() {
         assert!(cmdline(PRODUCTION).starts_with("simjob-train --gpu-ms 6 "));
         assert_eq!(PRODUCTION.1[1].parse::<f64>().unwrap(), PRODUCTION_GPU_MS);
-        assert!(cmdline(OPPORTUNISTIC).starts_with("simjob-saturate"));
+        assert_eq!(
+            OPPORTUNISTIC.1[1].parse::<f64>().unwrap(),
+            OPPORTUNISTIC_GPU_MS
+        );
+        // The second batch worker asks for more than the batch container has left of its quota.
+        let size = |job: (&str, &[&str])| {
+            let i = job.1.iter().position(|a| *a == "--mem").unwrap();
+            libshare_abi::units::parse_size(job.1[i + 1]).unwrap()
+        };
+        let quota = |c: Container| libshare_abi::units::parse_size(c.quota).unwrap();
+        assert_eq!(size(GROW), GROW_BYTES);
+        assert!(size(OPPORTUNISTIC) <= quota(BATCH));
+        assert!(size(OPPORTUNISTIC) + size(GROW) > quota(BATCH));
+        assert!(size(PRODUCTION) <= quota(PROD));
+    }
+
+    #[test]
+    fn container_lines_read_status_figures() {
+        let c = vec![json!({
+            "container": "batch", "class": "opportunistic",
+            "devices": [{"device": 0, "quota_bytes": 512u64 << 20, "used_bytes": 384u64 << 20,
+                         "peak_bytes": 384u64 << 20, "refused_over_quota": 1,
+                         "launches_live_processes": 42}],
+            "processes": [],
+        })];
+        let l = container_lines(&c);
+        assert_eq!(l.len(), 1, "{l:?}");
+        assert!(
+            l[0].contains("batch") && l[0].contains("384 MiB used of 512 MiB quota"),
+            "{l:?}"
+        );
+        assert!(l[0].contains("42 launches, 1 refused"), "{l:?}");
+        assert_eq!(device0(&c, "prod"), None);
     }
 }

@@ -125,8 +125,8 @@ pub fn ensure_simgpu_lib(target: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot resolve {}", lib.display()))
 }
 
-/// A fresh temporary directory (removed on drop) used as `SIMGPU_STATE_DIR`, so the demo has a
-/// simulated machine of its own.
+/// A fresh temporary directory (removed on drop): the demo's `SIMGPU_STATE_DIR` (a simulated
+/// machine of its own) and its `LIBSHARE_STATE_DIR` (containers of its own).
 pub struct StateDir(PathBuf);
 
 impl StateDir {
@@ -182,6 +182,39 @@ pub fn job_binary(dir: Option<&Path>, name: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Where the demo looks for the shim when `--shim` is not given: the host build next to sharectl
+/// (`<target>/release/libshare.so`), then the shipped glibc-2.17 build (`<target>/dist/libshare.so`,
+/// from scripts/build-shim.sh).
+pub fn shim_candidates() -> anyhow::Result<Vec<PathBuf>> {
+    let exe = std::env::current_exe().context("cannot locate the sharectl binary")?;
+    let dir = exe
+        .parent()
+        .context("cannot locate the sharectl binary's directory")?;
+    let mut v = vec![dir.join("libshare.so")];
+    if let Some(target) = dir.parent() {
+        v.push(target.join("dist").join("libshare.so"));
+    }
+    Ok(v)
+}
+
+/// The shim to preload: `explicit` (which must exist), else the first of [`shim_candidates`]
+/// that exists, else None.
+pub fn shim_library(explicit: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
+    if let Some(p) = explicit {
+        if !p.is_file() {
+            bail!(
+                "--shim {}: no such file (expected libshare.so)",
+                p.display()
+            );
+        }
+        return p
+            .canonicalize()
+            .map(Some)
+            .with_context(|| format!("--shim {}", p.display()));
+    }
+    Ok(shim_candidates()?.into_iter().find(|p| p.is_file()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +242,16 @@ mod tests {
         let p = state.path().to_path_buf();
         drop(state);
         assert!(!p.exists());
+    }
+
+    #[test]
+    fn explicit_shim_must_exist() {
+        let e = shim_library(Some(Path::new("/nonexistent/libshare.so")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--shim"), "{e}");
+        let c = shim_candidates().unwrap();
+        assert!(c[0].ends_with("libshare.so") && c[1].ends_with("dist/libshare.so"));
     }
 
     #[test]
