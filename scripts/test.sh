@@ -30,6 +30,10 @@ if ! command -v gcc >/dev/null || ! command -v g++ >/dev/null; then
   step "installing gcc/g++"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential
 fi
+if ! command -v strace >/dev/null; then
+  step "installing strace (the shim's no-side-effects test traces system calls)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace
+fi
 # Another fetch-cuda.sh (e.g. a background torch install) must finish first: never run two.
 while pgrep -f "scripts/fetch-cuda.sh" >/dev/null 2>&1; do
   echo "waiting for a running scripts/fetch-cuda.sh to finish..."; sleep 10
@@ -52,6 +56,11 @@ run clippy cargo clippy --workspace --all-targets --release -- -D warnings
 export SHARE_TESTS_SKIP_BUILD=1
 if cargo nextest --version >/dev/null 2>&1; then
   run tests cargo nextest run --workspace --release --no-fail-fast "$@"
+  # The shim's own tests again, preloading the shipped glibc-2.17 build instead of the host one.
+  if [ $# -eq 0 ]; then
+    LIBSHARE_TEST_SHIM=dist run tests-shipped-shim cargo nextest run -p libshare-tests --release \
+      --no-fail-fast -E 'binary(/^shim_/)'
+  fi
 else
   echo "cargo-nextest not found: falling back to cargo test"
   run tests cargo test --workspace --release --no-fail-fast "$@"

@@ -11,7 +11,8 @@
 //!   cached under `target/cuda-tests/` and rebuilt when the source is newer.
 //!
 //! Environment: `SHARE_TESTS_SKIP_BUILD=1` skips the cargo build (the artifacts must exist),
-//! `LIBSHARE_CACHE` overrides `~/.cache/libshare`, `SIMGPU_LOG` is passed through to the programs.
+//! `LIBSHARE_CACHE` overrides `~/.cache/libshare`, `SIMGPU_LOG` is passed through to the programs,
+//! `LIBSHARE_TEST_SHIM=dist` preloads the shipped `target/dist/libshare.so` instead of the host build.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
@@ -601,12 +602,20 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64) {
 
 // ---- The shim (`libshare.so`) under test: helpers for `tests/tests/shim_*.rs` ----
 
-/// `target/release/libshare.so`, built by [`artifacts`].
+/// The shim the tests preload: `target/release/libshare.so` (the host build, built by
+/// [`artifacts`]), or with `LIBSHARE_TEST_SHIM=dist` the shipped glibc-2.17 build
+/// `target/dist/libshare.so` (`scripts/build-shim.sh`; `scripts/test.sh` runs the shim tests
+/// again with it), or any path given there.
 pub fn shim_lib() -> PathBuf {
-    let path = artifacts().release_dir.join("libshare.so");
+    let path = match std::env::var("LIBSHARE_TEST_SHIM").ok().as_deref() {
+        None | Some("") => artifacts().release_dir.join("libshare.so"),
+        Some("dist") => target_dir().join("dist/libshare.so"),
+        Some(other) => PathBuf::from(other),
+    };
     assert!(
         path.exists(),
-        "{} does not exist: build the shim (cargo build --release -p libshare)",
+        "{} does not exist: build the shim (cargo build --release -p libshare; the shipped one: \
+         scripts/build-shim.sh)",
         path.display()
     );
     path
