@@ -129,7 +129,7 @@ impl Gpu {
         probe_driver()?;
         check("cuInit", result::init())?;
         let mut driver_version = 0;
-        // SAFETY: valid out-pointer.
+        // SAFETY: `driver_version` is a live, writable c_int local: the out-pointer the call needs.
         check_raw("cuDriverGetVersion", unsafe {
             sys::cuDriverGetVersion(&mut driver_version)
         })?;
@@ -150,11 +150,12 @@ impl Gpu {
         }
         let dev = check("cuDeviceGet", result::device::get(ordinal as i32))?;
         let name = check("cuDeviceGetName", result::device::get_name(dev))?;
-        // SAFETY: `dev` came from cuDeviceGet.
+        // SAFETY: `dev` is a valid device handle, just returned by cuDeviceGet.
         let total_mem = check("cuDeviceTotalMem_v2", unsafe {
             result::device::total_mem(dev)
         })? as u64;
-        // SAFETY: `dev` came from cuDeviceGet; released in Drop.
+        // SAFETY: `dev` is a valid device handle from cuDeviceGet; the retain is balanced by the
+        // release in Gpu's Drop (the Gpu is built right below, before any early return).
         let ctx = check("cuDevicePrimaryCtxRetain", unsafe {
             result::primary_ctx::retain(dev)
         })?;
@@ -171,24 +172,26 @@ impl Gpu {
                 driver_version,
             },
         };
-        // SAFETY: `ctx` is a live primary context. From here on, Drop cleans up.
+        // SAFETY: `ctx` is the live primary context retained above (held until Drop).
+        // From here on, Drop cleans up.
         check("cuCtxSetCurrent", unsafe { result::ctx::set_current(ctx) })?;
         gpu.stream = check(
             "cuStreamCreate",
             result::stream::create(result::stream::StreamKind::NonBlocking),
         )?;
         let ptx = CString::new(crate::SPIN_PTX).expect("PTX has no NUL bytes");
-        // SAFETY: NUL-terminated PTX text, as cuModuleLoadData expects.
+        // SAFETY: `ptx` is a NUL-terminated CString (PTX text, as cuModuleLoadData expects),
+        // alive across the call; a context is current on this thread (set above).
         gpu.module = check("cuModuleLoadData", unsafe {
             result::module::load_data(ptx.as_ptr() as *const c_void)
         })?;
         let fname = CString::new(crate::SPIN_KERNEL).expect("no NUL");
-        // SAFETY: module is loaded.
+        // SAFETY: `gpu.module` was just loaded successfully and stays loaded until Drop.
         gpu.spin = check("cuModuleGetFunction", unsafe {
             result::module::get_function(gpu.module, fname)
         })?;
         let fname = CString::new(crate::SPIN_TOUCH_KERNEL).expect("no NUL");
-        // SAFETY: module is loaded.
+        // SAFETY: as above, `gpu.module` is loaded.
         gpu.spin_touch = check("cuModuleGetFunction", unsafe {
             result::module::get_function(gpu.module, fname)
         })?;
@@ -238,7 +241,7 @@ impl Gpu {
 
     /// Waits for everything queued on the stream.
     pub fn sync(&self) -> Result<(), CudaError> {
-        // SAFETY: the stream is live.
+        // SAFETY: `self.stream` was created in `open` and is destroyed only in Drop.
         check("cuStreamSynchronize", unsafe {
             result::stream::synchronize(self.stream)
         })
@@ -248,12 +251,14 @@ impl Gpu {
     /// attached globally) when `managed`.
     pub fn alloc(&self, bytes: u64, managed: bool) -> Result<DeviceBuffer<'_>, CudaError> {
         let n = usize::try_from(bytes).expect("size fits in usize");
-        // SAFETY: plain allocations; freed in DeviceBuffer's Drop.
         let ptr = if managed {
+            // SAFETY: a plain allocation in the current context (this Gpu's, current on this
+            // thread); the pointer is owned by the DeviceBuffer and freed once in its Drop.
             check("cuMemAllocManaged", unsafe {
                 result::malloc_managed(n, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL)
             })?
         } else {
+            // SAFETY: as above.
             check("cuMemAlloc_v2", unsafe { result::malloc_sync(n) })?
         };
         Ok(DeviceBuffer {
@@ -268,7 +273,8 @@ impl Gpu {
         if buf.bytes == 0 {
             return Ok(());
         }
-        // SAFETY: the buffer is live and `bytes` long.
+        // SAFETY: `buf` borrows a live allocation of `buf.bytes` bytes (freed only when it drops,
+        // and cuMemFree waits for queued work on it); `self.stream` is live.
         check("cuMemsetD8Async", unsafe {
             result::memset_d8_async(buf.ptr, value, buf.bytes as usize, self.stream)
         })
@@ -283,9 +289,11 @@ impl Gpu {
                 mem: HostMem::Pageable(vec![0u8; n]),
             });
         }
-        // SAFETY: freed with cuMemFreeHost in Drop.
+        // SAFETY: a plain page-locked allocation of `n` > 0 bytes, owned by the HostBuffer and
+        // freed once with cuMemFreeHost in its Drop.
         let ptr = check("cuMemHostAlloc", unsafe { result::malloc_host(n, 0) })?;
-        // SAFETY: `ptr` points to `n` writable bytes.
+        // SAFETY: cuMemHostAlloc succeeded, so `ptr` points to `n` writable bytes that nothing
+        // else references yet.
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, n) };
         Ok(HostBuffer {
             _gpu: self,
@@ -322,7 +330,9 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: as in copy_to_device.
+        // SAFETY: as in copy_to_device: `dst` holds at least `n` writable bytes and `src` at least
+        // `n` device bytes (asserted); `dst` must not be read or freed before the caller
+        // synchronises the stream (the documented contract of HostBuffer, not enforced).
         check_raw("cuMemcpyDtoHAsync_v2", unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src.ptr, n, self.stream)
         })
@@ -341,7 +351,9 @@ impl Gpu {
 impl Drop for Gpu {
     fn drop(&mut self) {
         // Best effort: the process is usually about to exit anyway.
-        // SAFETY: handles are live or null; each is destroyed once.
+        // SAFETY: `stream` and `module` are null or were created in `open` and are destroyed only
+        // here, once; `dev`'s primary context was retained in `open` (before the Gpu existed),
+        // so this release balances it. The stream is synchronised before its module goes away.
         unsafe {
             if !self.stream.is_null() {
                 let _ = result::stream::synchronize(self.stream);
@@ -375,8 +387,8 @@ impl DeviceBuffer<'_> {
 
 impl Drop for DeviceBuffer<'_> {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAlloc/cuMemAllocManaged, freed once. cuMemFree waits for
-        // outstanding work that uses it.
+        // SAFETY: `ptr` was returned by cuMemAlloc/cuMemAllocManaged and is owned by this buffer,
+        // so it is freed exactly once; cuMemFree waits for outstanding work that uses it.
         let _ = unsafe { result::free_sync(self.ptr) };
     }
 }
@@ -419,13 +431,16 @@ impl HostBuffer<'_> {
     }
     /// The bytes (do not read while a copy into the buffer is in flight).
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the pointer is valid for `len` bytes for the buffer's lifetime.
+        // SAFETY: `as_ptr()` is valid for `len()` initialised bytes (a Vec, or a pinned block
+        // zeroed in `host_alloc`) for as long as `self` is borrowed. A copy into the buffer
+        // still in flight would race with this read: callers must synchronise first (see
+        // `copy_to_host`; this is a documented contract the type does not enforce).
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
     }
     /// The bytes, writable (do not write while a copy from the buffer is in flight).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         let n = self.len();
-        // SAFETY: as above, and we hold &mut self.
+        // SAFETY: as in `as_slice`, and `&mut self` makes the slice the only Rust reference.
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), n) }
     }
 }
@@ -433,7 +448,7 @@ impl HostBuffer<'_> {
 impl Drop for HostBuffer<'_> {
     fn drop(&mut self) {
         if let HostMem::Pinned { ptr, .. } = self.mem {
-            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            // SAFETY: `ptr` came from cuMemHostAlloc and is owned by this buffer: freed exactly once.
             let _ = unsafe { result::free_host(ptr) };
         }
     }
@@ -448,7 +463,7 @@ pub struct Event<'g> {
 impl Event<'_> {
     /// Records the event on the stream (`cuEventRecord`).
     pub fn record(&self) -> Result<(), CudaError> {
-        // SAFETY: live event and stream.
+        // SAFETY: `self.ev` lives until this Event drops; the borrowed Gpu keeps its stream alive.
         check("cuEventRecord", unsafe {
             result::event::record(self.ev, self.gpu.stream)
         })
@@ -456,7 +471,7 @@ impl Event<'_> {
 
     /// Waits until the work before the last record is done (`cuEventSynchronize`).
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        // SAFETY: live event.
+        // SAFETY: `self.ev` was created by cuEventCreate and is destroyed only in Drop.
         check("cuEventSynchronize", unsafe {
             result::event::synchronize(self.ev)
         })
@@ -465,7 +480,7 @@ impl Event<'_> {
 
 impl Drop for Event<'_> {
     fn drop(&mut self) {
-        // SAFETY: created by cuEventCreate, destroyed once.
+        // SAFETY: `self.ev` came from cuEventCreate and is owned by this Event: destroyed once.
         let _ = unsafe { result::event::destroy(self.ev) };
     }
 }

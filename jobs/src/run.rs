@@ -11,7 +11,8 @@ extern "C" fn on_signal(sig: libc::c_int) {
     // Async-signal-safe only: an atomic swap, and _exit on the second signal (a job stuck in
     // the driver can still be stopped).
     if STOP.swap(true, Ordering::Relaxed) {
-        // SAFETY: _exit is async-signal-safe.
+        // SAFETY: _exit is async-signal-safe and touches no Rust-owned memory; ending the process
+        // without unwinding or running destructors is the intent (second signal).
         unsafe { libc::_exit(128 + sig) };
     }
 }
@@ -38,7 +39,9 @@ pub fn sleep_until(deadline: Instant) -> bool {
 }
 
 fn install_stop_handlers() {
-    // SAFETY: a plain sigaction with a handler that only stores to an atomic.
+    // SAFETY: `sa` is a zeroed (valid) sigaction owned by this frame, filled before being passed
+    // by pointer; the installed handler `on_signal` is async-signal-safe (an atomic swap and
+    // `_exit`), so it may interrupt any code.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;

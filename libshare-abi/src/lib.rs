@@ -14,6 +14,9 @@
 //! A process that dies leaves its slot; the next process of the container that registers or runs
 //! out of quota (or the daemon) returns the slot's memory to the quota.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod slots;
 pub use slots::SlotTable;
 pub mod units;
@@ -105,8 +108,12 @@ pub struct State {
     base: *mut u8,
 }
 
-// SAFETY: the mapping lives as long as the State and is only accessed through atomics.
+// SAFETY: `base` is a mapping owned by this State (unmapped only in Drop), not tied to the thread
+// that created it, so the State may move between threads.
 unsafe impl Send for State {}
+// SAFETY: shared access goes only through `&Header`/`&DeviceState`/`&ProcSlot`, whose mutable
+// fields are atomics; the plain Header fields are written once in `init_locked` before the State
+// is returned (and before MAGIC is published), then only read.
 unsafe impl Sync for State {}
 
 impl State {
@@ -125,9 +132,11 @@ impl State {
             .open(&path)
             .map_err(|e| StateError(format!("cannot open {}: {e}", path.display())))?;
         let fd = f.as_raw_fd();
-        // SAFETY: flock on our fd serialises initialisation between processes.
+        // SAFETY: `fd` is the open descriptor of `f`, alive for this whole function; flock only
+        // takes an advisory lock on it (serialising initialisation between processes).
         unsafe { libc::flock(fd, libc::LOCK_EX) };
         let r = Self::init_locked(&f, &path);
+        // SAFETY: as above, `f` is still open; this releases the lock taken above.
         unsafe { libc::flock(fd, libc::LOCK_UN) };
         r
     }
@@ -146,7 +155,9 @@ impl State {
         }
         let st = Self::map(f, path)?;
         if fresh {
-            // SAFETY: we hold the init lock and MAGIC is not published yet: nobody reads these.
+            // SAFETY: `st.base` is a fresh FILE_SIZE mapping, page-aligned, so a Header fits at
+            // offset 0; we hold the init lock and MAGIC is not published yet, so no other process
+            // reads these plain fields, and no `&Header` exists yet in this one.
             unsafe {
                 let h = st.base as *mut Header;
                 (*h).version = VERSION;
@@ -167,7 +178,8 @@ impl State {
     /// A private, process-local state (when the container's file cannot be used): quotas then
     /// apply to this process alone.
     pub fn anonymous() -> Result<State, StateError> {
-        // SAFETY: a fresh anonymous shared mapping of FILE_SIZE zeroed bytes.
+        // SAFETY: a fresh anonymous mapping (null hint, no fd): it aliases no Rust memory; the
+        // result is checked against MAP_FAILED before use.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -227,8 +239,10 @@ impl State {
     }
 
     fn map_with(f: &std::fs::File, path: &Path, flags: libc::c_int) -> Result<State, StateError> {
-        // SAFETY: a read-write mapping of a file at least FILE_SIZE long: MAP_SHARED needs the fd
-        // opened for writing, MAP_PRIVATE (copy-on-write) only for reading.
+        // SAFETY: a new mapping (null hint) of FILE_SIZE bytes of `f`, which the callers checked
+        // or sized to be at least FILE_SIZE long (so no access past EOF can SIGBUS): MAP_SHARED
+        // needs the fd opened for writing, MAP_PRIVATE (copy-on-write) only for reading. The result
+        // is checked against MAP_FAILED before use.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -266,19 +280,24 @@ impl State {
     }
 
     pub fn header(&self) -> &Header {
-        // SAFETY: offset 0 of a FILE_SIZE mapping.
+        // SAFETY: `base` is a live, page-aligned FILE_SIZE mapping owned by `self` (unmapped only
+        // in Drop, so it outlives the borrow) and HEADER_SIZE <= FILE_SIZE; Header's plain fields
+        // are only written before the State is handed out (see `init_locked`).
         unsafe { &*(self.base as *const Header) }
     }
 
     pub fn device(&self, i: usize) -> &DeviceState {
         assert!(i < MAX_DEVICES);
-        // SAFETY: in bounds by construction; all fields are atomics (any bit pattern is valid).
+        // SAFETY: `i < MAX_DEVICES` (asserted), so the element lies inside the FILE_SIZE mapping
+        // owned by `self`; DEVICES_OFFSET is a multiple of 64 from a page-aligned base, so it is
+        // aligned; all fields are atomics (any bit pattern is valid, shared mutation is fine).
         unsafe { &*(self.base.add(DEVICES_OFFSET) as *const DeviceState).add(i) }
     }
 
     pub fn slot(&self, i: usize) -> &ProcSlot {
         assert!(i < MAX_PROCS);
-        // SAFETY: as for device().
+        // SAFETY: as for `device()`: `i < MAX_PROCS` (asserted) keeps it inside the mapping,
+        // PROCS_OFFSET is 64-aligned, and every field is an atomic or padding.
         unsafe { &*(self.base.add(PROCS_OFFSET) as *const ProcSlot).add(i) }
     }
 
@@ -340,7 +359,8 @@ impl slots::SlotTable for State {
 
 impl Drop for State {
     fn drop(&mut self) {
-        // SAFETY: our own mapping.
+        // SAFETY: `base` is the FILE_SIZE mapping this State created and owns; `&mut self` means
+        // no reference borrowed from it (header/device/slot) is still alive.
         unsafe { libc::munmap(self.base as *mut _, FILE_SIZE) };
     }
 }
@@ -352,7 +372,7 @@ pub fn default_state_dir() -> std::path::PathBuf {
     if run.is_dir() {
         return run;
     }
-    // SAFETY: getuid cannot fail.
+    // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
     let uid = unsafe { libc::getuid() };
     std::path::PathBuf::from(format!("/tmp/libshare-{uid}"))
 }

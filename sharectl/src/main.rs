@@ -3,6 +3,9 @@
 //! Each subcommand lives in its own module: `demo` and `status` exist; the daemon and the other
 //! admin commands (`daemon`, `top`, `set`, `get`, `reset`, `cdi`, `hook`) come with the daemon.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod demo;
 mod status;
 

@@ -192,8 +192,9 @@ impl GraphNodeParams {
     /// The union as `CUDA_MEM_FREE_NODE_PARAMS` (`{ CUdeviceptr dptr; }`; valid when `kind` is
     /// MEM_FREE): its first eight bytes.
     pub fn free_dptr(&self) -> CUdeviceptr {
-        // SAFETY: the union starts at `alloc`, which is at least eight bytes long; any bit
-        // pattern is a valid u64.
+        // SAFETY: the union starts at `alloc`, whose first eight bytes are two u32 fields
+        // (`pool_props.alloc_type`, `handle_types`: no padding, so initialised); the read is
+        // unaligned-safe and any bit pattern is a valid u64.
         unsafe { std::ptr::read_unaligned(&self.alloc as *const MemAllocNodeParams as *const u64) }
     }
 }

@@ -207,6 +207,7 @@ impl Default for CostModel {
 }
 
 fn default_state_dir() -> std::path::PathBuf {
+    // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
     let uid = unsafe { libc::getuid() };
     std::path::PathBuf::from(format!("/dev/shm/simgpu-{uid}"))
 }

@@ -186,12 +186,18 @@ fn tables() -> &'static Tables {
 }
 
 /// `cuGetExportTable`: only the tables above are served; anything else is refused, with a NULL table.
+///
+/// # Safety
+///
+/// `out` is NULL or writable; `id` is NULL or points to a readable CUuuid (the contract cudart
+/// and NVIDIA's libraries follow for this undocumented call).
 #[no_mangle]
 pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CUuuid) -> CUresult {
     if out.is_null() || id.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let id = (*id).0;
+    // SAFETY: `id` is not NULL (checked) and readable (this fn's contract).
+    let id = unsafe { (*id).0 };
     let t = tables();
     let table: Option<&[usize]> = match id {
         CUDART_INTERFACE => Some(&t.cudart_interface),
@@ -207,12 +213,15 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
     };
     match table {
         Some(t) => {
-            *out = t.as_ptr() as *const c_void;
+            // SAFETY: `out` is not NULL (checked) and writable (this fn's contract); the table
+            // lives in a static (`tables()`), so the pointer stays valid for the process.
+            unsafe { *out = t.as_ptr() as *const c_void };
             CUDA_SUCCESS
         }
         None => {
             crate::debug!("cuGetExportTable: unknown table {:02x?}", id);
-            *out = std::ptr::null();
+            // SAFETY: `out` is not NULL (checked) and writable (this fn's contract).
+            unsafe { *out = std::ptr::null() };
             CUDA_ERROR_NOT_SUPPORTED
         }
     }
@@ -237,29 +246,38 @@ extern "C" fn not_supported() -> CUresult {
 }
 
 unsafe extern "C" fn cudart_get_primary_ctx(out: *mut CUcontext, dev: CUdevice) -> CUresult {
-    crate::driver::cuDevicePrimaryCtxRetain(out, dev)
+    // SAFETY: cudart passes an out-pointer with cuDevicePrimaryCtxRetain's contract (NULL or
+    // writable).
+    unsafe { crate::driver::cuDevicePrimaryCtxRetain(out, dev) }
 }
 
 static HOOKS_1024: [u32; 1024] = [0; 1024];
 static HOOKS_14: [u32; 14] = [0; 14];
 
 unsafe extern "C" fn callback_hooks_buf_1024(buf: *mut *const c_void, n: *mut usize) -> CUresult {
-    callback_hooks_buf(buf, n, HOOKS_1024.as_ptr() as *const c_void, 1024)
+    // SAFETY: the calling library passes `buf` and `n` NULL or writable; the buffer is a static.
+    unsafe { callback_hooks_buf(buf, n, HOOKS_1024.as_ptr() as *const c_void, 1024) }
 }
 unsafe extern "C" fn callback_hooks_buf_14(buf: *mut *const c_void, n: *mut usize) -> CUresult {
-    callback_hooks_buf(buf, n, HOOKS_14.as_ptr() as *const c_void, 14)
+    // SAFETY: as above.
+    unsafe { callback_hooks_buf(buf, n, HOOKS_14.as_ptr() as *const c_void, 14) }
 }
+/// Safety: `buf` and `n` are NULL or writable.
 unsafe fn callback_hooks_buf(
     buf: *mut *const c_void,
     n: *mut usize,
     p: *const c_void,
     len: usize,
 ) -> CUresult {
-    if !buf.is_null() {
-        *buf = p;
-    }
-    if !n.is_null() {
-        *n = len;
+    // SAFETY: each out-pointer is written only when not NULL, and then it is writable (this fn's
+    // contract).
+    unsafe {
+        if !buf.is_null() {
+            *buf = p;
+        }
+        if !n.is_null() {
+            *n = len;
+        }
     }
     CUDA_SUCCESS
 }
@@ -304,7 +322,8 @@ unsafe extern "C" fn cls_get(
             Ok(c) => match c.local_storage.lock().get(&(key as usize)) {
                 Some((v, _)) => {
                     if !value.is_null() {
-                        *value = *v as *mut c_void;
+                        // SAFETY: not NULL, and the calling library passes a writable slot.
+                        unsafe { *value = *v as *mut c_void };
                     }
                     CUDA_SUCCESS
                 }
@@ -321,7 +340,8 @@ unsafe extern "C" fn unknown_check_ctx(
     _r2: *mut *const c_void,
 ) -> CUresult {
     if !r1.is_null() {
-        *r1 = 0;
+        // SAFETY: not NULL, and the calling library passes a writable u32.
+        unsafe { *r1 = 0 };
     }
     CUDA_SUCCESS
 }
@@ -354,14 +374,16 @@ unsafe extern "C" fn integrity_check(
             driver_version: s.cfg.driver_version as u32,
             version,
             pid: std::process::id(),
-            thread: libc::pthread_self() as u32,
+            // SAFETY: pthread_self takes no arguments and cannot fail.
+            thread: unsafe { libc::pthread_self() } as u32,
             cudart_interface_table: t.cudart_interface.as_ptr() as u64,
             integrity_table: t.integrity.as_ptr() as u64,
             check_fn: integrity_check as *const () as usize as u64,
             unix_seconds,
             devices: &devices,
         };
-        *out = crate::integrity::check(&input);
+        // SAFETY: `out` is not NULL (checked) and cudart passes a writable [u64; 2].
+        unsafe { *out = crate::integrity::check(&input) };
         let _ = Relaxed;
         CUDA_SUCCESS
     })

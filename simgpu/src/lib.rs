@@ -9,7 +9,9 @@
 //! `image` parses fatbins/cubins/PTX; `export_tables` and `integrity` are the undocumented
 //! interfaces cudart needs; `nvml` is the NVML subset.
 
-#![allow(non_snake_case, clippy::missing_safety_doc)]
+#![allow(non_snake_case)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
 pub mod driver;

@@ -6,6 +6,12 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// 0 off, 1 warn, 2 debug. Set once from the configuration; read without locking.
 pub static LEVEL: AtomicU8 = AtomicU8::new(1);
 
+/// This thread's kernel thread id (for log lines).
+pub fn tid() -> libc::pid_t {
+    // SAFETY: gettid takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::gettid() }
+}
+
 pub fn level() -> u8 {
     LEVEL.load(Ordering::Relaxed)
 }
@@ -14,7 +20,7 @@ pub fn level() -> u8 {
 macro_rules! debug {
     ($($arg:tt)*) => {
         if $crate::log::level() >= 2 {
-            eprintln!("simgpu[{}/{}]: {}", std::process::id(), unsafe { libc::gettid() }, format_args!($($arg)*));
+            eprintln!("simgpu[{}/{}]: {}", std::process::id(), $crate::log::tid(), format_args!($($arg)*));
         }
     };
 }

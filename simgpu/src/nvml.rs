@@ -26,6 +26,15 @@
 //! turns an internal panic into `NVML_ERROR_UNKNOWN`. Struct layouts are NVIDIA's `nvml.h`
 //! (checked by the size assertions below). NVML functions not listed here are not exported:
 //! NVML callers resolve functions by name and handle a missing one.
+//!
+//! # Safety
+//!
+//! The exports are `unsafe extern "C"` for one reason, the same for all of them: their callers
+//! (C code reading `nvml.h`, not Rust code reading rustdoc) must pass pointers that are NULL or
+//! valid for the type or buffer length `nvml.h` documents for that argument, and device handles
+//! this library handed out. Hence `clippy::missing_safety_doc` is allowed for this module instead
+//! of repeating that sentence on ~60 exports; each `unsafe` block inside says what it relies on.
+#![allow(clippy::missing_safety_doc)]
 
 use libshare_abi::SlotTable;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
@@ -482,13 +491,15 @@ pub unsafe extern "C" fn nvmlInit_v2() -> NvmlReturn {
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInit() -> NvmlReturn {
-    nvmlInit_v2()
+    // SAFETY: nvmlInit_v2 takes no arguments.
+    unsafe { nvmlInit_v2() }
 }
 
 /// `flags` (NVML_INIT_FLAG_NO_GPUS, NVML_INIT_FLAG_NO_ATTACH) change nothing here.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
-    nvmlInit_v2()
+    // SAFETY: nvmlInit_v2 takes no arguments.
+    unsafe { nvmlInit_v2() }
 }
 
 #[no_mangle]
@@ -597,7 +608,8 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
-    nvmlDeviceGetCount_v2(count)
+    // SAFETY: the same argument under the same contract.
+    unsafe { nvmlDeviceGetCount_v2(count) }
 }
 
 #[no_mangle]
@@ -619,7 +631,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
     index: c_uint,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    nvmlDeviceGetHandleByIndex_v2(index, device)
+    // SAFETY: the same arguments under the same contract.
+    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
 
 #[no_mangle]
@@ -667,7 +680,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
     pci_bus_id: *const c_char,
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
-    nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device)
+    // SAFETY: the same arguments under the same contract.
+    unsafe { nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device) }
 }
 
 #[no_mangle]
@@ -918,7 +932,8 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         for i in 0..count as usize {
-            let v = &mut *values.add(i);
+            // SAFETY: `values` is not NULL (checked) and holds `count` entries (NVML's contract).
+            let v = unsafe { &mut *values.add(i) };
             v.nvml_return = NVML_ERROR_NOT_SUPPORTED;
             v.value = 0;
         }
@@ -947,7 +962,10 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
 ) -> NvmlReturn {
     run("nvmlDeviceGetPciInfoExt", || {
         let d = &dev(device)?.1.cfg;
-        let p = pci.as_mut().ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        // SAFETY: `pci` is NULL or a writable nvmlPciInfoExt_t (NVML's contract; a caller of
+        // another struct version would make this reference too long before `version` is
+        // checked below).
+        let p = unsafe { pci.as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         if p.version != std::mem::size_of::<NvmlPciInfoExt>() as c_uint | (1 << 24) {
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
@@ -991,7 +1009,9 @@ pub unsafe extern "C" fn nvmlSystemGetConfComputeSettings(
 ) -> NvmlReturn {
     run("nvmlSystemGetConfComputeSettings", || {
         state()?;
-        let s = settings.as_mut().ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        // SAFETY: `settings` is NULL or a writable nvmlSystemConfComputeSettings_t (NVML's
+        // contract).
+        let s = unsafe { settings.as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         s[1..].fill(0);
         Ok(())
     })
@@ -1507,6 +1527,8 @@ mod tests {
     /// the state is per process).
     #[test]
     fn exports_end_to_end() {
+        // SAFETY: every pointer passed below is to a live local of the type NVML documents (or a
+        // deliberate NULL, which the exports reject).
         unsafe {
             let mut count = 0;
             assert_eq!(nvmlDeviceGetCount_v2(&mut count), NVML_ERROR_UNINITIALIZED);

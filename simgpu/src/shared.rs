@@ -132,8 +132,12 @@ pub struct Shared {
     pub chunks_per_dev: usize,
 }
 
-// SAFETY: the mapping is only accessed through atomics.
+// SAFETY: `base` is a mapping owned by this Shared (unmapped only in Drop), not tied to the
+// creating thread.
 unsafe impl Send for Shared {}
+// SAFETY: shared access goes through `&Header`/`&DevState`/`&ProcSlot`/`&[ChunkEntry]`, whose
+// mutable fields are atomics; Header's plain fields are written once in `open`, under the file
+// lock and before MAGIC is published and before the Shared is returned.
 unsafe impl Sync for Shared {}
 
 const fn align(x: usize) -> usize {
@@ -162,7 +166,8 @@ impl Shared {
             .open(&path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         let fd = f.as_raw_fd();
-        // SAFETY: plain syscalls on an fd we own; the lock serialises initialisation.
+        // SAFETY: `fd` belongs to `f`, open for this whole function; flock only takes an advisory
+        // lock on it, which serialises initialisation between processes.
         unsafe { libc::flock(fd, libc::LOCK_EX) };
         let ndev = mem.len().min(MAX_DEVICES);
         let want_chunks = mem
@@ -189,7 +194,9 @@ impl Shared {
             f.set_len(size as u64)
                 .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
         }
-        // SAFETY: mapping a regular file of `size` bytes, shared, read-write.
+        // SAFETY: a new shared mapping (null hint) of `size` bytes of `f`, checked against
+        // MAP_FAILED. A fresh file was just sized to `size`; an existing one is trusted to be as
+        // long as its header says (NOT checked: a truncated file would SIGBUS on access).
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -201,6 +208,7 @@ impl Shared {
             )
         };
         if base == libc::MAP_FAILED {
+            // SAFETY: releases the lock taken above on `f`'s still-open descriptor.
             unsafe { libc::flock(fd, libc::LOCK_UN) };
             return Err(format!("cannot map {}", path.display()));
         }
@@ -211,32 +219,37 @@ impl Shared {
             chunks_per_dev: chunks,
         };
         if !existing {
-            let h = s.header();
-            // SAFETY: we hold the init lock; nobody else reads a header without MAGIC.
+            // SAFETY: `base` is the page-aligned mapping just made, at least a Header long; we
+            // hold the init lock and MAGIC is not published, so no other process reads these plain
+            // fields, and no `&Header` exists yet in this one (it is taken only below).
             unsafe {
                 let hp = base as *mut Header;
                 (*hp).ndev = ndev as u32;
                 (*hp).chunks_per_dev = chunks as u32;
                 (*hp).size = size as u64;
             }
+            let h = s.header();
             for (i, m) in mem.iter().take(ndev).enumerate() {
                 s.dev(i).mem_total.store(*m, Release);
             }
             h.magic.store(MAGIC, Release);
         }
+        // SAFETY: releases the lock taken above on `f`'s still-open descriptor.
         unsafe { libc::flock(fd, libc::LOCK_UN) };
         Ok(s)
     }
 
     fn header(&self) -> &Header {
-        // SAFETY: offset 0 of a mapping at least size_of::<Header>() long.
+        // SAFETY: offset 0 of the page-aligned mapping owned by `self` (alive for the borrow),
+        // at least size_of::<Header>() long; Header's plain fields are not written after `open`.
         unsafe { &*(self.base as *const Header) }
     }
 
     pub fn dev(&self, i: usize) -> &DevState {
         assert!(i < self.ndev);
         let (dev_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
-        // SAFETY: in bounds by layout; all fields are atomics valid for any bit pattern.
+        // SAFETY: `i < ndev` (asserted) and `layout` places MAX_DEVICES >= ndev 64-aligned DevStates
+        // inside the mapping owned by `self`; all fields are atomics, valid for any bit pattern.
         unsafe {
             &*(self
                 .base
@@ -328,7 +341,8 @@ impl slots::SlotTable for Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping.
+        // SAFETY: `base`/`len` are the mapping this Shared made and owns; `&mut self` means no
+        // reference borrowed from it is alive.
         unsafe { libc::munmap(self.base as *mut _, self.len) };
     }
 }
@@ -405,6 +419,7 @@ mod tests {
 
     #[test]
     fn busy_window_reports_utilisation() {
+        // SAFETY: BusyWindow is made of atomics, for which all-zero bytes are a valid value.
         let w: BusyWindow = unsafe { std::mem::zeroed() };
         let now = 100 * BUCKET_NS;
         w.add(now - 500_000_000, now - 250_000_000);

@@ -4,6 +4,9 @@
 //! totalling `--gpu-ms` of GPU time, wait for them (like reading the loss), sleep `--cpu-ms` on
 //! the host (data loading, optimiser bookkeeping). Reports iterations/s.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use anyhow::Context;
 use clap::Parser;
 use jobs::cli::{self, CommonArgs};

@@ -246,7 +246,9 @@ unsafe fn read_bytes<const N: usize>(p: *const c_void) -> Result<[u8; N], CUresu
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut b = [0u8; N];
-    std::ptr::copy_nonoverlapping(p as *const u8, b.as_mut_ptr(), N);
+    // SAFETY: `p` is not NULL (checked) and points to N readable bytes (this fn's contract); `b`
+    // is a local array of N bytes, so the regions cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, b.as_mut_ptr(), N) };
     Ok(b)
 }
 
@@ -272,7 +274,9 @@ unsafe fn write_bytes<const N: usize>(dst: *mut c_void, b: &[u8; N]) -> R {
     if dst.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    std::ptr::copy_nonoverlapping(b.as_ptr(), dst as *mut u8, N);
+    // SAFETY: `dst` is not NULL (checked) and has room for N bytes (this fn's contract); `b` is
+    // a borrowed Rust array, distinct from the application's out-argument.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dst as *mut u8, N) };
     Ok(())
 }
 

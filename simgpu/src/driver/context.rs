@@ -37,6 +37,7 @@ fn set_current(ctx: Option<Arc<Context>>) {
     });
 }
 
+/// Safety: `pctx` is NULL or writable (cuCtxCreate's out-argument).
 unsafe fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> R {
     let s = sim()?;
     let d = s.device(dev)?;
@@ -44,7 +45,8 @@ unsafe fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> R {
     c.flags.store(flags, Relaxed);
     let h = c.handle();
     with_ctx_stack(|st| st.push(c));
-    out(pctx, h)
+    // SAFETY: `pctx` is NULL or writable (this fn's contract).
+    unsafe { out(pctx, h) }
 }
 
 unsafe fn destroy(ctx: CUcontext) -> R {

@@ -136,13 +136,19 @@ fn dev_cfg(dev: CUdevice) -> Result<&'static DeviceConfig, CUresult> {
     Ok(&s.cfg.devices[i])
 }
 
+/// Copies `s` (truncated to `len - 1` bytes) and a NUL into `dst`. Safety: a non-NULL `dst` has
+/// room for `len` bytes (the application's buffer argument).
 unsafe fn write_cstr(dst: *mut c_char, len: i32, s: &str) -> R {
     if dst.is_null() || len <= 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let n = s.len().min(len as usize - 1);
-    std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, dst, n);
-    *dst.add(n) = 0;
+    // SAFETY: `dst` is not NULL and has `len` bytes (this fn's contract); `n + 1 <= len`, so the
+    // copy and the NUL stay inside it; `s` is Rust memory, not the application's buffer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, dst, n);
+        *dst.add(n) = 0;
+    }
     Ok(())
 }
 

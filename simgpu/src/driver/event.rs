@@ -68,6 +68,7 @@ driver! {
     }
 }
 
+/// Safety: `ms` is NULL or writable (cuEventElapsedTime's out-argument).
 unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
     let (a, b) = (get(start)?, get(end)?);
     if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
@@ -82,7 +83,8 @@ unsafe fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> R {
     }
     // Re-read: the timestamps are written when the records complete.
     let (ta, tb) = (a.state.inner.lock().ts, b.state.inner.lock().ts);
-    out(ms, ((tb as f64 - ta as f64) / 1e6) as f32)
+    // SAFETY: `ms` is NULL or writable (this fn's contract).
+    unsafe { out(ms, ((tb as f64 - ta as f64) / 1e6) as f32) }
 }
 
 driver_ptds! {

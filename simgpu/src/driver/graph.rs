@@ -210,6 +210,8 @@ impl Graph {
 }
 
 /// Dependencies passed to a `cuGraphAdd*Node` call.
+///
+/// Safety: when `n > 0`, `deps` is NULL or points to `n` readable node handles.
 unsafe fn dep_list(deps: *const *mut c_void, n: usize) -> Result<Vec<usize>, CUresult> {
     if n == 0 {
         return Ok(Vec::new());
@@ -217,7 +219,9 @@ unsafe fn dep_list(deps: *const *mut c_void, n: usize) -> Result<Vec<usize>, CUr
     if deps.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let v: Vec<usize> = std::slice::from_raw_parts(deps, n)
+    // SAFETY: `n > 0` and `deps` is not NULL (checked), so it holds `n` readable handles (this
+    // fn's contract); the slice is only read and dropped before returning.
+    let v: Vec<usize> = unsafe { std::slice::from_raw_parts(deps, n) }
         .iter()
         .map(|p| *p as usize)
         .collect();
@@ -247,8 +251,10 @@ pub struct HostNodeParams {
 
 #[derive(Clone, Copy)]
 pub struct HostCall(pub usize, pub usize);
-// SAFETY: a function and its argument, given to us to call; never dereferenced by simgpu.
+// SAFETY: a function and its argument as addresses, given to us to call from whichever thread
+// runs the node (as CUDA does); simgpu never dereferences the argument itself.
 unsafe impl Send for HostCall {}
+// SAFETY: as for Send: shared access only copies the two addresses.
 unsafe impl Sync for HostCall {}
 
 /// A node of an executable graph: its own copy of the operation (exec updates change it, not
@@ -498,6 +504,7 @@ unsafe fn begin(h: CUstream, ptds: bool, into: Option<Arc<Graph>>) -> R {
     Ok(())
 }
 
+/// Safety: `out_graph` is NULL or writable (cuStreamEndCapture's out-argument).
 unsafe fn end(h: CUstream, ptds: bool, out_graph: *mut *mut c_void) -> R {
     let r = stream_ref(h, ptds)?;
     let g = with_capture(|c| {
@@ -509,9 +516,12 @@ unsafe fn end(h: CUstream, ptds: bool, out_graph: *mut *mut c_void) -> R {
     })
     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     ACTIVE.fetch_sub(1, AcqRel);
-    out(out_graph, Arc::as_ptr(&g) as *mut c_void)
+    // SAFETY: `out_graph` is NULL or writable (this fn's contract).
+    unsafe { out(out_graph, Arc::as_ptr(&g) as *mut c_void) }
 }
 
+/// Safety: `status`, `id` and `graph` are NULL or writable (cuStreamGetCaptureInfo's
+/// out-arguments).
 unsafe fn capture_info(
     h: CUstream,
     ptds: bool,
@@ -521,26 +531,35 @@ unsafe fn capture_info(
 ) -> R {
     let r = stream_ref(h, ptds)?;
     let g = capturing(r.id);
-    out(status, g.is_some() as u32)?; // CU_STREAM_CAPTURE_STATUS_NONE / _ACTIVE
-    if !id.is_null() {
-        *id = g.as_ref().map_or(0, |g| g.capture_id.load(Acquire) as u64);
-    }
-    if !graph.is_null() {
-        *graph = g
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |g| Arc::as_ptr(g) as *mut c_void);
+    // SAFETY: each out-pointer is NULL or writable (this fn's contract), and the optional ones
+    // are written only when not NULL.
+    unsafe {
+        out(status, g.is_some() as u32)?; // CU_STREAM_CAPTURE_STATUS_NONE / _ACTIVE
+        if !id.is_null() {
+            *id = g.as_ref().map_or(0, |g| g.capture_id.load(Acquire) as u64);
+        }
+        if !graph.is_null() {
+            *graph = g
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |g| Arc::as_ptr(g) as *mut c_void);
+        }
     }
     Ok(())
 }
 
+/// Safety: `deps`, `edges` and `n` are NULL or writable.
 unsafe fn clear_deps(deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) {
-    for p in [deps, edges] {
-        if !p.is_null() {
-            *p = std::ptr::null();
+    // SAFETY: each pointer is written only when not NULL, and then it is writable (this fn's
+    // contract).
+    unsafe {
+        for p in [deps, edges] {
+            if !p.is_null() {
+                *p = std::ptr::null();
+            }
         }
-    }
-    if !n.is_null() {
-        *n = 0;
+        if !n.is_null() {
+            *n = 0;
+        }
     }
 }
 
@@ -548,11 +567,13 @@ fn graph(h: *mut c_void) -> Result<Arc<Graph>, CUresult> {
     graphs().get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
+/// Safety: `pexec` is NULL or writable (cuGraphInstantiate's out-argument).
 unsafe fn instantiate(pexec: *mut *mut c_void, g: *mut c_void) -> R {
     let g = graph(g)?;
     let list = flatten(&g)?;
     let h = execs().insert(Arc::new(GraphExec { nodes: list }));
-    out(pexec, h as *mut c_void)
+    // SAFETY: `pexec` is NULL or writable (this fn's contract).
+    unsafe { out(pexec, h as *mut c_void) }
 }
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1 is the same without the trailing `kern` and `ctx`).
@@ -568,6 +589,36 @@ pub struct KernelNodeParams {
     pub ctx: CUcontext,
 }
 
+/// Copies the application's CUDA_KERNEL_NODE_PARAMS (`_v2` when `v2`; v1 lacks the trailing
+/// `kern` and `ctx`, which then read as NULL). Field by field through the raw pointer, so that no
+/// reference ever spans the 16 bytes a v1 struct does not have.
+///
+/// Safety: `p` is NULL or points to a readable struct of that version.
+unsafe fn read_kernel_params(
+    p: *const KernelNodeParams,
+    v2: bool,
+) -> Result<KernelNodeParams, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: `p` is not NULL (checked) and readable for its version (this fn's contract); the
+    // v2-only fields are read only when `v2`.
+    unsafe {
+        Ok(KernelNodeParams {
+            func: (*p).func,
+            grid: (*p).grid,
+            block: (*p).block,
+            shared_mem: (*p).shared_mem,
+            params: (*p).params,
+            extra: (*p).extra,
+            kern: if v2 { (*p).kern } else { std::ptr::null_mut() },
+            ctx: if v2 { (*p).ctx } else { std::ptr::null_mut() },
+        })
+    }
+}
+
+/// Safety: `pn` is NULL or writable; `p` is NULL or a readable CUDA_KERNEL_NODE_PARAMS (`_v2`
+/// when `v2`) whose `kernelParams` follows the cuLaunchKernel contract.
 unsafe fn add_kernel_node(
     pn: *mut *mut c_void,
     g: *mut c_void,
@@ -576,13 +627,15 @@ unsafe fn add_kernel_node(
     v2: bool,
 ) -> R {
     let g = graph(g)?;
-    let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: `p` is NULL or a readable struct of its version (this fn's contract).
+    let p = unsafe { read_kernel_params(p, v2)? };
     let f = if v2 && p.func.is_null() {
         p.kern
     } else {
         p.func
     };
-    let build = kernel_op(f, p.grid, p.block, p.params)?;
+    // SAFETY: `p.params` is the node's kernelParams array (this fn's contract).
+    let build = unsafe { kernel_op(f, p.grid, p.block, p.params)? };
     let info = KernelNode {
         func: f as usize,
         is_kernel: v2 && p.func.is_null(),
@@ -590,24 +643,28 @@ unsafe fn add_kernel_node(
         block: p.block,
         shared_mem: p.shared_mem,
     };
-    out(
-        pn,
-        g.add_after(NODE_KERNEL, build, Params::Kernel(info), deps) as *mut c_void,
-    )
+    let node = g.add_after(NODE_KERNEL, build, Params::Kernel(info), deps);
+    // SAFETY: `pn` is NULL or writable (this fn's contract).
+    unsafe { out(pn, node as *mut c_void) }
 }
 
 /// The builder and recorded parameters of a kernel node from `CUDA_KERNEL_NODE_PARAMS(_v2)`.
+///
+/// Safety: `p` is NULL or a readable CUDA_KERNEL_NODE_PARAMS (`_v2` when `v2`) whose
+/// `kernelParams` follows the cuLaunchKernel contract.
 unsafe fn kernel_params(
     p: *const KernelNodeParams,
     v2: bool,
 ) -> Result<(Builder, Params), CUresult> {
-    let p = p.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: `p` is NULL or a readable struct of its version (this fn's contract).
+    let p = unsafe { read_kernel_params(p, v2)? };
     let f = if v2 && p.func.is_null() {
         p.kern
     } else {
         p.func
     };
-    let build = kernel_op(f, p.grid, p.block, p.params)?;
+    // SAFETY: `p.params` is the node's kernelParams array (this fn's contract).
+    let build = unsafe { kernel_op(f, p.grid, p.block, p.params)? };
     let info = KernelNode {
         func: f as usize,
         is_kernel: v2 && p.func.is_null(),
@@ -656,9 +713,13 @@ fn host_params(p: *const HostNodeParams) -> Result<(Builder, Params), CUresult> 
     let build: Builder = Arc::new(move || {
         Ok(Op::marker().with_effect(move || {
             let call = call;
-            // SAFETY: CUhostFn is `void (*)(void *userData)`.
-            let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(call.0) };
-            unsafe { f(call.1 as *mut c_void) }
+            // SAFETY: `call.0` is the application's non-NULL (checked) CUhostFn, `void (*)(void
+            // *userData)`, called with its userData as CUDA would; the application keeps both
+            // valid while the graph can run.
+            unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) = std::mem::transmute(call.0);
+                f(call.1 as *mut c_void)
+            }
         }))
     });
     Ok((build, Params::Host(call)))
@@ -695,17 +756,23 @@ unsafe fn mem_alloc_params(p: *mut u8) -> Result<(Builder, Params, u64), CUresul
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let props = &*(p as *const MemPoolProps);
-    let size = *(p.add(104) as *const usize);
+    // SAFETY: `p` is not NULL (checked) and points to MEM_ALLOC_PARAMS_SIZE readable bytes of a
+    // CUDA_MEM_ALLOC_NODE_PARAMS (this fn's contract): pool properties at 0, `bytesize` at 104.
+    let (props, size) = unsafe { (&*(p as *const MemPoolProps), *(p.add(104) as *const usize)) };
     if size == 0 || props.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = sim()?.device(props.location.id)?;
     let ctx = super::current_ctx()?;
     let ptr = super::memory::alloc_on(dev, Arc::as_ptr(&ctx) as usize, size as u64, 0)?;
-    *(p.add(112) as *mut u64) = ptr;
     let mut bytes = [0u8; MEM_ALLOC_PARAMS_SIZE];
-    std::ptr::copy_nonoverlapping(p, bytes.as_mut_ptr(), MEM_ALLOC_PARAMS_SIZE);
+    // SAFETY: as above: `dptr` at 112 is the struct's writable out-field, and the whole struct
+    // (MEM_ALLOC_PARAMS_SIZE bytes) is readable; `bytes` is a distinct local buffer. `props` is
+    // not used past this point, so the write does not alias a live reference.
+    unsafe {
+        *(p.add(112) as *mut u64) = ptr;
+        std::ptr::copy_nonoverlapping(p, bytes.as_mut_ptr(), MEM_ALLOC_PARAMS_SIZE);
+    }
     let mem = Arc::new(GraphMem { ptr });
     let keep = mem.clone();
     let build: Builder = Arc::new(move || {
@@ -750,78 +817,85 @@ unsafe fn generic_params(g: &Arc<Graph>, p: *mut u8) -> Result<(u32, Builder, Pa
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let kind = *(p as *const u32);
-    let u = p.add(16);
-    let (b, params) = match kind {
-        NODE_KERNEL => kernel_params(u as *const KernelNodeParams, true)?,
-        // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then the CUDA_MEMCPY3D.
-        NODE_MEMCPY => memcpy_params(u.add(16) as *const Memcpy3D)?,
-        NODE_MEMSET => memset_params(u as *const MemsetNodeParams)?,
-        NODE_HOST => host_params(u as *const HostNodeParams)?,
-        NODE_EMPTY => (Arc::new(|| Ok(Op::marker())) as Builder, Params::None),
-        NODE_GRAPH => {
-            let child = graph(*(u as *const *mut c_void))?;
-            (
-                Arc::new(|| Ok(Op::marker())) as Builder,
-                Params::Child(child.deep_clone()?),
-            )
-        }
-        NODE_WAIT_EVENT => event_params(*(u as *const *mut c_void), false)?,
-        NODE_EVENT_RECORD => event_params(*(u as *const *mut c_void), true)?,
-        NODE_MEM_ALLOC => {
-            let (b, params, _) = mem_alloc_params(u)?;
-            (b, params)
-        }
-        NODE_MEM_FREE => mem_free_params(*(u as *const u64)),
-        NODE_CONDITIONAL => {
-            // CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out, ctx.
-            let (handle, ty, size) = (
-                *(u as *const u64),
-                *(u.add(8) as *const u32),
-                *(u.add(12) as *const u32),
-            );
-            if !conds().lock().contains_key(&handle) {
-                return Err(CUDA_ERROR_INVALID_VALUE);
+    // SAFETY: every access below stays inside the application's 256-byte CUgraphNodeParams at
+    // `p` (not NULL, checked; this fn's contract): the type at 0, the union at 16, each member
+    // read at its documented offset only for the type `kind` names, which is what the union holds.
+    unsafe {
+        let kind = *(p as *const u32);
+        let u = p.add(16);
+        let (b, params) = match kind {
+            NODE_KERNEL => kernel_params(u as *const KernelNodeParams, true)?,
+            // CUDA_MEMCPY_NODE_PARAMS: flags, reserved, copyCtx, then the CUDA_MEMCPY3D.
+            NODE_MEMCPY => memcpy_params(u.add(16) as *const Memcpy3D)?,
+            NODE_MEMSET => memset_params(u as *const MemsetNodeParams)?,
+            NODE_HOST => host_params(u as *const HostNodeParams)?,
+            NODE_EMPTY => (Arc::new(|| Ok(Op::marker())) as Builder, Params::None),
+            NODE_GRAPH => {
+                let child = graph(*(u as *const *mut c_void))?;
+                (
+                    Arc::new(|| Ok(Op::marker())) as Builder,
+                    Params::Child(child.deep_clone()?),
+                )
             }
-            let ok = match ty {
-                COND_IF => matches!(size, 1 | 2),
-                COND_WHILE => size == 1,
-                COND_SWITCH => size > 0,
-                _ => false,
-            };
-            if !ok {
-                return Err(CUDA_ERROR_INVALID_VALUE);
+            NODE_WAIT_EVENT => event_params(*(u as *const *mut c_void), false)?,
+            NODE_EVENT_RECORD => event_params(*(u as *const *mut c_void), true)?,
+            NODE_MEM_ALLOC => {
+                let (b, params, _) = mem_alloc_params(u)?;
+                (b, params)
             }
-            let bodies: Vec<Arc<Graph>> = (0..size)
-                .map(|_| {
-                    let b: Arc<Graph> = Arc::default();
-                    graphs().insert(b.clone());
-                    b
-                })
-                .collect();
-            // The CUDA-owned array of body graphs lives as long as the node (kept below).
-            let arr: Box<[*mut c_void]> = bodies
-                .iter()
-                .map(|b| Arc::as_ptr(b) as *mut c_void)
-                .collect();
-            *(u.add(16) as *mut *mut c_void) = arr.as_ptr() as *mut c_void;
-            let arr = SendBox(arr);
-            let build: Builder = Arc::new(move || {
-                let _ = &arr;
-                Ok(Op::marker())
-            });
-            (build, Params::Conditional(handle, ty, bodies))
-        }
-        _ => return Err(CUDA_ERROR_NOT_SUPPORTED),
-    };
-    let _ = g;
-    Ok((kind, b, params))
+            NODE_MEM_FREE => mem_free_params(*(u as *const u64)),
+            NODE_CONDITIONAL => {
+                // CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out, ctx.
+                let (handle, ty, size) = (
+                    *(u as *const u64),
+                    *(u.add(8) as *const u32),
+                    *(u.add(12) as *const u32),
+                );
+                if !conds().lock().contains_key(&handle) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let ok = match ty {
+                    COND_IF => matches!(size, 1 | 2),
+                    COND_WHILE => size == 1,
+                    COND_SWITCH => size > 0,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let bodies: Vec<Arc<Graph>> = (0..size)
+                    .map(|_| {
+                        let b: Arc<Graph> = Arc::default();
+                        graphs().insert(b.clone());
+                        b
+                    })
+                    .collect();
+                // The CUDA-owned array of body graphs lives as long as the node (kept below).
+                let arr: Box<[*mut c_void]> = bodies
+                    .iter()
+                    .map(|b| Arc::as_ptr(b) as *mut c_void)
+                    .collect();
+                *(u.add(16) as *mut *mut c_void) = arr.as_ptr() as *mut c_void;
+                let arr = SendBox(arr);
+                let build: Builder = Arc::new(move || {
+                    let _ = &arr;
+                    Ok(Op::marker())
+                });
+                (build, Params::Conditional(handle, ty, bodies))
+            }
+            _ => return Err(CUDA_ERROR_NOT_SUPPORTED),
+        };
+        let _ = g;
+        Ok((kind, b, params))
+    }
 }
 
 /// The array of body-graph handles a conditional node hands out.
 struct SendBox(#[allow(dead_code)] Box<[*mut c_void]>);
-// SAFETY: graph handles (addresses of registry entries), never dereferenced through this box.
+// SAFETY: graph handles (addresses of registry entries), never dereferenced through this box;
+// the box only keeps the array alive, from any thread.
 unsafe impl Send for SendBox {}
+// SAFETY: as for Send: nothing reads through a shared SendBox.
 unsafe impl Sync for SendBox {}
 
 fn node(h: *mut c_void) -> Result<Arc<Node>, CUresult> {
@@ -852,22 +926,31 @@ fn set_exec_node(e: *mut c_void, h: *mut c_void, node_type: u32, (b, p): (Builde
 
 /// Writes a node list the way the Get functions do: the count when `list` is NULL, else up to
 /// `*n` handles (and zeroed edge data), NULL-padded, and the count.
+///
+/// Safety: `n` is NULL or readable and writable; a non-NULL `list` (and `edges`) has room for
+/// `*n` entries (the Get functions' contract).
 unsafe fn write_nodes(v: &[usize], list: *mut *mut c_void, edges: *mut u64, n: *mut usize) -> R {
     if n.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if !list.is_null() {
-        for i in 0..*n {
-            *list.add(i) = v.get(i).map_or(std::ptr::null_mut(), |h| *h as *mut c_void);
-            if !edges.is_null() {
-                *edges.add(i) = 0; // CUgraphEdgeData: default edge
+    // SAFETY: `n` is not NULL (checked); `list`/`edges` are written only when not NULL and only
+    // at indices below the capacity `*n` the caller gave (this fn's contract).
+    unsafe {
+        if !list.is_null() {
+            for i in 0..*n {
+                *list.add(i) = v.get(i).map_or(std::ptr::null_mut(), |h| *h as *mut c_void);
+                if !edges.is_null() {
+                    *edges.add(i) = 0; // CUgraphEdgeData: default edge
+                }
             }
         }
+        *n = v.len();
     }
-    *n = v.len();
     Ok(())
 }
 
+/// Safety: `n` is NULL or readable and writable; non-NULL `from`, `to` (and `edata`) have room
+/// for `*n` entries (cuGraphGetEdges' contract).
 unsafe fn get_edges(
     g: *mut c_void,
     from: *mut *mut c_void,
@@ -879,17 +962,21 @@ unsafe fn get_edges(
     if n.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if !from.is_null() && !to.is_null() {
-        for i in 0..*n {
-            let (f, t) = e.get(i).copied().unwrap_or((0, 0));
-            *from.add(i) = f as *mut c_void;
-            *to.add(i) = t as *mut c_void;
-            if !edata.is_null() {
-                *edata.add(i) = 0;
+    // SAFETY: `n` is not NULL (checked); the arrays are written only when not NULL and only at
+    // indices below the capacity `*n` the caller gave (this fn's contract).
+    unsafe {
+        if !from.is_null() && !to.is_null() {
+            for i in 0..*n {
+                let (f, t) = e.get(i).copied().unwrap_or((0, 0));
+                *from.add(i) = f as *mut c_void;
+                *to.add(i) = t as *mut c_void;
+                if !edata.is_null() {
+                    *edata.add(i) = 0;
+                }
             }
         }
+        *n = e.len();
     }
-    *n = e.len();
     Ok(())
 }
 
@@ -903,6 +990,8 @@ fn dependents(h: *mut c_void) -> Result<Vec<usize>, CUresult> {
         .collect())
 }
 
+/// Safety: `pn` is NULL or writable; `deps` as for `dep_list`; `p` as for `generic_params`
+/// (cuGraphAddNode's contract).
 unsafe fn add_node(
     pn: *mut *mut c_void,
     g: *mut c_void,
@@ -911,9 +1000,12 @@ unsafe fn add_node(
     p: *mut u8,
 ) -> R {
     let g = graph(g)?;
-    let deps = dep_list(deps, n)?;
-    let (kind, b, params) = generic_params(&g, p)?;
-    out(pn, g.add_after(kind, b, params, deps) as *mut c_void)
+    // SAFETY: the arguments are passed on under the contracts this fn requires of its caller.
+    unsafe {
+        let deps = dep_list(deps, n)?;
+        let (kind, b, params) = generic_params(&g, p)?;
+        out(pn, g.add_after(kind, b, params, deps) as *mut c_void)
+    }
 }
 
 /// A driver result as `R`.
@@ -942,34 +1034,41 @@ fn exec_update(e: *mut c_void, g: *mut c_void) -> Result<(), (CUresult, u32, usi
     Ok(())
 }
 
+/// Safety: `p` is NULL or points to a writable CUDA_KERNEL_NODE_PARAMS (`_v2` when `v2`; v1 is
+/// 16 bytes shorter).
 unsafe fn kernel_node_params(n: *mut c_void, p: *mut KernelNodeParams, v2: bool) -> R {
     let node = nodes().get(n as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     let k = node.kernel().ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let w = &mut *p;
-    w.func = if v2 && k.is_kernel {
-        std::ptr::null_mut()
-    } else {
-        k.func as *mut c_void
-    };
-    w.grid = k.grid;
-    w.block = k.block;
-    w.shared_mem = k.shared_mem;
-    w.params = std::ptr::null_mut();
-    w.extra = std::ptr::null_mut();
-    if v2 {
-        w.kern = if k.is_kernel {
-            k.func as *mut c_void
-        } else {
+    // SAFETY: `p` is not NULL (checked) and writable for its version (this fn's contract). Fields
+    // are written through the raw pointer (no `&mut` spanning a v1 struct's missing tail), and
+    // the v2-only `kern`/`ctx` only when `v2`.
+    unsafe {
+        (*p).func = if v2 && k.is_kernel {
             std::ptr::null_mut()
+        } else {
+            k.func as *mut c_void
         };
-        w.ctx = std::ptr::null_mut();
+        (*p).grid = k.grid;
+        (*p).block = k.block;
+        (*p).shared_mem = k.shared_mem;
+        (*p).params = std::ptr::null_mut();
+        (*p).extra = std::ptr::null_mut();
+        if v2 {
+            (*p).kern = if k.is_kernel {
+                k.func as *mut c_void
+            } else {
+                std::ptr::null_mut()
+            };
+            (*p).ctx = std::ptr::null_mut();
+        }
     }
     Ok(())
 }
 
+/// Safety: `from` and `to` as for `dep_list` (each NULL or `n` readable handles).
 unsafe fn add_dependencies(
     g: *mut c_void,
     from: *const *mut c_void,
@@ -977,7 +1076,8 @@ unsafe fn add_dependencies(
     n: usize,
 ) -> R {
     graph(g)?;
-    let (from, to) = (dep_list(from, n)?, dep_list(to, n)?);
+    // SAFETY: `from` and `to` meet `dep_list`'s contract (this fn's contract).
+    let (from, to) = unsafe { (dep_list(from, n)?, dep_list(to, n)?) };
     for (f, t) in from.into_iter().zip(to) {
         let node = nodes().get(t).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         node.deps.lock().push(f);

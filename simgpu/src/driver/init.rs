@@ -10,6 +10,8 @@ use shim_headers::{resolve, LookupError, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_
 
 const CU_GET_PROC_ADDRESS_SUCCESS: i32 = 0;
 
+/// Safety: `sym` is NULL or a NUL-terminated string; `pfn` and `status` are NULL or writable
+/// (cuGetProcAddress's arguments).
 unsafe fn get_proc_address(
     sym: *const c_char,
     pfn: *mut *mut c_void,
@@ -20,23 +22,31 @@ unsafe fn get_proc_address(
     if pfn.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    *pfn = std::ptr::null_mut();
-    let name = cstr(sym)?;
+    // SAFETY: `pfn` is not NULL (checked) and writable, `sym` NULL or NUL-terminated (this fn's
+    // contract).
+    let name = unsafe {
+        *pfn = std::ptr::null_mut();
+        cstr(sym)?
+    };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let r = resolve(name, version.max(0) as u32, per_thread)
         .map_err(|e| e as i32)
         .and_then(|e| export_ptr(e.export).ok_or(LookupError::NotFound as i32));
     match r {
         Ok(p) => {
-            *pfn = p;
-            if !status.is_null() {
-                *status = CU_GET_PROC_ADDRESS_SUCCESS;
+            // SAFETY: `pfn` is writable (checked above); `status` only when not NULL (contract).
+            unsafe {
+                *pfn = p;
+                if !status.is_null() {
+                    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+                }
             }
             Ok(())
         }
         Err(st) => {
             if !status.is_null() {
-                *status = st;
+                // SAFETY: not NULL, so writable (this fn's contract).
+                unsafe { *status = st };
             }
             if !name.is_empty() {
                 crate::debug!("cuGetProcAddress({name}, {version}, {flags}): not found");
@@ -47,6 +57,10 @@ unsafe fn get_proc_address(
 }
 
 /// `cuGetProcAddress_v2`: hot (hundreds of calls per process) and must not log per call.
+///
+/// # Safety
+///
+/// `sym` is NULL or a NUL-terminated string; `pfn` and `status` are NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress_v2(
     sym: *const c_char,
@@ -55,12 +69,16 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut i32,
 ) -> CUresult {
-    match get_proc_address(sym, pfn, version, flags, status) {
+    // SAFETY: the same contract as this function's.
+    match unsafe { get_proc_address(sym, pfn, version, flags, status) } {
         Ok(()) => CUDA_SUCCESS,
         Err(e) => e,
     }
 }
 
+/// # Safety
+///
+/// As for [`cuGetProcAddress_v2`] (there is no `status`).
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress(
     sym: *const c_char,
@@ -68,10 +86,15 @@ pub unsafe extern "C" fn cuGetProcAddress(
     version: i32,
     flags: u64,
 ) -> CUresult {
-    cuGetProcAddress_v2(sym, pfn, version, flags, std::ptr::null_mut())
+    // SAFETY: the same contract; a NULL `status` is allowed.
+    unsafe { cuGetProcAddress_v2(sym, pfn, version, flags, std::ptr::null_mut()) }
 }
 
 /// Same as `cuGetProcAddress_v2`: the per-thread variant has no stream argument to change.
+///
+/// # Safety
+///
+/// As for [`cuGetProcAddress_v2`].
 #[no_mangle]
 pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     sym: *const c_char,
@@ -80,21 +103,27 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     flags: u64,
     status: *mut i32,
 ) -> CUresult {
-    cuGetProcAddress_v2(sym, pfn, version, flags, status)
+    // SAFETY: the same contract as this function's.
+    unsafe { cuGetProcAddress_v2(sym, pfn, version, flags, status) }
 }
 
+/// # Safety
+///
+/// `v` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuDriverGetVersion(v: *mut i32) -> CUresult {
     if v.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
     // Before cuInit the configuration may not be loaded yet: read it (errors surface at cuInit).
-    *v = match crate::sim::get() {
+    let version = match crate::sim::get() {
         Some(s) => s.cfg.driver_version,
         None => crate::config::SimConfig::from_env()
             .map(|c| c.driver_version)
             .unwrap_or(13050),
     };
+    // SAFETY: not NULL (checked), so writable (this fn's contract).
+    unsafe { *v = version };
     CUDA_SUCCESS
 }
 

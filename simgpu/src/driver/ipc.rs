@@ -40,36 +40,56 @@ pub fn forget_export(base: u64) {
 }
 
 /// Re-backs [base, base + size) with a memfd holding the same bytes; returns the descriptor.
+///
+/// Safety: [base, base + size) is a whole device allocation of this process, mapped by
+/// `map_anon` (page-aligned, so MAP_FIXED replaces exactly its pages), and no other thread
+/// accesses it meanwhile (writes between the copy and the remap would be lost).
 unsafe fn share(base: u64, size: u64) -> Result<i32, CUresult> {
-    let fd = libc::memfd_create(c"simgpu-ipc".as_ptr(), 0);
-    if fd < 0 || libc::ftruncate(fd, size as i64) != 0 {
+    // SAFETY: a static NUL-terminated name; ftruncate only runs on a descriptor we just created.
+    let fd = unsafe { libc::memfd_create(c"simgpu-ipc".as_ptr(), 0) };
+    // SAFETY: `fd` is ours (checked >= 0 first).
+    if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     // Copy the bytes through a temporary mapping of the file, then put the file in place.
-    let tmp = libc::mmap(
-        std::ptr::null_mut(),
-        size as usize,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_SHARED,
-        fd,
-        0,
-    );
+    // SAFETY: a new mapping (null hint) of our own `size`-byte file; checked below.
+    let tmp = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
     if tmp == libc::MAP_FAILED {
-        libc::close(fd);
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    std::ptr::copy_nonoverlapping(base as *const u8, tmp as *mut u8, size as usize);
-    libc::munmap(tmp, size as usize);
-    let r = libc::mmap(
-        base as *mut c_void,
-        size as usize,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_SHARED | libc::MAP_FIXED,
-        fd,
-        0,
-    );
+    // SAFETY: `base` is readable for `size` bytes (this fn's contract) and `tmp` is a fresh
+    // `size`-byte mapping, so they do not overlap; `tmp` is unmapped right after, unused.
+    unsafe {
+        std::ptr::copy_nonoverlapping(base as *const u8, tmp as *mut u8, size as usize);
+        libc::munmap(tmp, size as usize);
+    }
+    // SAFETY: MAP_FIXED replaces the pages of the allocation [base, base + size) with the file
+    // now holding the same bytes (this fn's contract: our own page-aligned anonymous mapping
+    // that nobody touches meanwhile); no Rust reference points into it.
+    let r = unsafe {
+        libc::mmap(
+            base as *mut c_void,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd,
+            0,
+        )
+    };
     if r == libc::MAP_FAILED {
-        libc::close(fd);
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     Ok(fd)
@@ -97,7 +117,10 @@ driver! {
         let fd = match map.get(&base) {
             Some(fd) => *fd,
             None => {
-                let fd = share(base, size)?;
+                // SAFETY: (base, size) is a device allocation found in `s.mem`, made by
+                // `map_anon` and not imported (checked above). Not guaranteed: that no
+                // stream work writes it during the remap (see `share`).
+                let fd = unsafe { share(base, size)? };
                 map.insert(base, fd);
                 fd
             }
@@ -123,7 +146,9 @@ driver! {
         let s = sim()?;
         let size = IMPORTED.lock().as_mut().and_then(|m| m.remove(&dptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         s.mem.lock().map.remove(&dptr);
-        libc::munmap(dptr as *mut c_void, size as usize);
+        // SAFETY: (dptr, size) was removed from IMPORTED above, so it is a mapping `open` made
+        // and it is unmapped once; the application promises not to use it after closing.
+        unsafe { libc::munmap(dptr as *mut c_void, size as usize) };
         Ok(())
     }
 
@@ -144,6 +169,7 @@ driver! {
     }
 }
 
+/// Safety: `dptr` is NULL or writable (cuIpcOpenMemHandle's out-argument).
 unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
     let s = sim()?;
     if dptr.is_null() || u32::from_le_bytes(h.0[0..4].try_into().unwrap()) != MAGIC {
@@ -156,19 +182,25 @@ unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
     }
     let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}"))
         .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-    let file = libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+    // SAFETY: `path` is a NUL-terminated CString alive across the call.
+    let file = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if file < 0 {
         return Err(CUDA_ERROR_INVALID_VALUE); // the exporter is gone or freed the memory
     }
-    let p = libc::mmap(
-        std::ptr::null_mut(),
-        size as usize,
-        libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_SHARED,
-        file,
-        0,
-    );
-    libc::close(file);
+    // SAFETY: a new mapping (null hint) of the exporter's memfd, checked against MAP_FAILED; then
+    // our own descriptor is closed once (the mapping keeps the file).
+    let p = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file,
+            0,
+        );
+        libc::close(file);
+        p
+    };
     if p == libc::MAP_FAILED {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
@@ -191,5 +223,6 @@ unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
         .lock()
         .get_or_insert_with(HashMap::new)
         .insert(base, size);
-    out(dptr, base + offset)
+    // SAFETY: `dptr` is not NULL (checked above) and writable (this fn's contract).
+    unsafe { out(dptr, base + offset) }
 }

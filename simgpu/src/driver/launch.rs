@@ -39,8 +39,10 @@ pub unsafe fn kernel_ns(
             .as_ref()
             .is_none_or(|p| p.first().is_some_and(|p| p.size == 8));
         if first_is_u64 {
-            // SAFETY: kernelParams[0] points to the first argument, a u64 for this kernel.
-            return (*(*params as *const u64)).min(3_600_000_000_000);
+            // SAFETY: `params` is not NULL (checked) and is the launch's kernelParams array (this
+            // fn's contract), whose element 0 points to the first argument, a u64 for this kernel
+            // (checked against its parameter table when known).
+            return unsafe { *(*params as *const u64) }.min(3_600_000_000_000);
         }
     }
     let c = &s.cfg.cost;
@@ -69,6 +71,10 @@ fn pointer_args(f: &Function, params: *mut *mut c_void) -> Option<Vec<u64>> {
 
 /// Validates a launch and returns the builder of its stream operation. Everything that depends on
 /// the caller's argument memory (duration, pointer arguments) is read now.
+///
+/// # Safety
+/// `params` is NULL or the launch's kernelParams array: one readable pointer per kernel
+/// parameter, each to that argument's value (the cuLaunchKernel contract).
 pub unsafe fn kernel_op(
     f: *mut c_void,
     grid: [u32; 3],
@@ -89,7 +95,8 @@ pub unsafe fn kernel_op(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = super::current_ctx_opt().map_or(0, |c| c.device);
-    let dur = kernel_ns(s, &func, dev, grid, block, params);
+    // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
+    let dur = unsafe { kernel_ns(s, &func, dev, grid, block, params) };
     let ptr_args = pointer_args(&func, params);
     Ok(Arc::new(move || {
         let mut op = Op::new(Resource::Compute(dev), dur);
@@ -99,6 +106,7 @@ pub unsafe fn kernel_op(
     }))
 }
 
+/// Safety: as for `kernel_op` (`params` NULL or the kernelParams array).
 unsafe fn launch(
     f: *mut c_void,
     grid: [u32; 3],
@@ -110,7 +118,8 @@ unsafe fn launch(
 ) -> R {
     let s = sim()?;
     let r = stream_ref(h, ptds)?;
-    let build = kernel_op(f, grid, block, params)?;
+    // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
+    let build = unsafe { kernel_op(f, grid, block, params)? };
     let n = s.launch_count.fetch_add(1, AcqRel) + 1;
     if let Some((nth, code)) = s.cfg.faults.launch_error {
         if nth == n {
@@ -128,22 +137,27 @@ unsafe fn launch(
     super::submit_or_capture_params(s, &r, super::graph::NODE_KERNEL, node, move || build())
 }
 
+/// Safety: `cfg` is NULL or a readable CUlaunchConfig; `params` as for `launch`.
 unsafe fn launch_ex(
     cfg: *const LaunchConfig,
     f: *mut c_void,
     params: *mut *mut c_void,
     ptds: bool,
 ) -> R {
-    let c = cfg.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    launch(
-        f,
-        c.grid,
-        c.block,
-        c.shared_mem_bytes,
-        c.stream,
-        params,
-        ptds,
-    )
+    // SAFETY: `cfg` is NULL or readable (this fn's contract); `params` is passed on unchanged
+    // under the same contract `launch` requires.
+    unsafe {
+        let c = cfg.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        launch(
+            f,
+            c.grid,
+            c.block,
+            c.shared_mem_bytes,
+            c.stream,
+            params,
+            ptds,
+        )
+    }
 }
 
 driver_ptds! {

@@ -339,7 +339,9 @@ unsafe fn range_attribute(
         if size != 4 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        *(data as *mut i32) = v;
+        // SAFETY: `data` is not NULL (checked) and holds `size` == 4 writable bytes, an i32 slot
+        // (this fn's contract).
+        unsafe { *(data as *mut i32) = v };
         Ok(())
     };
     match attr {
@@ -353,7 +355,9 @@ unsafe fn range_attribute(
             if !size.is_multiple_of(4) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            let out = std::slice::from_raw_parts_mut(data as *mut i32, size / 4);
+            // SAFETY: `data` is not NULL (checked) and holds `size` writable bytes, i32-aligned
+            // for this attribute (this fn's contract), and no Rust reference aliases it.
+            let out = unsafe { std::slice::from_raw_parts_mut(data as *mut i32, size / 4) };
             out.fill(CU_DEVICE_INVALID);
             let all = ms[0]
                 .accessed_by

@@ -346,8 +346,10 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
 /// A 3D copy descriptor that graph builders may keep (its pointers are the application's).
 #[derive(Clone, Copy)]
 pub struct Copy3D(pub Memcpy3D);
-// SAFETY: only addresses; the application guarantees they stay valid while the copy can run.
+// SAFETY: the raw pointers are only addresses, not owned data; the CUDA contract makes the
+// application keep them valid while the copy can run, from whichever thread runs it.
 unsafe impl Send for Copy3D {}
+// SAFETY: as for Send: shared access only reads the addresses, it never dereferences them.
 unsafe impl Sync for Copy3D {}
 
 impl Copy3D {
@@ -766,11 +768,12 @@ fn peer_contexts(dst: CUcontext, src: CUcontext) -> R {
 
 /// A `CUDA_MEMCPY3D_PEER` as a 3D copy: the two layouts are the same except that the peer form
 /// has the source and destination contexts where `CUDA_MEMCPY3D` has its reserved pointers.
+///
+/// Safety: `p` is NULL or points to a readable `CUDA_MEMCPY3D_PEER`.
 unsafe fn peer_copy(p: *const c_void) -> Result<Copy3D, CUresult> {
-    // SAFETY: p points to a CUDA_MEMCPY3D_PEER (caller's contract), which has Memcpy3D's layout.
-    let mut c = *(p as *const Memcpy3D)
-        .as_ref()
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: p is NULL or points to a CUDA_MEMCPY3D_PEER (this fn's contract), which has
+    // Memcpy3D's size and layout.
+    let mut c = *unsafe { (p as *const Memcpy3D).as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
     for ctx in [c.reserved0, c.reserved1] {
         if !ctx.is_null() {
             super::ctx_from(ctx as CUcontext)?;
@@ -793,35 +796,43 @@ fn array_at(a: *mut c_void, off: usize, n: usize) -> Result<u64, CUresult> {
     Ok(a.base + off as u64)
 }
 
+/// Writes attribute `attr` of pointer `p` (in allocation `a` at `base`) to `data`.
+///
+/// Safety: `data` is not NULL and points to writable storage of the attribute's type (the
+/// cuPointerGetAttribute(s) contract; the callers check NULL).
 unsafe fn write_attr(data: *mut c_void, attr: u32, p: u64, base: u64, a: &Alloc) -> R {
-    match attr {
-        1 => *(data as *mut usize) = a.ctx,
-        2 => {
-            *(data as *mut u32) = match a.kind {
-                Kind::Host | Kind::Registered => CU_MEMORYTYPE_HOST,
-                // Managed memory reads as device memory (CU_MEMORYTYPE_UNIFIED is only a copy
-                // parameter); cudart then reports cudaMemoryTypeManaged from IS_MANAGED.
-                _ => CU_MEMORYTYPE_DEVICE,
+    // SAFETY: every arm writes one value of the type the API documents for that attribute,
+    // which is what `data` points to (this fn's contract).
+    unsafe {
+        match attr {
+            1 => *(data as *mut usize) = a.ctx,
+            2 => {
+                *(data as *mut u32) = match a.kind {
+                    Kind::Host | Kind::Registered => CU_MEMORYTYPE_HOST,
+                    // Managed memory reads as device memory (CU_MEMORYTYPE_UNIFIED is only a copy
+                    // parameter); cudart then reports cudaMemoryTypeManaged from IS_MANAGED.
+                    _ => CU_MEMORYTYPE_DEVICE,
+                }
             }
-        }
-        3 | 4 => *(data as *mut u64) = p,
-        6 => *(data as *mut u32) = 1,
-        7 | 20 => *(data as *mut u64) = a.id,
-        8 => *(data as *mut i32) = (a.kind == Kind::Managed) as i32,
-        9 => *(data as *mut i32) = crate::sim::get().map_or(-1, |s| s.ordinal(a.device)),
-        10 => *(data as *mut i32) = 0,
-        11 | 19 => *(data as *mut u64) = base,
-        12 | 18 => *(data as *mut usize) = a.size as usize,
-        13 => *(data as *mut i32) = 1,
-        14 => *(data as *mut u64) = 0,
-        15 => *(data as *mut i32) = 0,
-        16 => *(data as *mut u32) = 3, // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
-        17 => *(data as *mut usize) = a.pool,
-        21 => *(data as *mut i32) = 0, // CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
-        22 => *(data as *mut i32) = 0, // LOCALITY_DOMAIN_ORDINAL: one domain per device
-        _ => {
-            crate::debug!("cuPointerGetAttribute: unknown attribute {attr}");
-            return Err(CUDA_ERROR_INVALID_VALUE);
+            3 | 4 => *(data as *mut u64) = p,
+            6 => *(data as *mut u32) = 1,
+            7 | 20 => *(data as *mut u64) = a.id,
+            8 => *(data as *mut i32) = (a.kind == Kind::Managed) as i32,
+            9 => *(data as *mut i32) = crate::sim::get().map_or(-1, |s| s.ordinal(a.device)),
+            10 => *(data as *mut i32) = 0,
+            11 | 19 => *(data as *mut u64) = base,
+            12 | 18 => *(data as *mut usize) = a.size as usize,
+            13 => *(data as *mut i32) = 1,
+            14 => *(data as *mut u64) = 0,
+            15 => *(data as *mut i32) = 0,
+            16 => *(data as *mut u32) = 3, // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+            17 => *(data as *mut usize) = a.pool,
+            21 => *(data as *mut i32) = 0, // CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE
+            22 => *(data as *mut i32) = 0, // LOCALITY_DOMAIN_ORDINAL: one domain per device
+            _ => {
+                crate::debug!("cuPointerGetAttribute: unknown attribute {attr}");
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
         }
     }
     Ok(())

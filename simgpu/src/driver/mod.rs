@@ -62,40 +62,90 @@ pub fn run(name: &str, f: impl FnOnce() -> R) -> CUresult {
 }
 
 /// Defines exported driver functions whose body returns `R`.
+///
+/// # Safety
+///
+/// Every generated function is an `unsafe extern "C"` CUDA driver entry point: its caller must
+/// keep the pointer contracts the CUDA driver API documents for that function (out-pointers
+/// writable for the documented type or length unless the API allows NULL, in-pointers readable
+/// and initialised for the documented size, C strings NUL-terminated).
+///
+/// The body runs inside one `unsafe` block, here in the macro, rather than one per raw-pointer
+/// access in each of the ~400 bodies: nearly every unsafe operation in a body is exactly
+/// "read or write through an argument under that documented contract" (`out(p, v)`,
+/// `p.as_ref()`, `cstr(name)`), and a comment on each would repeat that sentence. Anything a
+/// body relies on *beyond* the caller's contract (a handle looked up in a table, an address
+/// checked against an allocation, a size computed here) belongs in a helper `unsafe fn` with its
+/// own `# Safety` section, or in an inner `unsafe` block with its own `// SAFETY:` comment
+/// naming that check. (Hence the `macro_metavars_in_unsafe` allowance: expanding `$body` inside
+/// the `unsafe` block is the point, not an accident.)
 #[macro_export]
 macro_rules! driver {
     ($(fn $name:ident ($($a:ident : $t:ty),* $(,)?) $body:block)*) => {$(
+        /// # Safety
+        ///
+        /// The CUDA driver API's documented pointer contract for this function.
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::types::CUresult {
-            $crate::driver::run(stringify!($name), || -> $crate::driver::R { $body })
+            $crate::driver::run(stringify!($name), || -> $crate::driver::R {
+                // SAFETY: the arguments come from a CUDA driver API caller, which guarantees the
+                // pointer contracts the API documents for this function (see the macro's doc).
+                #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+                unsafe { $body }
+            })
         }
     )*};
 }
 
 /// Defines a driver function and its per-thread-default-stream twin (`_ptds` / `_ptsz`); the
 /// body sees `$p == true` in the twin.
+///
+/// # Safety
+///
+/// As for [`driver!`]: the caller keeps the CUDA driver API's pointer contracts, and the body
+/// runs in one `unsafe` block covering exactly that (reasons in `driver!`'s doc).
 #[macro_export]
 macro_rules! driver_ptds {
     ($(fn $name:ident / $twin:ident ($($a:ident : $t:ty),* $(,)?) |$p:ident| $body:block)*) => {$(
+        /// # Safety
+        ///
+        /// The CUDA driver API's documented pointer contract for this function.
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> $crate::types::CUresult {
             let $p = false;
-            $crate::driver::run(stringify!($name), || -> $crate::driver::R { $body })
+            $crate::driver::run(stringify!($name), || -> $crate::driver::R {
+                // SAFETY: the arguments come from a CUDA driver API caller, which guarantees the
+                // pointer contracts the API documents for this function (see `driver!`'s doc).
+                #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+                unsafe { $body }
+            })
         }
+        /// # Safety
+        ///
+        /// The CUDA driver API's documented pointer contract for this function.
         #[no_mangle]
         pub unsafe extern "C" fn $twin($($a: $t),*) -> $crate::types::CUresult {
             let $p = true;
-            $crate::driver::run(stringify!($twin), || -> $crate::driver::R { $body })
+            $crate::driver::run(stringify!($twin), || -> $crate::driver::R {
+                // SAFETY: as in the function above: the CUDA driver API caller's contract.
+                #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+                unsafe { $body }
+            })
         }
     )*};
 }
 
 /// Writes `v` through an out-pointer, or fails with CUDA_ERROR_INVALID_VALUE if it is NULL.
+///
+/// # Safety
+///
+/// `p` is NULL or valid for writing one properly aligned `T` (the old value is not dropped).
 pub unsafe fn out<T>(p: *mut T, v: T) -> R {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    p.write(v);
+    // SAFETY: not NULL (checked), so writable and aligned by the caller's contract.
+    unsafe { p.write(v) };
     Ok(())
 }
 
@@ -248,11 +298,16 @@ pub fn submit_sync(sim: &'static Sim, s: &StreamRef, op: Op) {
 }
 
 /// Reads a C string argument.
+///
+/// # Safety
+///
+/// `p` is NULL or points to a NUL-terminated string that stays alive and unmodified for `'a`.
 pub unsafe fn cstr<'a>(p: *const std::ffi::c_char) -> Result<&'a str, CUresult> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    std::ffi::CStr::from_ptr(p)
+    // SAFETY: not NULL (checked); NUL-terminated and alive for 'a by the caller's contract.
+    unsafe { std::ffi::CStr::from_ptr(p) }
         .to_str()
         .map_err(|_| CUDA_ERROR_INVALID_VALUE)
 }

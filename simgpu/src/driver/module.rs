@@ -32,22 +32,32 @@ pub struct Function {
     pub attrs: Mutex<HashMap<i32, i32>>,
 }
 
+/// Safety: `pm` is NULL or writable; `image` is NULL or an image the driver API accepts
+/// (fatbin wrapper, fatbin, cubin, PTX), readable as far as its own headers say.
 unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
     if pm.is_null() || image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let sm = current_sm()?;
-    // SAFETY: the caller passes an image the driver API accepts (fatbin wrapper, fatbin, cubin, PTX).
-    register(
-        pm,
-        crate::image::parse_image_for_arch(image as *const u8, sm),
-    )
+    // SAFETY: `image` is not NULL (checked) and an accepted image (this fn's contract); `pm` is
+    // not NULL (checked), so writable.
+    unsafe {
+        register(
+            pm,
+            crate::image::parse_image_for_arch(image as *const u8, sm),
+        )
+    }
 }
 
+/// Safety: `pm` is writable (NOT NULL: unlike `load`, NULL is not checked here); `path` is NULL or
+/// NUL-terminated.
 unsafe fn load_file(pm: *mut *mut c_void, path: *const c_char) -> R {
-    let path = cstr(path)?;
+    // SAFETY: `path` is NULL or NUL-terminated (this fn's contract).
+    let path = unsafe { cstr(path)? };
     let data = std::fs::read(path).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
-    register(pm, crate::image::parse_bytes_for_arch(&data, current_sm()?))
+    // SAFETY: `pm` is writable (this fn's contract, which cuModuleLoad(NULL, ...) breaks: it
+    // is passed on unchecked).
+    unsafe { register(pm, crate::image::parse_bytes_for_arch(&data, current_sm()?)) }
 }
 
 /// Compute capability (major × 10 + minor) of the device whose cubins are used: the current
@@ -61,6 +71,8 @@ fn current_sm() -> Result<u32, CUresult> {
 
 /// Registers a parsed module. Libraries are context-independent: no current context is needed
 /// (cudart loads them from threads that never made a context current).
+///
+/// Safety: `pm` is writable (not NULL).
 unsafe fn register(pm: *mut *mut c_void, parsed: Result<ImageInfo, crate::image::ImageError>) -> R {
     let s = sim()?;
     let (info, lenient) = match parsed {
@@ -77,7 +89,8 @@ unsafe fn register(pm: *mut *mut c_void, parsed: Result<ImageInfo, crate::image:
         functions: Mutex::new(HashMap::new()),
     });
     let h = s.modules.insert(m);
-    *pm = h as *mut c_void;
+    // SAFETY: `pm` is writable (this fn's contract).
+    unsafe { *pm = h as *mut c_void };
     Ok(())
 }
 
@@ -97,22 +110,26 @@ unsafe fn unload(h: *mut c_void) -> R {
 }
 
 /// The function named `name` in module `h` (created on first request).
+///
+/// Safety: `pf` is NULL or writable; `name` is NULL or NUL-terminated (cuModuleGetFunction's
+/// contract).
 unsafe fn get_function(pf: *mut *mut c_void, h: *mut c_void, name: *const c_char) -> R {
     let s = sim()?;
     let m = s.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let name = cstr(name)?;
+    // SAFETY: `name` is NULL or NUL-terminated (this fn's contract).
+    let name = unsafe { cstr(name)? };
     if let Some(f) = m.functions.lock().get(name) {
-        return out(pf, *f as *mut c_void);
+        // SAFETY: `pf` is NULL or writable (this fn's contract).
+        return unsafe { out(pf, *f as *mut c_void) };
     }
     let params = match m.info.kernels.iter().find(|k| k.name == name) {
         Some(k) => k.params.clone(),
         None if m.lenient => None,
         None => return Err(CUDA_ERROR_NOT_FOUND),
     };
-    out(
-        pf,
-        function_handle(&m, h as usize, name, params)? as *mut c_void,
-    )
+    let f = function_handle(&m, h as usize, name, params)?;
+    // SAFETY: `pf` is NULL or writable (this fn's contract).
+    unsafe { out(pf, f as *mut c_void) }
 }
 
 /// The handle of function `name` of module `m` (handle `h`), registered on first request so
@@ -149,6 +166,8 @@ pub fn all_functions(h: usize) -> Result<Vec<usize>, CUresult> {
         .collect()
 }
 
+/// Safety: `dptr` and `bytes` are NULL or writable; `name` is NULL or NUL-terminated
+/// (cuModuleGetGlobal's contract).
 unsafe fn get_global(
     dptr: *mut CUdeviceptr,
     bytes: *mut usize,
@@ -157,7 +176,8 @@ unsafe fn get_global(
 ) -> R {
     let s = sim()?;
     let m = s.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let name = cstr(name)?;
+    // SAFETY: `name` is NULL or NUL-terminated (this fn's contract).
+    let name = unsafe { cstr(name)? };
     let mut globals = m.globals.lock();
     let (p, size) = match globals.get(name) {
         Some(g) => *g,
@@ -179,22 +199,30 @@ unsafe fn get_global(
                 0,
             )?;
             if let Some(init) = init {
-                // SAFETY: p is a fresh mapping of at least `size` bytes.
-                std::ptr::copy_nonoverlapping(
-                    init.as_ptr(),
-                    p as *mut u8,
-                    init.len().min(size as usize),
-                );
+                // SAFETY: `p` is a fresh allocation of at least `size` bytes from `alloc_on`
+                // (nothing else uses it yet) and at most `size` bytes are copied from `init`,
+                // Rust memory of the parsed image.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        init.as_ptr(),
+                        p as *mut u8,
+                        init.len().min(size as usize),
+                    )
+                };
             }
             globals.insert(name.to_string(), (p, size));
             (p, size)
         }
     };
-    if !dptr.is_null() {
-        *dptr = p;
-    }
-    if !bytes.is_null() {
-        *bytes = size as usize;
+    // SAFETY: each out-pointer is written only when not NULL, and then it is writable (this
+    // fn's contract).
+    unsafe {
+        if !dptr.is_null() {
+            *dptr = p;
+        }
+        if !bytes.is_null() {
+            *bytes = size as usize;
+        }
     }
     Ok(())
 }

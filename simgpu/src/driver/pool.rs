@@ -58,6 +58,7 @@ fn pool(h: *mut c_void) -> Result<Arc<Pool>, CUresult> {
         .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
+/// Safety: `dptr` is NULL or writable (cuMemAllocAsync's out-argument).
 unsafe fn alloc_async(
     dptr: *mut CUdeviceptr,
     size: usize,
@@ -74,13 +75,15 @@ unsafe fn alloc_async(
         // Captured: the graph owns the allocation (address fixed now, freed with the graph).
         let ptr = alloc_device(size as u64, 0)?;
         crate::driver::graph::add_captured_alloc(&g, ptr, size, p.dev);
-        *dptr = ptr;
+        // SAFETY: not NULL (checked above), so writable (this fn's contract).
+        unsafe { *dptr = ptr };
         return Ok(());
     }
     let ptr = alloc_device(size as u64, ph)?;
     let u = p.used.fetch_add(size as u64, AcqRel) + size as u64;
     p.used_high.fetch_max(u, AcqRel);
-    *dptr = ptr;
+    // SAFETY: not NULL (checked above), so writable (this fn's contract).
+    unsafe { *dptr = ptr };
     Ok(())
 }
 

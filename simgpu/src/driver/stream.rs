@@ -9,6 +9,7 @@ use crate::sim::{sim, Stream};
 use crate::types::*;
 use crate::{driver, driver_ptds};
 
+/// Safety: `ph` is NULL or writable (cuStreamCreate's out-argument).
 unsafe fn create(ph: *mut CUstream, flags: u32, priority: i32) -> R {
     if ph.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -23,7 +24,8 @@ unsafe fn create(ph: *mut CUstream, flags: u32, priority: i32) -> R {
         flags,
         priority,
     }));
-    *ph = h as CUstream;
+    // SAFETY: not NULL (checked above), so writable (this fn's contract).
+    unsafe { *ph = h as CUstream };
     Ok(())
 }
 
@@ -139,9 +141,13 @@ driver_ptds! {
         super::submit_or_capture(s, &r, node, move || {
             Ok(Op::marker().with_effect(move || {
                 let hf = hf;
-                // SAFETY: CUhostFn is `void (*)(void *userData)`, given to us to call.
-                let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(hf.0) };
-                unsafe { f(hf.1 as *mut c_void) }
+                // SAFETY: `hf.0` is the application's non-NULL CUhostFn, `void (*)(void
+                // *userData)`, given to us to call once with its userData; the API contract
+                // keeps both valid until the call has run.
+                unsafe {
+                    let f: unsafe extern "C" fn(*mut c_void) = std::mem::transmute(hf.0);
+                    f(hf.1 as *mut c_void)
+                }
             }))
         })
     }
@@ -155,9 +161,13 @@ driver_ptds! {
         let handle = h as usize;
         submit(s, &r, Op::marker().with_effect(move || {
             let hf = hf;
-            // SAFETY: CUstreamCallback is `void (*)(CUstream, CUresult, void *userData)`.
-            let f: unsafe extern "C" fn(CUstream, CUresult, *mut c_void) = unsafe { std::mem::transmute(hf.0) };
-            unsafe { f(handle as CUstream, CUDA_SUCCESS, hf.1 as *mut c_void) }
+            // SAFETY: `hf.0` is the application's non-NULL CUstreamCallback, `void (*)(CUstream,
+            // CUresult, void *userData)`, to be called once with its userData (the API contract
+            // keeps both valid until then).
+            unsafe {
+                let f: unsafe extern "C" fn(CUstream, CUresult, *mut c_void) = std::mem::transmute(hf.0);
+                f(handle as CUstream, CUDA_SUCCESS, hf.1 as *mut c_void)
+            }
         }));
         Ok(())
     }
