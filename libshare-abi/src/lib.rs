@@ -319,6 +319,14 @@ impl State {
         }
     }
 
+    /// Records `bytes` on device `dev` whatever the quota (memory already held, e.g. by a
+    /// driver memory pool).
+    pub fn force_reserve(&self, dev: usize, bytes: u64) {
+        let d = self.device(dev);
+        let now = d.used.fetch_add(bytes, AcqRel) + bytes;
+        d.peak.fetch_max(now, AcqRel);
+    }
+
     /// Returns `bytes` reserved on `dev`.
     pub fn release(&self, dev: usize, bytes: u64) {
         let _ = self

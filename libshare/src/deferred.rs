@@ -14,7 +14,10 @@ struct Pending {
     event: usize,
     ctx: usize,
     dev: usize,
+    /// Charge to return when the free is reached (0 for a pool allocation, whose pool is then
+    /// reconciled instead).
     bytes: u64,
+    pool: Option<usize>,
 }
 
 #[derive(Default)]
@@ -39,9 +42,15 @@ pub fn forget_all_after_fork() {
 }
 
 /// After a successful `cuMemFreeAsync` of `bytes` on `dev` on `stream`: keeps the charge until
-/// the stream reaches the free. False if that cannot be tracked (the caller returns the charge
-/// now).
-pub(crate) fn defer(dev: usize, bytes: u64, stream: CUstream, ptsz: bool) -> bool {
+/// the stream reaches the free (then also reconciles `pool`). False if that cannot be tracked
+/// (the caller returns the charge now).
+pub(crate) fn defer(
+    dev: usize,
+    bytes: u64,
+    pool: Option<usize>,
+    stream: CUstream,
+    ptsz: bool,
+) -> bool {
     let r = crate::state::real();
     let (Some(get_ctx), Some(create), Some(record)) = (
         r.cuCtxGetCurrent,
@@ -87,6 +96,7 @@ pub(crate) fn defer(dev: usize, bytes: u64, stream: CUstream, ptsz: bool) -> boo
             ctx: ctx as usize,
             dev,
             bytes,
+            pool,
         });
         d.pending.len() > SETTLE_ABOVE
     };
@@ -117,6 +127,7 @@ pub fn settle(wait: bool) -> bool {
     }
     let mut still = Vec::new();
     let mut idle = Vec::new();
+    let mut pools = Vec::new();
     let mut returned = false;
     for p in pending {
         // SAFETY: our event. Anything but NOT_READY means the free is done (or its context,
@@ -129,6 +140,7 @@ pub fn settle(wait: bool) -> bool {
         if let Some(sh) = crate::state::get() {
             sh.uncharge(p.dev, p.bytes);
         }
+        pools.extend(p.pool);
         returned = true;
         if rc == CUDA_SUCCESS {
             idle.push((p.ctx, p.event));
@@ -143,6 +155,11 @@ pub fn settle(wait: bool) -> bool {
     };
     for (_, e) in extra {
         destroy(e as CUevent);
+    }
+    pools.sort_unstable();
+    pools.dedup();
+    for pool in pools {
+        crate::pools::reconcile(pool);
     }
     returned
 }

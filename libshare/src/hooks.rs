@@ -94,6 +94,9 @@ crate::hooks! {
     call cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
     call cuCtxGetCurrent(ctx: *mut CUcontext);
+    call cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
+    call cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_uint, value: *mut c_void);
+    call cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);
     call cuEventCreate(event: *mut CUevent, flags: c_uint);
     call cuEventRecord(event: CUevent, stream: CUstream);
     call cuEventRecord_ptsz(event: CUevent, stream: CUstream);

@@ -4,7 +4,8 @@
 //! - `interpose.rs`: `dlsym` (how cudart/cuBLAS find the driver), `procaddr.rs`: `cuGetProcAddress`.
 //! - `memory.rs`: the quota on every allocation path (`cuMemAlloc_v2` → `memory::alloc`);
 //!   `deferred.rs`: stream-ordered frees return their charge when the stream reaches them;
-//!   `graph_mem.rs`: CUDA-graph memory stays charged while a graph holds it.
+//!   `graph_mem.rs`: CUDA-graph memory stays charged while a graph holds it;
+//!   `pools.rs`: stream-ordered allocations are charged by what their pool reserves.
 //! - `launch.rs`: launch accounting (the rate gate comes with the daemon).
 //! - `state.rs`: lazy per-process state, the real driver, fork/exit handling; the shared-memory
 //!   layout itself is `libshare-abi`.
@@ -25,6 +26,7 @@ pub mod launch;
 mod macros;
 pub mod memory;
 pub mod nvml;
+pub mod pools;
 pub mod procaddr;
 pub mod state;
 

@@ -325,16 +325,27 @@ pub unsafe fn free(
 ) -> CUresult {
     let r = real(ptr);
     if r == CUDA_SUCCESS && ptr != 0 {
-        returned(allocs(), ptr);
+        match crate::pools::freed(ptr) {
+            Some((pool, dev)) => {
+                if let Some(sh) = crate::state::get() {
+                    sh.count_free(dev);
+                }
+                crate::pools::reconcile(pool);
+            }
+            None => returned(allocs(), ptr),
+        }
     }
     r
 }
 
-/// Stream-ordered allocation. During stream capture the allocation becomes a node of the
-/// captured graph, which holds the charge (see `graph_mem`).
+/// Stream-ordered allocation from `pool` (None: the device's current pool). Charged in full
+/// before the call; afterwards the pool's charge follows what it reserves (`pools`). During
+/// stream capture the allocation becomes a node of the captured graph, which holds the charge
+/// (see `graph_mem`).
 unsafe fn charged_async(
     dptr: *mut CUdeviceptr,
     size: usize,
+    pool: Option<usize>,
     stream: CUstream,
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
@@ -343,13 +354,87 @@ unsafe fn charged_async(
         Ok(s) => s,
         Err(e) => return e,
     };
-    match (current_device(), crate::graph_mem::capturing(stream, ptsz)) {
-        (Some(dev), Some(graph)) if !dptr.is_null() && size > 0 => {
-            charged_then(sh, dev, size as u64, call, || {
-                crate::graph_mem::adopt(graph, *dptr, dev, size as u64)
-            })
+    let Some(dev) = current_device().filter(|_| !dptr.is_null() && size > 0) else {
+        return call();
+    };
+    let bytes = size as u64;
+    if let Some(graph) = crate::graph_mem::capturing(stream, ptsz) {
+        return charged_then(sh, dev, bytes, call, || {
+            crate::graph_mem::adopt(graph, *dptr, dev, bytes)
+        });
+    }
+    match pool.or_else(|| crate::pools::current_pool(dev)) {
+        Some(pool) => pool_alloc(sh, dev, bytes, pool, dptr, (stream, ptsz), call),
+        None => charged(sh, dev, bytes, call, || *dptr, allocs()),
+    }
+}
+
+/// A stream-ordered allocation of `bytes` from `pool`. Charged in full if that fits; if not,
+/// the pool may serve it from blocks it keeps (already charged), so only what those cannot
+/// cover is charged; failing that, the pools are trimmed. After the call the pool's charge
+/// follows what it reserves; should that leave the container over its quota (the kept blocks
+/// did not fit the request), the pools are trimmed, and if that is not enough the allocation
+/// is freed again and refused.
+unsafe fn pool_alloc(
+    sh: &Shim,
+    dev: usize,
+    bytes: u64,
+    pool: usize,
+    dptr: *mut CUdeviceptr,
+    (stream, ptsz): (CUstream, bool),
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let pre = if sh.charge_keeping_pools(dev, bytes) {
+        bytes
+    } else {
+        let kept = crate::pools::kept(pool);
+        let rest = bytes.saturating_sub(kept);
+        if kept > 0 && (rest == 0 || sh.charge_keeping_pools(dev, rest)) {
+            rest
+        } else if sh.charge(dev, bytes) {
+            bytes
+        } else {
+            tracing::debug!(dev, bytes, "allocation refused: over quota");
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        _ => charged_alloc(dptr, size, call),
+    };
+    let r = call();
+    if r != CUDA_SUCCESS {
+        sh.uncharge(dev, pre);
+        return r;
+    }
+    sh.count_alloc(dev);
+    crate::pools::allocated(pool, dev, *dptr, pre);
+    if sh.over_quota(dev) {
+        crate::pools::trim_all();
+    }
+    if sh.over_quota(dev) {
+        let r = crate::state::real();
+        if let Some(free) = if ptsz {
+            r.cuMemFreeAsync_ptsz
+        } else {
+            r.cuMemFreeAsync
+        } {
+            free(*dptr, stream);
+            crate::pools::freed(*dptr);
+            crate::deferred::defer(dev, 0, Some(pool), stream, ptsz);
+            crate::pools::reconcile(pool);
+            sh.count_refusal(dev);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    r
+}
+
+/// Makes room when an allocation does not fit the quota: returns this process's stream-ordered
+/// frees the streams have reached (with `wait`, after waiting for all of them), brings its pools'
+/// charges to what they reserve, and (with `trim`) trims the pools. Called before refusing an
+/// allocation.
+pub fn make_room(wait: bool, trim: bool) {
+    crate::deferred::settle(wait);
+    crate::pools::reconcile_all();
+    if trim {
+        crate::pools::trim_all();
     }
 }
 
@@ -363,7 +448,7 @@ pub unsafe fn alloc_async(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, stream, false, || real(dptr, size, stream))
+    charged_async(dptr, size, None, stream, false, || real(dptr, size, stream))
 }
 
 pub unsafe fn alloc_async_ptsz(
@@ -372,7 +457,7 @@ pub unsafe fn alloc_async_ptsz(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, stream, true, || real(dptr, size, stream))
+    charged_async(dptr, size, None, stream, true, || real(dptr, size, stream))
 }
 
 pub unsafe fn alloc_from_pool(
@@ -382,7 +467,9 @@ pub unsafe fn alloc_from_pool(
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, stream, false, || real(dptr, size, pool, stream))
+    charged_async(dptr, size, Some(pool as usize), stream, false, || {
+        real(dptr, size, pool, stream)
+    })
 }
 
 pub unsafe fn alloc_from_pool_ptsz(
@@ -392,7 +479,9 @@ pub unsafe fn alloc_from_pool_ptsz(
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, stream, true, || real(dptr, size, pool, stream))
+    charged_async(dptr, size, Some(pool as usize), stream, true, || {
+        real(dptr, size, pool, stream)
+    })
 }
 
 pub unsafe fn free_async(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
@@ -403,9 +492,10 @@ pub unsafe fn free_async_ptsz(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstr
     freed_async(ptr, stream, true, || real(ptr, stream))
 }
 
-/// Stream-ordered free: the memory is freed when the stream reaches the free, so the charge is
-/// returned then (`deferred`), not when the free is issued. Freed during stream capture, the
-/// allocation passes to the captured graph, which holds the charge from then on.
+/// Stream-ordered free: the memory is freed when the stream reaches the free. A pool
+/// allocation's charge then follows its pool (an event after the free says when to look); any
+/// other's is returned then (`deferred`), not when the free is issued. Freed during stream
+/// capture, a tracked allocation passes to the captured graph, which holds the charge.
 unsafe fn freed_async(
     ptr: CUdeviceptr,
     stream: CUstream,
@@ -417,14 +507,25 @@ unsafe fn freed_async(
     if r != CUDA_SUCCESS {
         return r;
     }
-    let (Some((dev, bytes)), Some(sh)) = (allocs().remove(ptr), crate::state::get()) else {
+    let Some(sh) = crate::state::get() else {
+        return r;
+    };
+    if let Some((pool, dev)) = crate::pools::freed(ptr) {
+        sh.count_free(dev);
+        if graph.is_none() {
+            crate::deferred::defer(dev, 0, Some(pool), stream, ptsz);
+        }
+        crate::pools::reconcile(pool);
+        return r;
+    }
+    let Some((dev, bytes)) = allocs().remove(ptr) else {
         return r; // not ours (or graph memory: its graph holds the charge)
     };
     sh.count_free(dev);
     match graph {
         Some(g) => crate::graph_mem::adopt(g, ptr, dev, bytes),
         None => {
-            if !crate::deferred::defer(dev, bytes, stream, ptsz) {
+            if !crate::deferred::defer(dev, bytes, None, stream, ptsz) {
                 sh.uncharge(dev, bytes);
             }
         }
@@ -562,6 +663,7 @@ pub unsafe fn get_info(
     total: *mut usize,
 ) -> CUresult {
     crate::deferred::settle(false);
+    crate::pools::reconcile_all();
     let (mut f, mut t) = (0usize, 0usize);
     let r = real(&mut f, &mut t);
     if r != CUDA_SUCCESS {

@@ -100,25 +100,59 @@ impl Shim {
         unsafe { &*self.launch_counters.load(Relaxed) }
     }
 
-    /// Charges `bytes` on `dev` to the container's quota (and to this process), returning the
-    /// memory of dead processes first if it does not fit. False: over quota, nothing changed.
+    /// Charges `bytes` on `dev` to the container's quota (and to this process). If it does not
+    /// fit: the memory of dead processes of the container first, then what this process can give
+    /// back without waiting (stream-ordered frees its streams have reached, what its pools keep),
+    /// then after waiting for its queued frees. False: over quota, nothing changed (counted as
+    /// a refusal).
     pub fn charge(&self, dev: usize, bytes: u64) -> bool {
+        self.charge_making_room(dev, bytes, true, true)
+    }
+
+    /// As [`Shim::charge`] but never trims this process's memory pools, and a refusal is not
+    /// counted (the caller has another way to try).
+    pub fn charge_keeping_pools(&self, dev: usize, bytes: u64) -> bool {
+        self.charge_making_room(dev, bytes, false, false)
+    }
+
+    fn charge_making_room(&self, dev: usize, bytes: u64, trim: bool, count_refusal: bool) -> bool {
         if EXITED.load(Acquire) {
             return true; // exiting: the slot is gone, the memory is freed with the process
         }
         let st = &self.state;
-        // Not enough room: memory of dead processes of the container, then this process's
-        // stream-ordered frees the streams have reached, then those still queued (waiting).
         let ok = st.reserve(dev, bytes)
             || (st.reclaim_dead() > 0 && st.reserve(dev, bytes))
-            || (crate::deferred::settle(false) && st.reserve(dev, bytes))
-            || (crate::deferred::settle(true) && st.reserve(dev, bytes));
+            || {
+                crate::memory::make_room(false, trim);
+                st.reserve(dev, bytes)
+            }
+            || {
+                crate::memory::make_room(true, trim);
+                st.reserve(dev, bytes)
+            };
         if ok {
             st.slot(self.slot).used[dev].fetch_add(bytes, AcqRel);
-        } else {
+        } else if count_refusal {
             st.device(dev).oom.fetch_add(1, AcqRel);
         }
         ok
+    }
+
+    /// Whether the container holds more than its quota on `dev` (possible only transiently, when
+    /// a pool reserved more than was charged for an allocation).
+    pub fn over_quota(&self, dev: usize) -> bool {
+        let (quota, used) = self.quota(dev);
+        quota > 0 && used > quota
+    }
+
+    /// Charges `bytes` the container already holds on `dev` (memory a pool reserved beyond what
+    /// was charged): recorded whatever the quota, so the figures stay true.
+    pub fn charge_held(&self, dev: usize, bytes: u64) {
+        if EXITED.load(Acquire) || bytes == 0 {
+            return;
+        }
+        self.state.force_reserve(dev, bytes);
+        self.state.slot(self.slot).used[dev].fetch_add(bytes, AcqRel);
     }
 
     /// Returns `bytes` charged on `dev`.
@@ -129,6 +163,11 @@ impl Shim {
         self.state.release(dev, bytes);
         let _ = self.state.slot(self.slot).used[dev]
             .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
+    }
+
+    /// Counts an allocation refused for the quota.
+    pub fn count_refusal(&self, dev: usize) {
+        self.state.device(dev).oom.fetch_add(1, AcqRel);
     }
 
     /// Counts one allocation the application made (not charges such as the context overhead).
@@ -343,6 +382,7 @@ extern "C" fn after_fork_child() {
     crate::memory::forget_all_after_fork();
     crate::deferred::forget_all_after_fork();
     crate::graph_mem::forget_all_after_fork();
+    crate::pools::forget_all_after_fork();
 }
 
 /// At exit: return this process's memory to the quota now rather than when someone notices.

@@ -14,6 +14,7 @@ pub type CUfunction = *mut c_void;
 pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;
 pub type CUgraphExec = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;

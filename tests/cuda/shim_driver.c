@@ -13,6 +13,7 @@
  *        shim_driver arrays            CUDA arrays under a 64 MiB quota (charged, refused, returned)
  *        shim_driver graph_mem         CUDA-graph memory under a 64 MiB quota (held while a graph exists)
  *        shim_driver async_window      a stream-ordered free returns the quota when the stream reaches it
+ *        shim_driver pool_retention    what a memory pool keeps stays charged; at the quota it is trimmed
  * Prints "key=value" lines; "FAIL ..." and exit 1 on an unexpected result; "OK" at the end. */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -619,6 +620,57 @@ static int async_window(void) {
     return 0;
 }
 
+/* A memory pool that keeps freed blocks (release threshold at the maximum, as PyTorch's
+ * cudaMallocAsync backend sets it) keeps them charged to the container: under a 256 MiB quota,
+ * 200 MiB freed into the pool stay charged, reusing them adds nothing, and a 100 MiB cuMemAlloc
+ * makes the shim trim the pool instead of exceeding the quota. */
+static int pool_retention(void) {
+    resolver("dlsym");
+    setup();
+    CUresult (*stream_create)(CUstream *, unsigned) = dl("cuStreamCreate");
+    CUresult (*stream_sync)(CUstream) = dl("cuStreamSynchronize");
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) = dl("cuMemAllocAsync");
+    CUresult (*free_async)(CUdeviceptr, CUstream) = dl("cuMemFreeAsync");
+    CUresult (*default_pool)(CUmemoryPool *, CUdevice) = dl("cuDeviceGetDefaultMemPool");
+    CUresult (*set_attr)(CUmemoryPool, CUmemPool_attribute, void *) = dl("cuMemPoolSetAttribute");
+    CUresult (*get_attr)(CUmemoryPool, CUmemPool_attribute, void *) = dl("cuMemPoolGetAttribute");
+    CUstream s;
+    CHECK(stream_create(&s, CU_STREAM_NON_BLOCKING));
+    CUmemoryPool pool;
+    CHECK(default_pool(&pool, 0));
+    cuuint64_t keep_all = ~0ull;
+    CHECK(set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+    size_t f0 = free_now();
+#define CHARGED_MIB() ((unsigned long long)((f0 - free_now()) / MIB))
+
+    CUdeviceptr a = 0, b = 0, c = 0;
+    CHECK(alloc_async(&a, 200 * MIB, s));
+    CHECK(free_async(a, s));
+    CHECK(stream_sync(s));
+    cuuint64_t reserved = 0;
+    CHECK(get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+    printf("pool_reserved_mib=%llu\nkept_charged_mib=%llu\n", (unsigned long long)(reserved / MIB),
+           CHARGED_MIB());
+    EXPECT(CHARGED_MIB() == 200, "memory the pool keeps is not charged");
+
+    CHECK(alloc_async(&b, 150 * MIB, s)); /* served from the kept block */
+    printf("reuse_charged_mib=%llu\n", CHARGED_MIB());
+    EXPECT(CHARGED_MIB() == 200, "reusing kept memory charged it twice");
+    CHECK(free_async(b, s));
+    CHECK(stream_sync(s));
+
+    CHECK(api.mem_alloc(&c, 100 * MIB)); /* at the quota: the shim trims the pool */
+    CHECK(get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+    printf("after_trim_reserved_mib=%llu\nafter_trim_charged_mib=%llu\n",
+           (unsigned long long)(reserved / MIB), CHARGED_MIB());
+    EXPECT(reserved == 0 && CHARGED_MIB() == 100, "the pool was not trimmed");
+    CHECK(api.mem_free(c));
+    EXPECT(CHARGED_MIB() == 0, "charged %llu MiB at the end", CHARGED_MIB());
+    printf("OK\n");
+    return 0;
+#undef CHARGED_MIB
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "quota") && argc == 3) return quota(argv[2]);
@@ -630,6 +682,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "arrays")) return arrays();
     if (!strcmp(mode, "graph_mem")) return graph_mem();
     if (!strcmp(mode, "async_window")) return async_window();
+    if (!strcmp(mode, "pool_retention")) return pool_retention();
     fprintf(stderr, "usage: see the comment at the top of shim_driver.c\n");
     return 2;
 }

@@ -300,3 +300,12 @@ fn shim_stream_ordered_free_returns_the_quota_when_the_stream_reaches_it() {
     assert!(out.contains("charged_while_queued_mib=200\n"), "{out}");
     assert!(out.contains("alloc_after_wait=0\n"), "{out}");
 }
+
+#[test]
+fn shim_memory_a_pool_keeps_is_charged_and_trimmed_at_the_quota() {
+    let out = memory_path_under_a_quota("pool_retention", "256MiB", 0);
+    assert!(out.contains("pool_reserved_mib=200\n"), "{out}");
+    assert!(out.contains("kept_charged_mib=200\n"), "{out}");
+    assert!(out.contains("reuse_charged_mib=200\n"), "{out}");
+    assert!(out.contains("after_trim_charged_mib=100\n"), "{out}");
+}

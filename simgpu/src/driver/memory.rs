@@ -198,6 +198,9 @@ pub fn free_device(p: u64) -> R {
     if a.kind == Kind::Managed {
         crate::driver::managed::forget(s, p, &a);
     }
+    if a.pool != 0 {
+        super::pool::released(a.pool, a.charged); // a pool allocation freed synchronously
+    }
     uncharge(s, a.device, a.charged);
     unmap(p, a.size);
     Ok(())

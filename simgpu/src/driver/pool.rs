@@ -1,5 +1,8 @@
-//! Stream-ordered allocation and memory pools. Pools do not cache here: memory is charged at
-//! allocation and returned when the free executes in stream order, so `cuMemGetInfo` is exact.
+//! Stream-ordered allocation and memory pools. A free that the stream reaches gives its block
+//! back to the pool, which keeps it (still device memory, counted as in use by the device) for
+//! reuse by later allocations from the pool, as long as the pool's reserved memory stays within
+//! its release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, default 0: nothing is kept);
+//! `cuMemPoolTrimTo` releases kept blocks. Reserved = in use + kept.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -7,7 +10,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
-use super::memory::{alloc_device, free_device};
+use super::memory::{alloc_device, free_device, Alloc, Kind};
 use super::{current_ctx, out, stream_ref, submit, R};
 use crate::engine::Op;
 use crate::sim::sim;
@@ -19,6 +22,56 @@ pub struct Pool {
     pub used: AtomicU64,
     pub used_high: AtomicU64,
     pub release_threshold: AtomicU64,
+    /// Freed blocks kept for reuse: (base, size), still mapped and charged to the device.
+    cache: Mutex<Vec<(u64, u64)>>,
+    cached: AtomicU64,
+    reserved_high: AtomicU64,
+}
+
+impl Pool {
+    fn reserved(&self) -> u64 {
+        self.used.load(Acquire) + self.cached.load(Acquire)
+    }
+
+    fn note_use(&self, bytes: u64) {
+        let u = self.used.fetch_add(bytes, AcqRel) + bytes;
+        self.used_high.fetch_max(u, AcqRel);
+        self.reserved_high.fetch_max(self.reserved(), AcqRel);
+    }
+
+    /// The smallest kept block of at least `size` bytes, taken out of the cache.
+    fn take_cached(&self, size: u64) -> Option<(u64, u64)> {
+        let mut c = self.cache.lock();
+        let i = (0..c.len())
+            .filter(|&i| c[i].1 >= size)
+            .min_by_key(|&i| c[i].1)?;
+        let block = c.swap_remove(i);
+        self.cached.fetch_sub(block.1, AcqRel);
+        Some(block)
+    }
+
+    /// Releases kept blocks to the device until the pool reserves at most `keep` bytes (or
+    /// keeps nothing).
+    fn release_down_to(&self, keep: u64) {
+        let s = crate::sim::get();
+        let mut c = self.cache.lock();
+        while self.reserved() > keep {
+            let Some((base, size)) = c.pop() else { break };
+            self.cached.fetch_sub(size, AcqRel);
+            if let Some(s) = s {
+                super::memory::uncharge(s, self.dev, size);
+            }
+            super::memory::unmap(base, size);
+        }
+    }
+
+    /// A freed block of this pool, reached in stream order: kept or released.
+    fn give_back(&self, base: u64, size: u64) {
+        crate::shared::sub_saturating(&self.used, size);
+        self.cache.lock().push((base, size));
+        self.cached.fetch_add(size, AcqRel);
+        self.release_down_to(self.release_threshold.load(Acquire));
+    }
 }
 
 fn pools() -> &'static Mutex<HashMap<usize, Arc<Pool>>> {
@@ -32,6 +85,9 @@ fn new_pool(dev: usize) -> usize {
         used: AtomicU64::new(0),
         used_high: AtomicU64::new(0),
         release_threshold: AtomicU64::new(0),
+        cache: Mutex::new(Vec::new()),
+        cached: AtomicU64::new(0),
+        reserved_high: AtomicU64::new(0),
     });
     let h = Arc::as_ptr(&p) as usize;
     pools().lock().insert(h, p);
@@ -48,6 +104,14 @@ fn device_pool(dev: usize) -> usize {
     let h = new_pool(dev);
     d.push((dev, h));
     h
+}
+
+/// A block of pool `ph` was freed outside stream order (`cuMemFree`, a context teardown): it is
+/// no longer in use, and not kept either.
+pub fn released(ph: usize, bytes: u64) {
+    if let Ok(p) = pool(ph as *mut c_void) {
+        crate::shared::sub_saturating(&p.used, bytes);
+    }
 }
 
 fn pool(h: *mut c_void) -> Result<Arc<Pool>, CUresult> {
@@ -79,9 +143,30 @@ unsafe fn alloc_async(
         unsafe { *dptr = ptr };
         return Ok(());
     }
-    let ptr = alloc_device(size as u64, ph)?;
-    let u = p.used.fetch_add(size as u64, AcqRel) + size as u64;
-    p.used_high.fetch_max(u, AcqRel);
+    let (ptr, block) = match p.take_cached(size as u64) {
+        Some((base, block)) => {
+            // A kept block: already mapped and charged to the device.
+            let s = sim()?;
+            let ctx = current_ctx()?;
+            s.api_allocs.fetch_add(1, AcqRel);
+            s.mem.lock().insert(
+                base,
+                Alloc {
+                    size: block,
+                    kind: Kind::Device,
+                    device: p.dev,
+                    charged: block,
+                    ctx: Arc::as_ptr(&ctx) as usize,
+                    pool: ph,
+                    id: 0,
+                    host_flags: 0,
+                },
+            );
+            (base, block)
+        }
+        None => (alloc_device(size as u64, ph)?, size as u64),
+    };
+    p.note_use(block);
     // SAFETY: not NULL (checked above), so writable (this fn's contract).
     unsafe { *dptr = ptr };
     Ok(())
@@ -134,11 +219,12 @@ driver! {
         out(p, new_pool(d) as *mut c_void)
     }
     fn cuMemPoolDestroy(p: *mut c_void) {
-        pools().lock().remove(&(p as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let p = pools().lock().remove(&(p as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        p.release_down_to(0);
         Ok(())
     }
-    fn cuMemPoolTrimTo(p: *mut c_void, _keep: usize) {
-        pool(p)?;
+    fn cuMemPoolTrimTo(p: *mut c_void, keep: usize) {
+        pool(p)?.release_down_to(keep as u64);
         Ok(())
     }
     fn cuMemPoolSetAttribute(p: *mut c_void, attr: u32, value: *mut c_void) {
@@ -148,7 +234,8 @@ driver! {
         }
         match attr {
             4 => p.release_threshold.store(*(value as *const u64), Release),
-            6 => p.used_high.store(p.used.load(Acquire), Release), // reset high-water marks
+            // Reset the high-water marks to the current values.
+            6 => p.reserved_high.store(p.reserved(), Release),
             8 => p.used_high.store(p.used.load(Acquire), Release),
             1..=3 => {}
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
@@ -163,8 +250,10 @@ driver! {
         match attr {
             1..=3 => *(value as *mut i32) = 1,
             4 => *(value as *mut u64) = p.release_threshold.load(Acquire),
-            5 | 7 => *(value as *mut u64) = p.used.load(Acquire),
-            6 | 8 => *(value as *mut u64) = p.used_high.load(Acquire),
+            5 => *(value as *mut u64) = p.reserved(),
+            6 => *(value as *mut u64) = p.reserved_high.load(Acquire),
+            7 => *(value as *mut u64) = p.used.load(Acquire),
+            8 => *(value as *mut u64) = p.used_high.load(Acquire),
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
         Ok(())
@@ -196,16 +285,19 @@ driver_ptds! {
             crate::driver::graph::add_captured_free(&g, ptr);
             return Ok(());
         }
-        let (size, ph) = {
-            let t = s.mem.lock();
-            let a = t.map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            (a.size, a.pool)
-        };
+        let ph = s.mem.lock().map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?.pool;
         submit(s, &r, Op::marker().with_effect(move || {
-            if let Ok(p) = pool(ph as *mut c_void) {
-                crate::shared::sub_saturating(&p.used, size);
+            let kept = pool(ph as *mut c_void).ok().and_then(|p| {
+                // Out of the allocation table (the pointer is no longer the application's),
+                // into the pool.
+                let a = crate::sim::get()?.mem.lock().map.remove(&ptr)?;
+                super::ipc::forget_export(ptr);
+                p.give_back(ptr, a.charged);
+                Some(())
+            });
+            if kept.is_none() {
+                let _ = free_device(ptr);
             }
-            let _ = free_device(ptr);
         }));
         Ok(())
     }
