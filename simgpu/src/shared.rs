@@ -188,15 +188,28 @@ impl Shared {
         } else {
             (ndev, want_chunks)
         };
-        let (_, _, _, size) = Self::layout(ndev, chunks);
+        let (_, _, _, size) = Self::layout(ndev.min(MAX_DEVICES), chunks);
+        if existing {
+            // Never map past the end of a truncated or foreign file (access would be SIGBUS).
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            if ndev == 0 || ndev > MAX_DEVICES || len < size as u64 {
+                // SAFETY: releases the lock taken above on `f`'s still-open descriptor.
+                unsafe { libc::flock(fd, libc::LOCK_UN) };
+                return Err(format!(
+                    "{} is corrupt or truncated ({len} bytes, {ndev} devices): remove it (or use \
+                     another SIMGPU_STATE_DIR)",
+                    path.display()
+                ));
+            }
+        }
         if !existing {
             f.set_len(0).ok();
             f.set_len(size as u64)
                 .map_err(|e| format!("cannot size {}: {e}", path.display()))?;
         }
         // SAFETY: a new shared mapping (null hint) of `size` bytes of `f`, checked against
-        // MAP_FAILED. A fresh file was just sized to `size`; an existing one is trusted to be as
-        // long as its header says (NOT checked: a truncated file would SIGBUS on access).
+        // MAP_FAILED. A fresh file was just sized to `size`; an existing one was checked above to
+        // be at least that long.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -415,6 +428,19 @@ mod tests {
         assert_eq!(b.reclaim_dead(), 1);
         assert_eq!(a.dev(0).mem_used.load(Acquire), 0);
         assert_eq!(b.live_slots(), vec![(i, std::process::id())]);
+    }
+
+    #[test]
+    fn a_truncated_state_file_is_an_error_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Shared::open(dir.path(), &[1 << 30]).unwrap());
+        let path = dir.path().join("simgpu.state");
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(4096).unwrap(); // keeps a valid header, loses the rest
+        let err = Shared::open(dir.path(), &[1 << 30])
+            .err()
+            .expect("an error");
+        assert!(err.contains("truncated"), "{err}");
     }
 
     #[test]

@@ -54,9 +54,11 @@ unsafe fn load(pm: *mut *mut c_void, image: *const c_void) -> R {
 unsafe fn load_file(pm: *mut *mut c_void, path: *const c_char) -> R {
     // SAFETY: `path` is NULL or NUL-terminated (this fn's contract).
     let path = unsafe { cstr(path)? };
+    if pm.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let data = std::fs::read(path).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
-    // SAFETY: `pm` is writable (this fn's contract, which cuModuleLoad(NULL, ...) breaks: it
-    // is passed on unchecked).
+    // SAFETY: `pm` is not NULL (checked above), so writable (this fn's contract).
     unsafe { register(pm, crate::image::parse_bytes_for_arch(&data, current_sm()?)) }
 }
 
