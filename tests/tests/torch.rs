@@ -100,6 +100,31 @@ fn torch_fft_under_the_shim() {
 }
 
 #[test]
+fn torch_fills_write_their_value_and_counts_on_stale_memory_are_zero() {
+    // simgpu/src/driver/results.rs: kernels do not compute, except PyTorch's contiguous fills
+    // and the CUB kernels that count for nonzero/unique/masked indexing.
+    let script = python_source("torch_results.py");
+    let gpu = SimGpu::new();
+    let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+    let v = libshare_tests::json_check(&out, "results");
+    for dtype in [
+        "float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "bool",
+    ] {
+        for fill in ["full", "zeros", "ones"] {
+            assert_eq!(v[dtype][fill], true, "{dtype} {fill}: {v}");
+        }
+    }
+    assert_eq!(v["fill_"], true, "{v}");
+    let shapes = &v["shapes"];
+    assert_eq!(shapes["nonzero"], serde_json::json!([0, 1]), "{v}");
+    assert_eq!(shapes["masked_select"], serde_json::json!([0]), "{v}");
+    assert_eq!(shapes["boolean_index"], serde_json::json!([0, 10]), "{v}");
+    assert_eq!(shapes["unique"], serde_json::json!([0]), "{v}");
+    assert_eq!(shapes["argwhere"], serde_json::json!([0, 2]), "{v}");
+    gpu.assert_no_stub_calls();
+}
+
+#[test]
 fn torch_cuda_tensors_shared_between_processes() {
     let script = python_source("torch_ipc.py");
     for gpu in [SimGpu::new(), SimGpu::new().with_shim().quota("4GiB")] {

@@ -98,10 +98,15 @@ pub unsafe fn kernel_op(
     // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
     let dur = unsafe { kernel_ns(s, &func, dev, grid, block, params) };
     let ptr_args = pointer_args(&func, params);
+    // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
+    let written = unsafe { super::results::output(s, &func, params) };
     Ok(Arc::new(move || {
         let mut op = Op::new(Resource::Compute(dev), dur);
         op.is_kernel = true;
         op.extra = super::managed::touch_for_kernel(s, dev, ptr_args.clone());
+        if let Some(out) = written.clone() {
+            op = op.with_effect(move || out.write(s));
+        }
         Ok(op)
     }))
 }

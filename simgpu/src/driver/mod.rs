@@ -22,6 +22,7 @@ pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod pool;
+pub mod results;
 pub mod stats;
 pub mod stream;
 pub mod vmm;
