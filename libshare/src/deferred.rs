@@ -64,7 +64,7 @@ pub(crate) fn defer(
         return false;
     };
     let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer.
+    // SAFETY: the driver's `cuCtxGetCurrent`, writing one CUcontext to a live local.
     if unsafe { get_ctx(&mut ctx) } != CUDA_SUCCESS || ctx.is_null() {
         return false;
     }
@@ -77,7 +77,8 @@ pub(crate) fn defer(
         Some(e) => e as CUevent,
         None => {
             let mut e: CUevent = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer; a context is current.
+            // SAFETY: the driver's `cuEventCreate`, writing one CUevent to a live local; a
+            // context is current (checked above).
             if unsafe { create(&mut e, CU_EVENT_DISABLE_TIMING) } != CUDA_SUCCESS {
                 return false;
             }
@@ -195,7 +196,8 @@ fn destroy(e: CUevent) {
 fn relaxed_capture_mode(f: impl FnOnce()) {
     let exchange = crate::state::real().cuThreadExchangeStreamCaptureMode;
     let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: a valid in/out pointer.
+    // SAFETY: the driver's `cuThreadExchangeStreamCaptureMode`, reading and writing one
+    // CUstreamCaptureMode in a live local.
     let swapped = exchange.is_some_and(|x| unsafe { x(&mut mode) } == CUDA_SUCCESS);
     f();
     if swapped {

@@ -39,7 +39,9 @@ pub(crate) fn capturing(stream: CUstream, ptsz: bool) -> Option<CUgraph> {
     }?;
     let (mut status, mut id, mut graph) = (0u32, 0u64, std::ptr::null_mut());
     let (mut deps, mut n) = (std::ptr::null(), 0usize);
-    // SAFETY: valid out-pointers; a stream handle the caller is about to use.
+    // SAFETY: the driver's `cuStreamGetCaptureInfo_v2(_ptsz)`; every out-pointer is a live
+    // local of the written type; `stream` is the caller's, which it is about to pass to the
+    // driver itself (a handle of this process or a default stream).
     let rc = unsafe { info(stream, &mut status, &mut id, &mut graph, &mut deps, &mut n) };
     const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
     (rc == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE && !graph.is_null())
@@ -109,6 +111,11 @@ fn release(owner: *mut c_void) {
 }
 
 /// Charges an allocation node of `params` added to `graph` by `call`.
+///
+/// # Safety
+///
+/// `params` is NULL or valid for reading a `CUDA_MEM_ALLOC_NODE_PARAMS` whose `dptr` `call`
+/// has written when it returns CUDA_SUCCESS.
 unsafe fn charged_node(
     graph: CUgraph,
     params: *mut MemAllocNodeParams,
@@ -118,7 +125,8 @@ unsafe fn charged_node(
         Ok(s) => s,
         Err(e) => return e,
     };
-    match params.as_ref() {
+    // SAFETY: NULL or readable, by this function's contract.
+    match unsafe { params.as_ref() } {
         Some(p)
             if p.pool_props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
                 && p.pool_props.location.id >= 0
@@ -127,7 +135,9 @@ unsafe fn charged_node(
             let dev = p.pool_props.location.id as usize % libshare_abi::MAX_DEVICES;
             let bytes = p.bytesize as u64;
             charged_then(sh, dev, bytes, call, || {
-                adopt(graph, (*params).dptr, dev, bytes)
+                // SAFETY: not NULL (`as_ref` gave Some), so readable by this function's
+                // contract; read after `call` succeeded and the driver wrote `dptr`.
+                adopt(graph, unsafe { (*params).dptr }, dev, bytes)
             })
         }
         _ => call(),
@@ -173,6 +183,9 @@ type AddNodeV2Fn = unsafe extern "C" fn(
     *mut GraphNodeParams,
 ) -> CUresult;
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddMemAllocNode`.
 pub unsafe fn add_mem_alloc_node(
     real: AllocNodeFn,
     node: *mut CUgraphNode,
@@ -181,9 +194,15 @@ pub unsafe fn add_mem_alloc_node(
     n: usize,
     params: *mut MemAllocNodeParams,
 ) -> CUresult {
-    charged_node(graph, params, || real(node, graph, deps, n, params))
+    // SAFETY: the hook contract: `params` is the caller's in/out CUDA_MEM_ALLOC_NODE_PARAMS
+    // (NULL or valid), whose `dptr` the driver's function, called with the caller's arguments,
+    // writes on success.
+    unsafe { charged_node(graph, params, || real(node, graph, deps, n, params)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddMemFreeNode`.
 pub unsafe fn add_mem_free_node(
     real: FreeNodeFn,
     node: *mut CUgraphNode,
@@ -192,9 +211,13 @@ pub unsafe fn add_mem_free_node(
     n: usize,
     dptr: CUdeviceptr,
 ) -> CUresult {
-    free_node(graph, dptr, || real(node, graph, deps, n, dptr))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    free_node(graph, dptr, || unsafe { real(node, graph, deps, n, dptr) })
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddNode`.
 pub unsafe fn add_node(
     real: AddNodeFn,
     node: *mut CUgraphNode,
@@ -203,10 +226,16 @@ pub unsafe fn add_node(
     n: usize,
     params: *mut GraphNodeParams,
 ) -> CUresult {
-    accounted_node(graph, params, || real(node, graph, deps, n, params))
+    // SAFETY: the hook contract: `params` is the caller's in/out CUgraphNodeParams (NULL or
+    // valid), passed on unchanged to the driver's function with the caller's arguments.
+    unsafe { accounted_node(graph, params, || real(node, graph, deps, n, params)) }
 }
 
 /// cuGraphAddNode_v2 and _v3 (with edge data).
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddNode_v2 / _v3`.
 pub unsafe fn add_node_v2(
     real: AddNodeV2Fn,
     node: *mut CUgraphNode,
@@ -216,31 +245,58 @@ pub unsafe fn add_node_v2(
     n: usize,
     params: *mut GraphNodeParams,
 ) -> CUresult {
-    accounted_node(graph, params, || real(node, graph, deps, edges, n, params))
+    // SAFETY: as in `add_node`.
+    unsafe { accounted_node(graph, params, || real(node, graph, deps, edges, n, params)) }
 }
 
 /// `cuGraphAddNode`: memory allocation and free nodes are accounted as by the dedicated
 /// functions; other nodes pass through.
+///
+/// # Safety
+///
+/// `params` is NULL or valid for reading a `CUgraphNodeParams`, and for a MEM_ALLOC node `call`
+/// has written its `alloc.dptr` when it returns CUDA_SUCCESS.
 unsafe fn accounted_node(
     graph: CUgraph,
     params: *mut GraphNodeParams,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    match params.as_mut().map(|p| p.kind) {
-        Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => charged_node(graph, &mut (*params).alloc, call),
-        Some(CU_GRAPH_NODE_TYPE_MEM_FREE) => free_node(graph, (*params).free_dptr(), call),
+    // SAFETY: NULL or readable, by this function's contract.
+    match unsafe { params.as_ref() }.map(|p| p.kind) {
+        // SAFETY: not NULL (checked above); the union read as the variant `kind` names,
+        // CUDA_MEM_ALLOC_NODE_PARAMS, whose `dptr` `call` writes (this function's contract).
+        // `&raw mut` derives the pointer without an intermediate reference, so the read after
+        // the driver's write goes through the caller's pointer.
+        Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => unsafe {
+            charged_node(graph, &raw mut (*params).alloc, call)
+        },
+        Some(CU_GRAPH_NODE_TYPE_MEM_FREE) => {
+            // SAFETY: not NULL (checked above), readable by this function's contract; the
+            // union read as the variant `kind` names, CUDA_MEM_FREE_NODE_PARAMS.
+            let dptr = unsafe { (*params).free_dptr() };
+            free_node(graph, dptr, call)
+        }
         _ => call(),
     }
 }
 
 /// After a successful instantiation or clone, `*out` holds what `graph` holds.
+///
+/// # Safety
+///
+/// `out` is NULL or valid for reading a handle, which the driver wrote if `r` is CUDA_SUCCESS.
 unsafe fn shared_with(out: *mut *mut c_void, graph: CUgraph, r: CUresult) -> CUresult {
     if r == CUDA_SUCCESS && !out.is_null() {
-        share(graph, *out);
+        // SAFETY: not NULL (checked), readable and written by the driver (this function's
+        // contract).
+        share(graph, unsafe { *out });
     }
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphInstantiate(_v2)`.
 pub unsafe fn instantiate(
     real: unsafe extern "C" fn(
         *mut CUgraphExec,
@@ -255,41 +311,63 @@ pub unsafe fn instantiate(
     log: *mut c_char,
     n: usize,
 ) -> CUresult {
-    shared_with(exec, graph, real(exec, graph, err, log, n))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments; `exec`
+    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
+    unsafe { shared_with(exec, graph, real(exec, graph, err, log, n)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphInstantiateWithFlags`.
 pub unsafe fn instantiate_with_flags(
     real: unsafe extern "C" fn(*mut CUgraphExec, CUgraph, u64) -> CUresult,
     exec: *mut CUgraphExec,
     graph: CUgraph,
     flags: u64,
 ) -> CUresult {
-    shared_with(exec, graph, real(exec, graph, flags))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments; `exec`
+    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
+    unsafe { shared_with(exec, graph, real(exec, graph, flags)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphInstantiateWithParams(_ptsz)`.
 pub unsafe fn instantiate_with_params(
     real: unsafe extern "C" fn(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult,
     exec: *mut CUgraphExec,
     graph: CUgraph,
     params: *mut c_void,
 ) -> CUresult {
-    shared_with(exec, graph, real(exec, graph, params))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments; `exec`
+    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
+    unsafe { shared_with(exec, graph, real(exec, graph, params)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphClone`.
 pub unsafe fn clone(
     real: unsafe extern "C" fn(*mut CUgraph, CUgraph) -> CUresult,
     out: *mut CUgraph,
     graph: CUgraph,
 ) -> CUresult {
-    shared_with(out, graph, real(out, graph))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments; `out`
+    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
+    unsafe { shared_with(out, graph, real(out, graph)) }
 }
 
 /// cuGraphDestroy and cuGraphExecDestroy.
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphDestroy / cuGraphExecDestroy`.
 pub unsafe fn destroy(
     real: unsafe extern "C" fn(*mut c_void) -> CUresult,
     h: *mut c_void,
 ) -> CUresult {
-    let r = real(h);
+    // SAFETY: the hook contract: the driver's function with the caller's handle.
+    let r = unsafe { real(h) };
     if r == CUDA_SUCCESS {
         release(h);
     }

@@ -32,7 +32,8 @@ extern "C" fn resolve_real_dlsym() -> usize {
     const BASELINE: &CStr = c"GLIBC_2.17";
     let mut p = std::ptr::null_mut();
     for v in [c"GLIBC_2.34", BASELINE] {
-        // SAFETY: dlvsym with constant C strings.
+        // SAFETY: `dlvsym` with RTLD_NEXT and NUL-terminated C string literals; it only reads
+        // them and the loader's tables.
         p = unsafe { dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
         if !p.is_null() {
             break;
@@ -50,11 +51,14 @@ extern "C" fn resolve_real_dlsym() -> usize {
 /// Calls the real `dlsym` (from the shim itself: never use for RTLD_NEXT on behalf of others).
 ///
 /// # Safety
-/// `name` is NULL or a C string; `handle` is a handle dlsym accepts.
+/// `dlsym`'s contract: `name` is NULL or a NUL-terminated C string; `handle` is a handle `dlsym`
+/// accepts (from `dlopen`, or RTLD_DEFAULT; RTLD_NEXT would resolve relative to the shim).
 pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    // SAFETY: resolve_real_dlsym returns glibc's dlsym.
+    // SAFETY: `resolve_real_dlsym` returns the non-zero address of glibc's `dlsym` (it aborts
+    // rather than return 0), whose prototype `DlsymFn` is.
     let f: DlsymFn = unsafe { std::mem::transmute::<usize, DlsymFn>(resolve_real_dlsym()) };
-    f(handle, name)
+    // SAFETY: glibc's `dlsym`, with arguments under its contract (this function's).
+    unsafe { f(handle, name) }
 }
 
 /// `dlsym`, exported. RTLD_NEXT → tail-jump to glibc (the caller's return address is preserved);
@@ -62,6 +66,14 @@ pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_voi
 ///
 /// # Safety
 /// Same contract as glibc's `dlsym`.
+// SAFETY (naked): the body is the whole function and keeps the SysV ABI by hand. It leaves
+// through a tail `jmp` with the entry state intact (rdi/rsi = the caller's arguments, rsp at
+// the caller's return address, callee-saved registers untouched) into a function of the same
+// prototype: glibc's `dlsym` (REAL_DLSYM, non-zero only once it holds that address; an aligned
+// 8-byte load, atomic on x86_64) or `dlsym_hooked`. On the slow path it saves rdi/rsi, realigns
+// rsp to 16 bytes (entry rsp ≡ 8 mod 16, two pushes and 8 more) for the call to the `extern "C"`
+// `resolve_real_dlsym`, which clobbers only caller-saved registers, and restores them before
+// the jump to the address it returned in rax.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[no_mangle]
@@ -92,6 +104,14 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 ///
 /// # Safety
 /// Same contract as glibc's `dlsym`.
+// SAFETY (naked): the body is the whole function and keeps the AAPCS64 by hand. It leaves
+// through a tail branch with the entry state intact (x0/x1 = the caller's arguments, x30 = the
+// caller's return address, sp and callee-saved registers untouched) into a function of the same
+// prototype: `dlsym_hooked`, or glibc's `dlsym` (REAL_DLSYM, non-zero only once it holds that
+// address; an aligned 8-byte load is single-copy atomic). Only x16 (IP0, free for a branch
+// target) is used as scratch. On the slow path it saves x0/x1 and x29/x30 in two 16-byte pushes
+// (sp stays 16-byte aligned) around the call to the `extern "C"` `resolve_real_dlsym`, and
+// restores them before the branch to the address it returned.
 #[cfg(target_arch = "aarch64")]
 #[unsafe(naked)]
 #[no_mangle]
@@ -121,12 +141,18 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 
 /// Lookups other than RTLD_NEXT: the real result, replaced by the shim's hook when it is a hooked
 /// driver (or NVML) function of the real library.
+///
+/// # Safety
+/// `dlsym`'s contract (entered only from the naked `dlsym`, with its caller's arguments).
 unsafe extern "C" fn dlsym_hooked(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    let p = real_dlsym(handle, symbol);
+    // SAFETY: the caller's arguments under `dlsym`'s contract, and not RTLD_NEXT (the naked
+    // `dlsym` sends that to glibc), so resolving from the shim is the same as from the caller.
+    let p = unsafe { real_dlsym(handle, symbol) };
     if p.is_null() || symbol.is_null() {
         return p;
     }
-    let name = CStr::from_ptr(symbol).to_bytes();
+    // SAFETY: not NULL (checked), so a NUL-terminated C string by `dlsym`'s contract.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let cuda = name.starts_with(b"cu");
     if !(cuda || name.starts_with(b"nvml")) || crate::state::LOADING.with(|l| l.get()) {
         return p;
@@ -163,7 +189,8 @@ pub fn object_base(addr: *const c_void) -> usize {
     if addr.is_null() {
         return 0;
     }
-    // SAFETY: dladdr only reads loader data; `info` is a valid out-pointer.
+    // SAFETY: `dladdr` only looks `addr` up in the loader's tables (never reads it); `info` is a
+    // live local (all-zero is a valid Dl_info: integers and NULL pointers) it may write.
     unsafe {
         let mut info: libc::Dl_info = std::mem::zeroed();
         if libc::dladdr(addr, &mut info) == 0 {
@@ -178,6 +205,6 @@ pub fn dlopen_local(path: &str) -> *mut c_void {
     let Ok(c) = std::ffi::CString::new(path) else {
         return std::ptr::null_mut();
     };
-    // SAFETY: a NUL-terminated path.
+    // SAFETY: `c` is a NUL-terminated path, alive for the call; the flags are valid.
     unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL as c_int) }
 }

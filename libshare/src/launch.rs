@@ -30,40 +30,53 @@ pub fn context_changed(r: CUresult) {
 fn refresh_device() {
     if let Some(get) = crate::state::real().cuCtxGetDevice {
         let mut d: CUdevice = 0;
-        // SAFETY: valid out-pointer.
+        // SAFETY: the driver's `cuCtxGetDevice`; `d` is a live local CUdevice to write.
         if unsafe { get(&mut d) } == CUDA_SUCCESS && d >= 0 {
             DEVICE.with(|c| c.set(d as u32));
         }
     }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxSetCurrent`, `ctx` the caller's.
 pub unsafe fn ctx_set_current(
     real: unsafe extern "C" fn(CUcontext) -> CUresult,
     ctx: CUcontext,
 ) -> CUresult {
-    let r = real(ctx);
+    // SAFETY: the hook contract: the driver's function with the caller's context handle.
+    let r = unsafe { real(ctx) };
     if r == CUDA_SUCCESS && !ctx.is_null() {
         refresh_device();
     }
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxPushCurrent(_v2)`, `ctx` the caller's.
 pub unsafe fn ctx_push(
     real: unsafe extern "C" fn(CUcontext) -> CUresult,
     ctx: CUcontext,
 ) -> CUresult {
-    let r = real(ctx);
+    // SAFETY: the hook contract: the driver's function with the caller's context handle.
+    let r = unsafe { real(ctx) };
     if r == CUDA_SUCCESS {
         refresh_device();
     }
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxPopCurrent(_v2)`, `ctx` the caller's.
 pub unsafe fn ctx_pop(
     real: unsafe extern "C" fn(*mut CUcontext) -> CUresult,
     ctx: *mut CUcontext,
 ) -> CUresult {
-    let r = real(ctx);
+    // SAFETY: the hook contract: the driver's function with the caller's out-pointer (which
+    // the API allows to be NULL).
+    let r = unsafe { real(ctx) };
     if r == CUDA_SUCCESS {
         refresh_device();
     }

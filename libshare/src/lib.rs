@@ -14,7 +14,9 @@
 //! Rules (design §3.2): nothing runs until the first CUDA call; no allocation, lock, syscall or
 //! logging on the launch path; fork-safe; a panic never crosses into the job.
 
-#![allow(non_snake_case, clippy::missing_safety_doc)]
+#![allow(non_snake_case)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
 pub mod deferred;

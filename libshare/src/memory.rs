@@ -17,13 +17,15 @@ static ARRAYS: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
 fn table(slot: &AtomicPtr<Allocations>) -> &'static Allocations {
     let p = slot.load(Acquire);
     if !p.is_null() {
-        // SAFETY: tables are leaked, never freed.
+        // SAFETY: only pointers from `Allocations::new` (leaked, never freed) are stored.
         return unsafe { &*p };
     }
     let fresh = Allocations::new() as *const Allocations as *mut Allocations;
     match slot.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+        // SAFETY: `fresh` comes from `Allocations::new`: leaked, never freed.
         Ok(_) => unsafe { &*fresh },
-        // SAFETY: another thread installed one first (ours leaks: rare, small).
+        // SAFETY: another thread installed one first, also from `Allocations::new` (ours
+        // leaks: rare, small).
         Err(other) => unsafe { &*other },
     }
 }
@@ -56,7 +58,7 @@ static CTX_CHARGED: AtomicU32 = AtomicU32::new(0);
 
 /// Charges the context overhead on `dev` the first time this process makes a context there,
 /// then creates it. It stays charged until the process exits (when its slot is released).
-unsafe fn with_context_charge(dev: CUdevice, create: impl FnOnce() -> CUresult) -> CUresult {
+fn with_context_charge(dev: CUdevice, create: impl FnOnce() -> CUresult) -> CUresult {
     let sh = match shim() {
         Ok(s) => s,
         Err(e) => return e,
@@ -81,23 +83,32 @@ unsafe fn with_context_charge(dev: CUdevice, create: impl FnOnce() -> CUresult) 
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuDevicePrimaryCtxRetain`.
 pub unsafe fn primary_ctx_retain(
     real: unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult,
     pctx: *mut CUcontext,
     dev: CUdevice,
 ) -> CUresult {
-    with_context_charge(dev, || real(pctx, dev))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    with_context_charge(dev, || unsafe { real(pctx, dev) })
 }
 
 /// cudaDeviceReset: the driver frees every allocation of the primary context, so the process's
 /// allocations and arrays on that device go back to the quota (cudart makes all its allocations
 /// there).
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuDevicePrimaryCtxReset(_v2)`.
 pub unsafe fn primary_ctx_reset(
     real: unsafe extern "C" fn(CUdevice) -> CUresult,
     dev: CUdevice,
 ) -> CUresult {
     crate::deferred::before_context_loss(None);
-    let r = real(dev);
+    // SAFETY: the hook contract: the driver's function with the caller's device ordinal.
+    let r = unsafe { real(dev) };
     if r == CUDA_SUCCESS && dev >= 0 {
         if let Some(sh) = crate::state::get() {
             let d = dev as usize % libshare_abi::MAX_DEVICES;
@@ -113,6 +124,10 @@ pub unsafe fn primary_ctx_reset(
 
 /// Destroying a context frees its allocations: return them to the quota. Which tracked pointers
 /// belong to it is asked of the driver before the destroy (rare: no cost on allocation paths).
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxDestroy(_v2)`.
 pub unsafe fn ctx_destroy(
     real: unsafe extern "C" fn(CUcontext) -> CUresult,
     ctx: CUcontext,
@@ -125,17 +140,23 @@ pub unsafe fn ctx_destroy(
             .into_iter()
             .filter(|p| {
                 let mut c: CUcontext = std::ptr::null_mut();
-                attr(
-                    &mut c as *mut CUcontext as *mut c_void,
-                    CU_POINTER_ATTRIBUTE_CONTEXT,
-                    *p,
-                ) == CUDA_SUCCESS
+                // SAFETY: the driver's `cuPointerGetAttribute`; CU_POINTER_ATTRIBUTE_CONTEXT
+                // writes one CUcontext, to the live local `c`; `*p` is a device pointer the
+                // driver returned to this process (an error if it is freed meanwhile).
+                (unsafe {
+                    attr(
+                        &mut c as *mut CUcontext as *mut c_void,
+                        CU_POINTER_ATTRIBUTE_CONTEXT,
+                        *p,
+                    )
+                }) == CUDA_SUCCESS
                     && c == ctx
             })
             .collect(),
         _ => Vec::new(),
     };
-    let r = real(ctx);
+    // SAFETY: the hook contract: the driver's function with the caller's context handle.
+    let r = unsafe { real(ctx) };
     if r == CUDA_SUCCESS {
         if let Some(sh) = crate::state::get() {
             for p in owned {
@@ -150,17 +171,24 @@ pub unsafe fn ctx_destroy(
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxCreate_v2`.
 pub unsafe fn ctx_create_v2(
     real: unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult,
     pctx: *mut CUcontext,
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let r = with_context_charge(dev, || real(pctx, flags, dev));
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = with_context_charge(dev, || unsafe { real(pctx, flags, dev) });
     crate::launch::context_changed(r);
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxCreate_v3`.
 pub unsafe fn ctx_create_v3(
     real: unsafe extern "C" fn(*mut CUcontext, *mut c_void, i32, c_uint, CUdevice) -> CUresult,
     pctx: *mut CUcontext,
@@ -169,11 +197,15 @@ pub unsafe fn ctx_create_v3(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let r = with_context_charge(dev, || real(pctx, params, n, flags, dev));
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = with_context_charge(dev, || unsafe { real(pctx, params, n, flags, dev) });
     crate::launch::context_changed(r);
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxCreate_v4`.
 pub unsafe fn ctx_create_v4(
     real: unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult,
     pctx: *mut CUcontext,
@@ -181,7 +213,8 @@ pub unsafe fn ctx_create_v4(
     flags: c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    let r = with_context_charge(dev, || real(pctx, params, flags, dev));
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = with_context_charge(dev, || unsafe { real(pctx, params, flags, dev) });
     crate::launch::context_changed(r);
     r
 }
@@ -190,7 +223,7 @@ pub unsafe fn ctx_create_v4(
 fn current_device() -> Option<usize> {
     let get = crate::state::real().cuCtxGetDevice?;
     let mut d: CUdevice = 0;
-    // SAFETY: valid out-pointer.
+    // SAFETY: the driver's `cuCtxGetDevice`; `d` is a live local CUdevice to write.
     (unsafe { get(&mut d) } == CUDA_SUCCESS && d >= 0)
         .then_some(d as usize % libshare_abi::MAX_DEVICES)
 }
@@ -245,6 +278,11 @@ fn returned(table: &Allocations, key: u64) {
 
 /// An allocation that writes its pointer to `dptr`: charged on the current device, recorded by
 /// pointer. Without a context (the driver will refuse anyway) or for size 0, passed through.
+///
+/// # Safety
+///
+/// `dptr` is NULL or valid for reading a `CUdeviceptr`, which `call` has written when it
+/// returns CUDA_SUCCESS.
 unsafe fn charged_alloc(
     dptr: *mut CUdeviceptr,
     size: usize,
@@ -256,7 +294,9 @@ unsafe fn charged_alloc(
     };
     match current_device() {
         Some(dev) if !dptr.is_null() && size > 0 => {
-            charged(sh, dev, size as u64, call, || *dptr, allocs())
+            // SAFETY: `dptr` is not NULL (checked), so readable by this function's contract,
+            // and read only after `call` succeeded and wrote the new pointer there.
+            charged(sh, dev, size as u64, call, || unsafe { *dptr }, allocs())
         }
         _ => call(),
     }
@@ -264,19 +304,31 @@ unsafe fn charged_alloc(
 
 type AllocFn = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAlloc_v2`.
 pub unsafe fn alloc(real: AllocFn, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    charged_alloc(dptr, size, || real(dptr, size))
+    // SAFETY: the hook contract: `dptr` is the caller's out-pointer (NULL or writable), which
+    // the driver's function, called with the caller's arguments, fills on success.
+    unsafe { charged_alloc(dptr, size, || real(dptr, size)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocManaged`.
 pub unsafe fn alloc_managed(
     real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult,
     dptr: *mut CUdeviceptr,
     size: usize,
     flags: c_uint,
 ) -> CUresult {
-    charged_alloc(dptr, size, || real(dptr, size, flags))
+    // SAFETY: as in `alloc`: the caller's out-pointer, filled by the driver on success.
+    unsafe { charged_alloc(dptr, size, || real(dptr, size, flags)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocPitch_v2`.
 pub unsafe fn alloc_pitch(
     real: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult,
     dptr: *mut CUdeviceptr,
@@ -290,7 +342,8 @@ pub unsafe fn alloc_pitch(
         Err(e) => return e,
     };
     let Some(dev) = current_device().filter(|_| !dptr.is_null() && !pitch.is_null()) else {
-        return real(dptr, pitch, width, height, elem);
+        // SAFETY: the hook contract: the driver's function with the caller's arguments.
+        return unsafe { real(dptr, pitch, width, height, elem) };
     };
     // The pitch is known only afterwards: charge the width rounded to 512 (what drivers use), then
     // correct the charge to pitch × height.
@@ -298,15 +351,20 @@ pub unsafe fn alloc_pitch(
     if !sh.charge(dev, estimate) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    let r = real(dptr, pitch, width, height, elem);
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = unsafe { real(dptr, pitch, width, height, elem) };
     if r != CUDA_SUCCESS {
         sh.uncharge(dev, estimate);
         return r;
     }
-    let actual = (*pitch * height) as u64;
+    // SAFETY: `dptr` and `pitch` were checked non-NULL above, so are the caller's valid
+    // out-pointers (hook contract), and the driver wrote both on success.
+    let (ptr, pitch) = unsafe { (*dptr, *pitch) };
+    let actual = (pitch * height) as u64;
     if actual > estimate && !sh.charge(dev, actual - estimate) {
         if let Some(free) = crate::state::real().cuMemFree_v2 {
-            free(*dptr);
+            // SAFETY: the driver's `cuMemFree_v2` on the allocation it just made.
+            unsafe { free(ptr) };
         }
         sh.uncharge(dev, estimate);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -314,16 +372,20 @@ pub unsafe fn alloc_pitch(
     if actual < estimate {
         sh.uncharge(dev, estimate - actual);
     }
-    allocs().insert(*dptr, dev, actual);
+    allocs().insert(ptr, dev, actual);
     sh.count_alloc(dev);
     CUDA_SUCCESS
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemFree_v2`.
 pub unsafe fn free(
     real: unsafe extern "C" fn(CUdeviceptr) -> CUresult,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    let r = real(ptr);
+    // SAFETY: the hook contract: the driver's function with the caller's device pointer.
+    let r = unsafe { real(ptr) };
     if r == CUDA_SUCCESS && ptr != 0 {
         match crate::pools::freed(ptr) {
             Some((pool, dev)) => {
@@ -342,6 +404,12 @@ pub unsafe fn free(
 /// before the call; afterwards the pool's charge follows what it reserves (`pools`). During
 /// stream capture the allocation becomes a node of the captured graph, which holds the charge
 /// (see `graph_mem`).
+///
+/// # Safety
+///
+/// `dptr` is NULL or valid for reading a `CUdeviceptr`, which `call` has written when it
+/// returns CUDA_SUCCESS; `stream` is the stream `call` allocates on (a handle of this process,
+/// or a default stream).
 unsafe fn charged_async(
     dptr: *mut CUdeviceptr,
     size: usize,
@@ -360,12 +428,17 @@ unsafe fn charged_async(
     let bytes = size as u64;
     if let Some(graph) = crate::graph_mem::capturing(stream, ptsz) {
         return charged_then(sh, dev, bytes, call, || {
-            crate::graph_mem::adopt(graph, *dptr, dev, bytes)
+            // SAFETY: `dptr` is not NULL (checked), so readable by this function's contract,
+            // and read only after `call` succeeded and wrote the new pointer there.
+            crate::graph_mem::adopt(graph, unsafe { *dptr }, dev, bytes)
         });
     }
     match pool.or_else(|| crate::pools::current_pool(dev)) {
-        Some(pool) => pool_alloc(sh, dev, bytes, pool, dptr, (stream, ptsz), call),
-        None => charged(sh, dev, bytes, call, || *dptr, allocs()),
+        // SAFETY: `dptr` checked non-NULL above; `dptr`, `stream` and `call` as this
+        // function's own contract has them.
+        Some(pool) => unsafe { pool_alloc(sh, dev, bytes, pool, dptr, (stream, ptsz), call) },
+        // SAFETY: as for the graph above: non-NULL, read after `call` succeeded.
+        None => charged(sh, dev, bytes, call, || unsafe { *dptr }, allocs()),
     }
 }
 
@@ -375,6 +448,12 @@ unsafe fn charged_async(
 /// follows what it reserves; should that leave the container over its quota (the kept blocks
 /// did not fit the request), the pools are trimmed, and if that is not enough the allocation
 /// is freed again and refused.
+///
+/// # Safety
+///
+/// `dptr` is valid for reading a `CUdeviceptr`, which `call` (an allocation from `pool` on
+/// `stream`) has written when it returns CUDA_SUCCESS; `stream` is a stream handle of this
+/// process or a default stream, per-thread if `ptsz`.
 unsafe fn pool_alloc(
     sh: &Shim,
     dev: usize,
@@ -404,7 +483,9 @@ unsafe fn pool_alloc(
         return r;
     }
     sh.count_alloc(dev);
-    crate::pools::allocated(pool, dev, *dptr, pre);
+    // SAFETY: readable by this function's contract, and written by `call`, which succeeded.
+    let ptr = unsafe { *dptr };
+    crate::pools::allocated(pool, dev, ptr, pre);
     if sh.over_quota(dev) {
         crate::pools::trim_all();
     }
@@ -415,8 +496,10 @@ unsafe fn pool_alloc(
         } else {
             r.cuMemFreeAsync
         } {
-            free(*dptr, stream);
-            crate::pools::freed(*dptr);
+            // SAFETY: the driver's `cuMemFreeAsync(_ptsz)` (matching the allocation's), on the
+            // allocation it just made, on the caller's stream it was made on.
+            unsafe { free(ptr, stream) };
+            crate::pools::freed(ptr);
             crate::deferred::defer(dev, 0, Some(pool), stream, ptsz);
             crate::pools::reconcile(pool);
             sh.count_refusal(dev);
@@ -442,24 +525,37 @@ type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> C
 type AllocPoolFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, *mut c_void, CUstream) -> CUresult;
 type FreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocAsync`.
 pub unsafe fn alloc_async(
     real: AllocAsyncFn,
     dptr: *mut CUdeviceptr,
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, None, stream, false, || real(dptr, size, stream))
+    // SAFETY: the hook contract: the caller's out-pointer and stream, which the driver's
+    // function, called with the caller's arguments, uses (and fills `dptr`) on success.
+    unsafe { charged_async(dptr, size, None, stream, false, || real(dptr, size, stream)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocAsync_ptsz`.
 pub unsafe fn alloc_async_ptsz(
     real: AllocAsyncFn,
     dptr: *mut CUdeviceptr,
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, None, stream, true, || real(dptr, size, stream))
+    // SAFETY: the hook contract: the caller's out-pointer and stream, which the driver's
+    // function, called with the caller's arguments, uses (and fills `dptr`) on success.
+    unsafe { charged_async(dptr, size, None, stream, true, || real(dptr, size, stream)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocFromPoolAsync`.
 pub unsafe fn alloc_from_pool(
     real: AllocPoolFn,
     dptr: *mut CUdeviceptr,
@@ -467,11 +563,17 @@ pub unsafe fn alloc_from_pool(
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, Some(pool as usize), stream, false, || {
-        real(dptr, size, pool, stream)
-    })
+    // SAFETY: as in `alloc_async`; `pool` is the caller's, passed on unchanged.
+    unsafe {
+        charged_async(dptr, size, Some(pool as usize), stream, false, || {
+            real(dptr, size, pool, stream)
+        })
+    }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocFromPoolAsync_ptsz`.
 pub unsafe fn alloc_from_pool_ptsz(
     real: AllocPoolFn,
     dptr: *mut CUdeviceptr,
@@ -479,24 +581,35 @@ pub unsafe fn alloc_from_pool_ptsz(
     pool: *mut c_void,
     stream: CUstream,
 ) -> CUresult {
-    charged_async(dptr, size, Some(pool as usize), stream, true, || {
-        real(dptr, size, pool, stream)
-    })
+    // SAFETY: as in `alloc_async`; `pool` is the caller's, passed on unchanged.
+    unsafe {
+        charged_async(dptr, size, Some(pool as usize), stream, true, || {
+            real(dptr, size, pool, stream)
+        })
+    }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemFreeAsync`.
 pub unsafe fn free_async(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    freed_async(ptr, stream, false, || real(ptr, stream))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    freed_async(ptr, stream, false, || unsafe { real(ptr, stream) })
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemFreeAsync_ptsz`.
 pub unsafe fn free_async_ptsz(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    freed_async(ptr, stream, true, || real(ptr, stream))
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    freed_async(ptr, stream, true, || unsafe { real(ptr, stream) })
 }
 
 /// Stream-ordered free: the memory is freed when the stream reaches the free. A pool
 /// allocation's charge then follows its pool (an event after the free says when to look); any
 /// other's is returned then (`deferred`), not when the free is issued. Freed during stream
 /// capture, a tracked allocation passes to the captured graph, which holds the charge.
-unsafe fn freed_async(
+fn freed_async(
     ptr: CUdeviceptr,
     stream: CUstream,
     ptsz: bool,
@@ -534,6 +647,10 @@ unsafe fn freed_async(
 }
 
 /// `cuMemCreate` on a device location is charged; host locations are not device memory.
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemCreate`.
 pub unsafe fn create(
     real: unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CUresult,
     handle: *mut u64,
@@ -545,7 +662,9 @@ pub unsafe fn create(
         Ok(s) => s,
         Err(e) => return e,
     };
-    match prop.as_ref() {
+    // SAFETY: the hook contract: `prop` is the caller's, NULL or a readable, initialised
+    // CUmemAllocationProp (the driver reads it too).
+    match unsafe { prop.as_ref() } {
         Some(p)
             if p.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
                 && p.location.id >= 0
@@ -553,21 +672,30 @@ pub unsafe fn create(
                 && size > 0 =>
         {
             let dev = p.location.id as usize % libshare_abi::MAX_DEVICES;
-            charged(
-                sh,
-                dev,
-                size as u64,
-                || real(handle, size, prop, flags),
-                || *handle,
-                handles(),
-            )
+            // SAFETY: the hook contract: the driver's function with the caller's arguments;
+            // `handle` is not NULL (checked) and read only after the driver wrote it.
+            unsafe {
+                charged(
+                    sh,
+                    dev,
+                    size as u64,
+                    || real(handle, size, prop, flags),
+                    || *handle,
+                    handles(),
+                )
+            }
         }
-        _ => real(handle, size, prop, flags),
+        // SAFETY: the hook contract: the driver's function with the caller's arguments.
+        _ => unsafe { real(handle, size, prop, flags) },
     }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemRelease`.
 pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) -> CUresult {
-    let r = real(handle);
+    // SAFETY: the hook contract: the driver's function with the caller's handle.
+    let r = unsafe { real(handle) };
     if r == CUDA_SUCCESS {
         returned(handles(), handle);
     }
@@ -578,6 +706,11 @@ pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) 
 /// recorded by handle. Charged at its dense size (`Array3DDesc::dense_bytes`): a GPU pads and
 /// tiles arrays, so this is what the array takes at least. Arrays of formats without a fixed
 /// element size are passed through uncharged.
+///
+/// # Safety
+///
+/// `ph` is NULL or valid for reading a handle, which `call` has written when it returns
+/// CUDA_SUCCESS.
 unsafe fn charged_array(
     ph: *mut *mut c_void,
     bytes: Option<u64>,
@@ -589,52 +722,73 @@ unsafe fn charged_array(
     };
     match (current_device(), bytes) {
         (Some(dev), Some(b)) if !ph.is_null() && b > 0 => {
-            charged(sh, dev, b, call, || *ph as u64, arrays())
+            // SAFETY: `ph` is not NULL (checked), so readable by this function's contract, and
+            // read only after `call` succeeded and wrote the new handle there.
+            charged(sh, dev, b, call, || unsafe { *ph } as u64, arrays())
         }
         _ => call(),
     }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuArrayCreate_v2`.
 pub unsafe fn array_create(
     real: unsafe extern "C" fn(*mut *mut c_void, *const ArrayDesc) -> CUresult,
     ph: *mut *mut c_void,
     desc: *const ArrayDesc,
 ) -> CUresult {
-    let bytes = desc
-        .as_ref()
-        .and_then(|d| Array3DDesc::from(d).dense_bytes());
-    charged_array(ph, bytes, || real(ph, desc))
+    // SAFETY: the hook contract: `desc` is NULL or a readable CUDA_ARRAY_DESCRIPTOR.
+    let bytes = unsafe { desc.as_ref() }.and_then(|d| Array3DDesc::from(d).dense_bytes());
+    // SAFETY: the hook contract: the caller's out-pointer `ph`, filled by the driver's
+    // function, called with the caller's arguments, on success.
+    unsafe { charged_array(ph, bytes, || real(ph, desc)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuArray3DCreate_v2`.
 pub unsafe fn array3d_create(
     real: unsafe extern "C" fn(*mut *mut c_void, *const Array3DDesc) -> CUresult,
     ph: *mut *mut c_void,
     desc: *const Array3DDesc,
 ) -> CUresult {
-    let bytes = desc.as_ref().and_then(|d| d.dense_bytes());
-    charged_array(ph, bytes, || real(ph, desc))
+    // SAFETY: the hook contract: `desc` is NULL or a readable CUDA_ARRAY3D_DESCRIPTOR.
+    let bytes = unsafe { desc.as_ref() }.and_then(|d| d.dense_bytes());
+    // SAFETY: as in `array_create`: the caller's out-pointer, filled by the driver on success.
+    unsafe { charged_array(ph, bytes, || real(ph, desc)) }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMipmappedArrayCreate`.
 pub unsafe fn mipmapped_array_create(
     real: unsafe extern "C" fn(*mut *mut c_void, *const Array3DDesc, c_uint) -> CUresult,
     ph: *mut *mut c_void,
     desc: *const Array3DDesc,
     levels: c_uint,
 ) -> CUresult {
-    let bytes = desc.as_ref().and_then(|d| {
+    // SAFETY: the hook contract: `desc` is NULL or a readable CUDA_ARRAY3D_DESCRIPTOR.
+    let bytes = unsafe { desc.as_ref() }.and_then(|d| {
         (0..levels.min(64)).try_fold(0u64, |sum, i| {
             sum.checked_add(d.mip_level(i).dense_bytes()?)
         })
     });
-    charged_array(ph, bytes, || real(ph, desc, levels))
+    // SAFETY: as in `array_create`: the caller's out-pointer, filled by the driver on success.
+    unsafe { charged_array(ph, bytes, || real(ph, desc, levels)) }
 }
 
 /// cuArrayDestroy and cuMipmappedArrayDestroy.
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuArrayDestroy / cuMipmappedArrayDestroy`.
 pub unsafe fn array_destroy(
     real: unsafe extern "C" fn(*mut c_void) -> CUresult,
     h: *mut c_void,
 ) -> CUresult {
-    let r = real(h);
+    // SAFETY: the hook contract: the driver's function with the caller's array handle.
+    let r = unsafe { real(h) };
     if r == CUDA_SUCCESS {
         returned(arrays(), h as u64);
     }
@@ -657,6 +811,10 @@ pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
 }
 
 /// NULL-safe: either output may be NULL.
+///
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemGetInfo_v2`.
 pub unsafe fn get_info(
     real: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult,
     free: *mut usize,
@@ -665,34 +823,47 @@ pub unsafe fn get_info(
     crate::deferred::settle(false);
     crate::pools::reconcile_all();
     let (mut f, mut t) = (0usize, 0usize);
-    let r = real(&mut f, &mut t);
+    // SAFETY: the driver's `cuMemGetInfo_v2` (hook contract), with live locals to write.
+    let r = unsafe { real(&mut f, &mut t) };
     if r != CUDA_SUCCESS {
         return r;
     }
     let dev = current_device().unwrap_or(0);
     let (vf, vt) = visible(dev, f as u64, t as u64);
-    if !free.is_null() {
-        *free = vf as usize;
-    }
-    if !total.is_null() {
-        *total = vt as usize;
+    // SAFETY: each is written only if not NULL, when it is the caller's writable out-pointer
+    // (hook contract).
+    unsafe {
+        if !free.is_null() {
+            *free = vf as usize;
+        }
+        if !total.is_null() {
+            *total = vt as usize;
+        }
     }
     CUDA_SUCCESS
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuDeviceTotalMem_v2`.
 pub unsafe fn total_mem(
     real: unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult,
     bytes: *mut usize,
     dev: CUdevice,
 ) -> CUresult {
-    let r = real(bytes, dev);
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = unsafe { real(bytes, dev) };
     if r == CUDA_SUCCESS && !bytes.is_null() && dev >= 0 {
+        // SAFETY: `bytes` is not NULL (checked), so the caller's writable out-pointer (hook
+        // contract), and the driver wrote the device's memory there.
+        let real_total = unsafe { *bytes };
         let (_, t) = visible(
             dev as usize % libshare_abi::MAX_DEVICES,
             u64::MAX,
-            *bytes as u64,
+            real_total as u64,
         );
-        *bytes = t as usize;
+        // SAFETY: as above.
+        unsafe { *bytes = t as usize };
     }
     r
 }

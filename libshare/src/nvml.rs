@@ -47,6 +47,7 @@ fn nvml() -> &'static Nvml {
             if h.is_null() {
                 std::ptr::null_mut()
             } else {
+                // SAFETY: `h` is a non-NULL handle from `dlopen`; `n` a NUL-terminated name.
                 unsafe { crate::interpose::real_dlsym(h, n.as_ptr()) }
             }
         };
@@ -56,7 +57,8 @@ fn nvml() -> &'static Nvml {
             sym(c"nvmlDeviceGetIndex"),
         );
         let u = sym(c"nvmlDeviceGetUUID");
-        // SAFETY: NVML's exports with these prototypes (nvml.h), or NULL.
+        // SAFETY: each transmute is of a non-NULL address of the real NVML's export of that
+        // name, whose prototype (nvml.h) is the field's type.
         unsafe {
             Nvml {
                 base: crate::interpose::object_base(a),
@@ -87,35 +89,54 @@ pub fn hook_ptr(name: &str) -> Option<*mut c_void> {
 /// (no quota applies then). NVML numbers physical devices; CUDA numbers the ones
 /// CUDA_VISIBLE_DEVICES shows, so they are matched by UUID. Without a CUDA driver in this process
 /// (an NVML-only tool), NVML's index is the best guess.
+///
+/// # Safety
+/// `dev` is an NVML device handle from the caller of an NVML function (NVML's contract).
 unsafe fn cuda_ordinal(dev: *mut c_void) -> Option<usize> {
-    if let Some(found) = cuda_ordinal_by_uuid(dev) {
+    // SAFETY: `dev` under this function's contract.
+    if let Some(found) = unsafe { cuda_ordinal_by_uuid(dev) } {
         return found;
     }
     let mut i = 0u32;
     match nvml().get_index {
-        Some(f) if f(dev, &mut i) == NVML_SUCCESS => Some(i as usize % libshare_abi::MAX_DEVICES),
+        // SAFETY: NVML's `nvmlDeviceGetIndex` with the caller's handle and a live local.
+        Some(f) if unsafe { f(dev, &mut i) } == NVML_SUCCESS => {
+            Some(i as usize % libshare_abi::MAX_DEVICES)
+        }
         _ => Some(0),
     }
 }
 
 /// Some(Some(ordinal)) or Some(None) (CUDA does not see it) when CUDA can be asked; None if not.
+///
+/// # Safety
+/// As for [`cuda_ordinal`].
 unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
     let get_uuid = nvml().get_uuid?;
     let mut buf = [0 as std::ffi::c_char; 96];
-    if get_uuid(dev, buf.as_mut_ptr(), buf.len() as u32) != NVML_SUCCESS {
+    // SAFETY: NVML's `nvmlDeviceGetUUID` with the caller's handle and a local buffer of the
+    // length passed.
+    if unsafe { get_uuid(dev, buf.as_mut_ptr(), buf.len() as u32) } != NVML_SUCCESS {
         return None;
     }
-    let nvml_uuid = std::ffi::CStr::from_ptr(buf.as_ptr()).to_str().ok()?;
+    // SAFETY: on success NVML wrote a NUL-terminated string within the length passed, into
+    // `buf`, which lives to the end of this function.
+    let nvml_uuid = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .ok()?;
     let r = crate::state::real();
     let (count, uuid_of) = (r.cuDeviceGetCount?, r.cuDeviceGetUuid?);
     let mut n = 0;
-    if count(&mut n) != CUDA_SUCCESS {
+    // SAFETY: the driver's `cuDeviceGetCount` with a live local.
+    if unsafe { count(&mut n) } != CUDA_SUCCESS {
         return None;
     }
     Some(
         (0..n.clamp(0, libshare_abi::MAX_DEVICES as i32)).find_map(|d| {
             let mut u = CUuuid([0; 16]);
-            (uuid_of(&mut u, d) == CUDA_SUCCESS
+            // SAFETY: the driver's `cuDeviceGetUuid` with a live local and an ordinal below
+            // the device count (else an error, not UB).
+            (unsafe { uuid_of(&mut u, d) } == CUDA_SUCCESS
                 && nvml_uuid.eq_ignore_ascii_case(&format_uuid(&u.0)))
             .then_some(d as usize)
         }),
@@ -137,8 +158,12 @@ fn format_uuid(u: &[u8; 16]) -> String {
 
 /// (free, total) of an NVML device as the job sees it: the quota of the CUDA device it is, or the
 /// real figures for a device CUDA does not see.
+///
+/// # Safety
+/// As for [`cuda_ordinal`].
 unsafe fn as_job_sees(device: *mut c_void, free: u64, total: u64) -> (u64, u64) {
-    match cuda_ordinal(device) {
+    // SAFETY: `device` under this function's contract.
+    match unsafe { cuda_ordinal(device) } {
         Some(d) => crate::memory::visible(d, free, total),
         None => (free, total),
     }
@@ -154,10 +179,15 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     let Some(real) = nvml().get_info else {
         return NVML_ERROR_UNINITIALIZED;
     };
-    let r = real(device, mem);
+    // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo` with the caller's arguments (NVML's
+    // contract, this function's).
+    let r = unsafe { real(device, mem) };
     if r == NVML_SUCCESS && !mem.is_null() {
-        let m = &mut *mem;
-        let (free, total) = as_job_sees(device, m.free, m.total);
+        // SAFETY: `mem` is not NULL (checked), so writable by NVML's contract, and NVML filled
+        // it.
+        let m = unsafe { &mut *mem };
+        // SAFETY: `device` is the caller's NVML handle (NVML's contract, this function's).
+        let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
         *m = Memory {
             total,
             free,
@@ -177,10 +207,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     let Some(real) = nvml().get_info_v2 else {
         return NVML_ERROR_UNINITIALIZED;
     };
-    let r = real(device, mem);
+    // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo_v2` with the caller's arguments.
+    let r = unsafe { real(device, mem) };
     if r == NVML_SUCCESS && !mem.is_null() {
-        let m = &mut *mem;
-        let (free, total) = as_job_sees(device, m.free, m.total);
+        // SAFETY: as in `nvmlDeviceGetMemoryInfo`: not NULL, writable, filled by NVML.
+        let m = unsafe { &mut *mem };
+        // SAFETY: `device` is the caller's NVML handle.
+        let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
         m.total = total;
         m.free = free;
         m.used = total.saturating_sub(free).saturating_sub(m.reserved);

@@ -34,7 +34,8 @@ pub fn forget_all_after_fork() {
 fn attribute(pool: usize, attr: u32) -> Option<u64> {
     let get = crate::state::real().cuMemPoolGetAttribute?;
     let mut v = 0u64;
-    // SAFETY: both attributes are cuuint64_t; a pool handle the driver gave this process.
+    // SAFETY: the driver's `cuMemPoolGetAttribute`; both attributes asked for are cuuint64_t,
+    // written to a live local u64; a pool handle the driver gave this process.
     (unsafe { get(pool as CUmemoryPool, attr, &mut v as *mut u64 as *mut _) } == CUDA_SUCCESS)
         .then_some(v)
 }
@@ -43,7 +44,7 @@ fn attribute(pool: usize, attr: u32) -> Option<u64> {
 pub fn current_pool(dev: usize) -> Option<usize> {
     let get = crate::state::real().cuDeviceGetMemPool?;
     let mut p: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer.
+    // SAFETY: the driver's `cuDeviceGetMemPool`, writing one CUmemoryPool to a live local.
     (unsafe { get(&mut p, dev as CUdevice) } == CUDA_SUCCESS && !p.is_null()).then_some(p as usize)
 }
 

@@ -19,7 +19,8 @@ type GetProcV2 =
 /// then passed through unhooked, never replaced by a hook with another prototype).
 ///
 /// # Safety
-/// `sym` is a C string and `pfn` a valid pointer holding the driver's answer.
+/// `sym` is NULL or a NUL-terminated C string; `pfn` is NULL or valid for reading and writing a
+/// function pointer (the driver's answer).
 pub unsafe fn substitute(
     sym: *const c_char,
     pfn: *mut *mut c_void,
@@ -27,10 +28,12 @@ pub unsafe fn substitute(
     flags: u64,
     same_abi: impl FnOnce(u32) -> bool,
 ) {
-    if sym.is_null() || pfn.is_null() || (*pfn).is_null() {
+    // SAFETY: `pfn` is read only if not NULL, when it is valid by this function's contract.
+    if sym.is_null() || pfn.is_null() || unsafe { (*pfn).is_null() } {
         return;
     }
-    let Ok(name) = CStr::from_ptr(sym).to_str() else {
+    // SAFETY: not NULL (checked), so a NUL-terminated C string by this function's contract.
+    let Ok(name) = unsafe { CStr::from_ptr(sym) }.to_str() else {
         return;
     };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
@@ -38,7 +41,9 @@ pub unsafe fn substitute(
     if let Ok(entry) = resolve(name, version, per_thread) {
         if let Some(h) = crate::hooks::hook_ptr(entry.export) {
             if version <= DECLARED_UP_TO || same_abi(entry.version) {
-                *pfn = h;
+                // SAFETY: not NULL (checked above), writable by this function's contract; `h`
+                // has the prototype of the driver's answer (same export, same ABI version).
+                unsafe { *pfn = h };
             } else {
                 tracing::warn!(
                     name,
@@ -50,6 +55,9 @@ pub unsafe fn substitute(
     }
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGetProcAddress`.
 pub unsafe fn get_proc_address(
     real: GetProcV1,
     sym: *const c_char,
@@ -57,17 +65,27 @@ pub unsafe fn get_proc_address(
     version: i32,
     flags: u64,
 ) -> CUresult {
-    let r = real(sym, pfn, version, flags);
-    if r == CUDA_SUCCESS {
-        let answer = *pfn;
-        substitute(sym, pfn, version, flags, |v| {
-            let mut p = std::ptr::null_mut();
-            real(sym, &mut p, v as i32, flags) == CUDA_SUCCESS && p == answer
-        });
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = unsafe { real(sym, pfn, version, flags) };
+    if r == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: `pfn` is not NULL (checked), so the caller's valid out-pointer (hook
+        // contract), holding the driver's answer; `sym` is the caller's C string, which the
+        // driver accepted. The closure asks the driver again with the same `sym` and a live
+        // local out-pointer.
+        unsafe {
+            let answer = *pfn;
+            substitute(sym, pfn, version, flags, |v| {
+                let mut p = std::ptr::null_mut();
+                real(sym, &mut p, v as i32, flags) == CUDA_SUCCESS && p == answer
+            });
+        }
     }
     r
 }
 
+/// # Safety
+///
+/// The hook contract (`hook_fn!`): `real` is the driver's `cuGetProcAddress_v2`.
 pub unsafe fn get_proc_address_v2(
     real: GetProcV2,
     sym: *const c_char,
@@ -76,14 +94,18 @@ pub unsafe fn get_proc_address_v2(
     flags: u64,
     status: *mut i32,
 ) -> CUresult {
-    let r = real(sym, pfn, version, flags, status);
-    if r == CUDA_SUCCESS {
-        let answer = *pfn;
-        substitute(sym, pfn, version, flags, |v| {
-            let mut p = std::ptr::null_mut();
-            let mut st = 0;
-            real(sym, &mut p, v as i32, flags, &mut st) == CUDA_SUCCESS && p == answer
-        });
+    // SAFETY: the hook contract: the driver's function with the caller's arguments.
+    let r = unsafe { real(sym, pfn, version, flags, status) };
+    if r == CUDA_SUCCESS && !pfn.is_null() {
+        // SAFETY: as in `get_proc_address`; the closure's status out-pointer is a live local.
+        unsafe {
+            let answer = *pfn;
+            substitute(sym, pfn, version, flags, |v| {
+                let mut p = std::ptr::null_mut();
+                let mut st = 0;
+                real(sym, &mut p, v as i32, flags, &mut st) == CUDA_SUCCESS && p == answer
+            });
+        }
     }
     r
 }
@@ -96,7 +118,7 @@ mod tests {
     fn answer(version: i32, same_abi: bool) -> *mut c_void {
         let driver_answer = 0x1000 as *mut c_void;
         let mut pfn = driver_answer;
-        // SAFETY: a C string and a valid out-pointer.
+        // SAFETY: a C string literal and a live local function-pointer slot.
         unsafe { substitute(c"cuMemAlloc".as_ptr(), &mut pfn, version, 0, |_| same_abi) };
         pfn
     }

@@ -23,8 +23,10 @@ pub struct Driver {
     pub real: Real,
 }
 
-// SAFETY: the handle and addresses are immutable after loading.
+// SAFETY: every field is immutable after loading (the driver lives in a OnceLock); the only
+// non-Send/Sync fields are the `dlopen` handle, usable from any thread, and function pointers.
 unsafe impl Send for Driver {}
+// SAFETY: as for Send: shared access only reads immutable fields.
 unsafe impl Sync for Driver {}
 
 static DRIVER: OnceLock<Driver> = OnceLock::new();
@@ -55,16 +57,17 @@ fn load_driver() -> Driver {
     let h = crate::interpose::dlopen_local(&path);
     let empty = |why: String| {
         eprintln!("libshare: {why}");
-        // SAFETY: a lookup that always fails yields an all-None table.
         Driver {
             handle: std::ptr::null_mut(),
             base: 0,
+            // SAFETY: a lookup that always returns NULL: an all-None table, nothing transmuted.
             real: unsafe { Real::load(|_| std::ptr::null_mut()) },
         }
     };
     if h.is_null() {
         return empty(format!("cannot load the CUDA driver {path} (set LIBSHARE_REAL_LIBCUDA to NVIDIA's libcuda.so.1)"));
     }
+    // SAFETY: `h` is a non-NULL handle from `dlopen`; `name` a NUL-terminated C string.
     let lookup = |name: &CStr| unsafe { crate::interpose::real_dlsym(h, name.as_ptr()) };
     let base = crate::interpose::object_base(lookup(c"cuInit"));
     if base == crate::interpose::object_base(crate::hooks::cuInit as *const () as *mut c_void) {
@@ -72,7 +75,9 @@ fn load_driver() -> Driver {
             "{path} is libshare itself: set LIBSHARE_REAL_LIBCUDA to NVIDIA's libcuda.so.1"
         ));
     }
-    // SAFETY: `h` is the real driver; its exports have the prototypes of the declaration list.
+    // SAFETY: `h` is the real driver (not the shim, checked above), and `lookup` returns NULL or
+    // its export of the name asked, which has the prototype of the declaration list (the CUDA
+    // headers; checked by the `hooks` tests).
     let real = unsafe { Real::load(lookup) };
     Driver {
         handle: h,
@@ -96,7 +101,8 @@ impl Shim {
     /// This process's per-device launch counters.
     #[inline(always)]
     pub fn launches(&self) -> &[AtomicU64; MAX_DEVICES] {
-        // SAFETY: points into the state's mapping (alive as long as the leaked Shim) or at SINK.
+        // SAFETY: always points at an aligned array of atomics that is never freed: in the
+        // state's mapping (never unmapped: the Shim is leaked) or at the static SINK.
         unsafe { &*self.launch_counters.load(Relaxed) }
     }
 
@@ -242,7 +248,8 @@ impl Drop for InitGuard {
 /// The shim, if initialised in this process. One atomic load: used on hot paths.
 #[inline]
 pub fn get() -> Option<&'static Shim> {
-    // SAFETY: SHIM is null or points to a leaked Shim that is never freed.
+    // SAFETY: SHIM is NULL or a pointer from `Box::into_raw`, never freed (a forked child
+    // only forgets it), published with Release after the Shim was built.
     unsafe { SHIM.load(Acquire).as_ref() }
 }
 
@@ -339,13 +346,14 @@ fn check_limits(cfg: &Config) -> Result<usize, String> {
         return Ok(MAX_DEVICES);
     };
     let mut n = 0;
-    // SAFETY: valid out-pointers; the driver is initialised.
+    // SAFETY: the driver's `cuDeviceGetCount` with a live local; the driver is initialised.
     if unsafe { count_fn(&mut n) } != CUDA_SUCCESS {
         return Ok(MAX_DEVICES);
     }
     for d in 0..(n.max(0) as usize).min(MAX_DEVICES) {
         let mut total = 0usize;
-        // SAFETY: as above.
+        // SAFETY: the driver's `cuDeviceTotalMem_v2` with a live local and an ordinal below
+        // the device count.
         if let (Some(l), CUDA_SUCCESS) = (cfg.memory_limit[d], unsafe {
             total_fn(&mut total, d as CUdevice)
         }) {
@@ -365,7 +373,9 @@ fn check_limits(cfg: &Config) -> Result<usize, String> {
 fn register_process_hooks() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: plain function pointers; both handlers are async-signal-safe in what they do.
+        // SAFETY: registering `extern "C"` functions that live as long as the process (the shim
+        // is never unloaded: it is preloaded). The fork handler only stores atomics (allowed in
+        // a forked child of a multithreaded process); the exit handler runs on normal exit.
         unsafe {
             libc::pthread_atfork(None, None, Some(after_fork_child));
             libc::atexit(at_exit);
@@ -470,7 +480,7 @@ impl<T: Default + 'static> PerProcess<T> {
     pub fn get(&self) -> &'static Mutex<T> {
         let p = self.0.load(Acquire);
         if !p.is_null() {
-            // SAFETY: values are leaked, never freed.
+            // SAFETY: only pointers from `Box::into_raw` (below) are stored, never freed.
             return unsafe { &*p };
         }
         let fresh = Box::into_raw(Box::new(Mutex::new(T::default())));
@@ -478,9 +488,10 @@ impl<T: Default + 'static> PerProcess<T> {
             .0
             .compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire)
         {
-            // SAFETY: ours, leaked from now on.
+            // SAFETY: ours, from `Box::into_raw`, published and never freed from now on.
             Ok(_) => unsafe { &*fresh },
-            // SAFETY: another thread installed one first (ours leaks: rare, small).
+            // SAFETY: another thread installed one first, also from `Box::into_raw`, never freed
+            // (ours leaks: rare, small).
             Err(other) => unsafe { &*other },
         }
     }
