@@ -39,7 +39,16 @@ pub fn two_saturating(secs: f64) -> Value {
         num(&a, "kernels_per_s") / solo,
         num(&b, "kernels_per_s") / solo,
     );
-    json!({ "scenario": "two_saturating", "solo_kernels_per_s": solo, "share_a": sa, "share_b": sb, "total": sa + sb })
+    // Fractions of the device's time each ran kernels (1 ms kernels): independent of how fast
+    // the solo run managed to feed the device on a loaded host.
+    let (da, db) = (
+        num(&a, "gpu_ms_per_s") / 1000.0,
+        num(&b, "gpu_ms_per_s") / 1000.0,
+    );
+    json!({
+        "scenario": "two_saturating", "solo_kernels_per_s": solo, "share_a": sa, "share_b": sb,
+        "total": sa + sb, "device_share_a": da, "device_share_b": db, "device_total": da + db,
+    })
 }
 
 /// A training-like job (6 ms GPU + 4 ms CPU per iteration, ~60 % of the GPU) alone, then with a

@@ -16,13 +16,15 @@ fn one_ms_kernel_occupies_about_one_ms() {
 #[test]
 fn two_saturating_processes_share_the_device() {
     let v = model::two_saturating(1.5);
+    // Fair: each gets about half of what the two got (throughputs relative to the same solo run).
     let (a, b) = (num(&v, "share_a"), num(&v, "share_b"));
+    let fair = a / (a + b);
+    assert!((0.4..0.6).contains(&fair), "unfair split: {v}");
+    // Fully shared, never overlapping: the device ran one of them nearly all the time, never
+    // both at once (device time, not throughput relative to a solo run a loaded host may slow).
+    let total = num(&v, "device_total");
     assert!(
-        (0.35..0.65).contains(&a) && (0.35..0.65).contains(&b),
-        "unfair split: {v}"
-    );
-    assert!(
-        a + b > 0.85 && a + b < 1.1,
+        total > 0.8 && total < 1.05,
         "the device is not fully shared: {v}"
     );
 }
