@@ -798,16 +798,57 @@ pub unsafe fn array_destroy(
 /// (total, free) as the job must see them on `dev`: the quota as total, quota − used as free,
 /// never more than the device really has. Without a quota, the driver's figures.
 pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
-    let Some(sh) = crate::state::get() else {
-        return (real_free, real_total);
+    let (quota, used) = match crate::state::get() {
+        Some(sh) => {
+            sh.reclaim_now_and_then();
+            sh.quota(dev)
+        }
+        None => quota_without_cuda(dev),
     };
-    sh.reclaim_now_and_then();
-    let (quota, used) = sh.quota(dev);
     if quota == 0 {
         return (real_free, real_total);
     }
     let total = quota.min(real_total);
     (total.saturating_sub(used).min(real_free), total)
+}
+
+/// (quota, used) on `dev` for a process that has not initialised CUDA (an NVML-only monitoring
+/// tool in the container, `nvidia-smi`-like): read from the container's state file through a
+/// read-only view (`State::open_view`) if a CUDA process made it, else the limit from the
+/// environment with nothing used. An invalid configuration shows the device as it is (the
+/// error is reported to CUDA jobs at cuInit).
+fn quota_without_cuda(dev: usize) -> (u64, u64) {
+    use std::sync::atomic::Ordering::Acquire;
+    use std::sync::OnceLock;
+    static VIEW: OnceLock<Option<(crate::config::Config, Option<libshare_abi::State>)>> =
+        OnceLock::new();
+    let Some((cfg, state)) = VIEW
+        .get_or_init(|| {
+            let cfg = crate::config::Config::from_env().ok()?;
+            let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
+            let state = libshare_abi::State::open_view(&path).ok();
+            Some((cfg, state))
+        })
+        .as_ref()
+    else {
+        return (0, 0);
+    };
+    if dev >= libshare_abi::MAX_DEVICES {
+        return (0, 0);
+    }
+    let from_file = state.as_ref().map(|s| {
+        (
+            s.device(dev).quota.load(Acquire),
+            s.device(dev).used.load(Acquire),
+        )
+    });
+    match from_file {
+        Some((q, used)) if q > 0 => (q, used),
+        _ => (
+            cfg.memory_limit[dev].unwrap_or(0),
+            from_file.map_or(0, |f| f.1),
+        ),
+    }
 }
 
 /// NULL-safe: either output may be NULL.

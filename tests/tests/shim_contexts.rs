@@ -37,3 +37,38 @@ fn nvml_reports_the_quota_for_the_device_cuda_sees() {
         "{v}"
     );
 }
+
+#[test]
+fn nvml_only_tools_see_the_container_quota_and_usage() {
+    // A monitoring tool that never calls cuInit: the shim reads the limit from the environment
+    // and the container's usage from its state file (read-only).
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let script = libshare_tests::python_source("shim_nvml_only.py");
+    let gpu = SimGpu::new().memory("8GiB").with_shim().quota("1GiB");
+    let nvml = || {
+        let out = gpu.run_ok(libshare_tests::torch_python(), &[script.to_str().unwrap()]);
+        json_check(&out, "nvml_only")
+    };
+    let v = nvml();
+    assert_eq!(v["total"], 1u64 << 30, "no CUDA process yet: {v}");
+    assert_eq!(v["free"], 1u64 << 30, "{v}");
+
+    // A CUDA process of the same container holds 300 MiB.
+    let prog = libshare_tests::compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let mut cmd = gpu.command(&prog);
+    cmd.args(["hold", "300"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut holder = cmd.spawn().expect("spawn holder");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("\"result\":0"), "{line}");
+    let v = nvml();
+    holder.kill().ok();
+    holder.wait().ok();
+    assert_eq!(v["total"], 1u64 << 30, "{v}");
+    assert_eq!(v["used"], 300u64 << 20, "the container's 300 MiB: {v}");
+}
