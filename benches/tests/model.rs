@@ -6,9 +6,17 @@ use libshare_benches::{model, num};
 #[test]
 fn one_ms_kernel_occupies_about_one_ms() {
     let v = model::kernel_occupancy(3, 0.5);
+    eprintln!("{v}");
+    // What the shared timeline reserved per kernel: the model itself.
+    let modelled = num(&v, "modelled_ms");
+    assert!(
+        (0.95..1.05).contains(&modelled),
+        "a 1 ms kernel was modelled as {modelled} ms: {v}"
+    );
+    // From throughput, which a loaded host can only slow (the benchmark measures it idle).
     let ms = num(&v, "median_ms");
     assert!(
-        (0.9..1.15).contains(&ms),
+        (0.9..1.5).contains(&ms),
         "a 1 ms kernel occupied {ms} ms: {v}"
     );
 }
