@@ -9,6 +9,7 @@
 //! before refusing an allocation.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 use crate::state::PerProcess;
 use crate::types::*;
@@ -22,6 +23,9 @@ struct Pools {
 }
 
 static POOLS: PerProcess<Pools> = PerProcess::new();
+/// Live stream-ordered allocations: while there are none, `freed` answers without the lock
+/// (every `cuMemFree` asks).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: u32 = 5;
 const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
@@ -29,6 +33,7 @@ const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
 /// In a forked child: the parent's pools are not the child's.
 pub fn forget_all_after_fork() {
     POOLS.reset();
+    LIVE.store(0, Release);
 }
 
 fn attribute(pool: usize, attr: u32) -> Option<u64> {
@@ -65,7 +70,9 @@ pub fn allocated(pool: usize, dev: usize, ptr: CUdeviceptr, precharged: u64) {
     {
         let mut p = POOLS.lock();
         p.charged.entry(pool).or_insert((dev, 0)).1 += precharged;
-        p.allocations.insert(ptr, pool);
+        if p.allocations.insert(ptr, pool).is_none() {
+            LIVE.fetch_add(1, AcqRel);
+        }
     }
     reconcile(pool);
 }
@@ -73,8 +80,12 @@ pub fn allocated(pool: usize, dev: usize, ptr: CUdeviceptr, precharged: u64) {
 /// `ptr` was freed (stream-ordered or not): (pool, device) of a stream-ordered allocation, if it
 /// was one.
 pub fn freed(ptr: CUdeviceptr) -> Option<(usize, usize)> {
+    if LIVE.load(Acquire) == 0 {
+        return None;
+    }
     let mut p = POOLS.lock();
     let pool = p.allocations.remove(&ptr)?;
+    LIVE.fetch_sub(1, AcqRel);
     let dev = p.charged.get(&pool).map_or(0, |e| e.0);
     Some((pool, dev))
 }
