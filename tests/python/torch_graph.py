@@ -27,3 +27,12 @@ torch.cuda.synchronize()
 print(json.dumps({"check": "graph", "ok": True, "replay_ms": a.elapsed_time(b),
                   "input_roundtrip": bool(torch.equal(static_in.cpu(), new)),
                   "out_shape": list(static_out.shape)}))
+
+# The graph goes first, then the tensor made during capture: with the cudaMallocAsync backend
+# that tensor's memory is a graph allocation, freed after its graph is gone (legal in CUDA).
+del g
+del static_out
+torch.cuda.synchronize()
+after = torch.empty(1 << 20, device="cuda")
+torch.cuda.synchronize()
+print(json.dumps({"check": "graph_freed", "ok": True, "free_total": list(torch.cuda.mem_get_info())}))

@@ -56,6 +56,23 @@ fn torch_cuda_graph_capture_and_replay() {
     gpu.assert_no_stub_calls();
 }
 
+#[test]
+fn torch_cuda_graph_with_the_cuda_malloc_async_backend() {
+    // Allocations made during capture are graph allocations; the script frees the graph before
+    // the tensor made during capture, which CUDA allows. Plain, and under the shim with a quota
+    // (the graph holds its allocations' charge; `libshare/src/graph_mem.rs`).
+    let script = python_source("torch_graph.py");
+    for gpu in [SimGpu::new(), SimGpu::new().with_shim().quota("2GiB")] {
+        let gpu = gpu.env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync");
+        let out = gpu.run_ok(torch_python(), &[script.to_str().unwrap()]);
+        let v = libshare_tests::json_check(&out, "graph");
+        assert_eq!(v["input_roundtrip"], true, "{v}");
+        let freed = libshare_tests::json_check(&out, "graph_freed");
+        assert_eq!(freed["ok"], true, "{freed}");
+        gpu.assert_no_stub_calls();
+    }
+}
+
 /// Runs `tests/python/torch_broad.py` on `gpu`; every step must succeed and no stub be reached.
 fn broad(gpu: &SimGpu) {
     let script = python_source("torch_broad.py");

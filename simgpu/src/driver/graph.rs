@@ -98,9 +98,20 @@ pub struct GraphMem {
     pub ptr: u64,
 }
 
+/// Graph allocations some graph has a free node for. An allocation no graph frees outlives its
+/// graph, as in CUDA: the application frees it (`cuMemFree(Async)`, e.g. PyTorch's
+/// `cudaMallocAsync` backend freeing a tensor made during capture after the graph is gone).
+fn freed_in_a_graph() -> &'static Mutex<std::collections::HashSet<u64>> {
+    static S: std::sync::OnceLock<Mutex<std::collections::HashSet<u64>>> =
+        std::sync::OnceLock::new();
+    S.get_or_init(Default::default)
+}
+
 impl Drop for GraphMem {
     fn drop(&mut self) {
-        let _ = super::memory::free_device(self.ptr);
+        if freed_in_a_graph().lock().remove(&self.ptr) {
+            let _ = super::memory::free_device(self.ptr);
+        }
     }
 }
 
@@ -807,6 +818,7 @@ pub fn add_captured_free(g: &Graph, ptr: u64) {
 }
 
 fn mem_free_params(ptr: u64) -> (Builder, Params) {
+    freed_in_a_graph().lock().insert(ptr);
     (Arc::new(|| Ok(Op::marker())), Params::MemFree(ptr))
 }
 
