@@ -638,23 +638,9 @@ unsafe fn add_kernel_node(
     v2: bool,
 ) -> R {
     let g = graph(g)?;
-    // SAFETY: `p` is NULL or a readable struct of its version (this fn's contract).
-    let p = unsafe { read_kernel_params(p, v2)? };
-    let f = if v2 && p.func.is_null() {
-        p.kern
-    } else {
-        p.func
-    };
-    // SAFETY: `p.params` is the node's kernelParams array (this fn's contract).
-    let build = unsafe { kernel_op(f, p.grid, p.block, p.params)? };
-    let info = KernelNode {
-        func: f as usize,
-        is_kernel: v2 && p.func.is_null(),
-        grid: p.grid,
-        block: p.block,
-        shared_mem: p.shared_mem,
-    };
-    let node = g.add_after(NODE_KERNEL, build, Params::Kernel(info), deps);
+    // SAFETY: `p` is as `kernel_params` requires (this fn's contract).
+    let (build, params) = unsafe { kernel_params(p, v2)? };
+    let node = g.add_after(NODE_KERNEL, build, params, deps);
     // SAFETY: `pn` is NULL or writable (this fn's contract).
     unsafe { out(pn, node as *mut c_void) }
 }
