@@ -625,10 +625,11 @@ fn freed_async(
     };
     if let Some((pool, dev)) = crate::pools::freed(ptr) {
         sh.count_free(dev);
-        if graph.is_none() {
-            crate::deferred::defer(dev, 0, Some(pool), stream, ptsz);
+        // The stream has not reached the free yet: the pool is reconciled when it has (the
+        // event's settlement), not now — unless there is no event to tell.
+        if graph.is_none() && !crate::deferred::defer(dev, 0, Some(pool), stream, ptsz) {
+            crate::pools::reconcile(pool);
         }
-        crate::pools::reconcile(pool);
         return r;
     }
     let Some((dev, bytes)) = allocs().remove(ptr) else {
