@@ -42,13 +42,13 @@ fn nvml() -> &'static Nvml {
     N.get_or_init(|| {
         let path =
             std::env::var("LIBSHARE_REAL_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".into());
-        let h = crate::interpose::dlopen_local(&path);
+        let h = crate::loader::dlopen_local(&path);
         let sym = |n: &std::ffi::CStr| {
             if h.is_null() {
                 std::ptr::null_mut()
             } else {
                 // SAFETY: `h` is a non-NULL handle from `dlopen`; `n` a NUL-terminated name.
-                unsafe { crate::interpose::real_dlsym(h, n.as_ptr()) }
+                unsafe { crate::loader::real_dlsym(h, n.as_ptr()) }
             }
         };
         let (a, b, c) = (
@@ -61,7 +61,7 @@ fn nvml() -> &'static Nvml {
         // name, whose prototype (nvml.h) is the field's type.
         unsafe {
             Nvml {
-                base: crate::interpose::object_base(a),
+                base: crate::loader::object_base(a),
                 get_info: (!a.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(a)),
                 get_info_v2: (!b.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(b)),
                 get_index: (!c.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(c)),
@@ -124,7 +124,7 @@ unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
     let nvml_uuid = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
         .to_str()
         .ok()?;
-    let r = crate::state::real();
+    let r = crate::driver::real();
     let (count, uuid_of) = (r.cuDeviceGetCount?, r.cuDeviceGetUuid?);
     let mut n = 0;
     // SAFETY: the driver's `cuDeviceGetCount` with a live local.
@@ -164,7 +164,7 @@ fn format_uuid(u: &[u8; 16]) -> String {
 unsafe fn as_job_sees(device: *mut c_void, free: u64, total: u64) -> (u64, u64) {
     // SAFETY: `device` under this function's contract.
     match unsafe { cuda_ordinal(device) } {
-        Some(d) => crate::memory::visible(d, free, total),
+        Some(d) => crate::ledger::visible(d, free, total),
         None => (free, total),
     }
 }

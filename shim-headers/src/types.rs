@@ -113,6 +113,7 @@ pub struct Memcpy3D {
 
 /// `CUlaunchConfig` (attributes are read but only the grid/block/stream matter here).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct LaunchConfig {
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -153,6 +154,7 @@ pub struct MemAccessDesc {
 
 /// `CUmemPoolProps` (only the location matters here).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemPoolProps {
     pub alloc_type: u32,
     pub handle_types: u32,
@@ -165,6 +167,7 @@ pub struct MemPoolProps {
 
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share this layout).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemAllocNodeParams {
     pub pool_props: MemPoolProps,
     pub access_descs: *const MemAccessDesc,
@@ -180,6 +183,7 @@ pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
 /// `CUgraphNodeParams` (cuGraphAddNode): the node type, then a 232-byte union of which only the
 /// memory-node members are named here.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct GraphNodeParams {
     pub kind: u32,
     pub reserved0: [i32; 3],
@@ -208,6 +212,54 @@ pub struct ArrayDesc {
     pub height: usize,
     pub format: u32,
     pub channels: u32,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (the CUDA 2.x ABI of `cuArrayCreate`: 32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayDescV1 {
+    pub width: u32,
+    pub height: u32,
+    pub format: u32,
+    pub channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (the CUDA 2.x ABI of `cuArray3DCreate`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Array3DDescV1 {
+    pub width: u32,
+    pub height: u32,
+    pub depth: u32,
+    pub format: u32,
+    pub channels: u32,
+    pub flags: u32,
+}
+
+impl From<&Array3DDescV1> for Array3DDesc {
+    fn from(d: &Array3DDescV1) -> Array3DDesc {
+        Array3DDesc {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: d.depth as usize,
+            format: d.format,
+            channels: d.channels,
+            flags: d.flags,
+        }
+    }
+}
+
+impl From<&ArrayDescV1> for Array3DDesc {
+    fn from(d: &ArrayDescV1) -> Array3DDesc {
+        Array3DDesc {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: 0,
+            format: d.format,
+            channels: d.channels,
+            flags: 0,
+        }
+    }
 }
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.
