@@ -514,3 +514,40 @@ pub fn total_mem(call: impl FnOnce() -> CUresult, bytes: Out<usize>, dev: CUdevi
 pub fn total_mem_v1(call: impl FnOnce() -> CUresult, bytes: Out<u32>, dev: CUdevice) -> R {
     total(call, bytes, dev)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(width: usize, height: usize, depth: usize, format: u32, channels: u32) -> Array3DDesc {
+        Array3DDesc {
+            width,
+            height,
+            depth,
+            format,
+            channels,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn arrays_are_charged_at_least_their_size() {
+        assert_eq!(
+            array_bytes(&desc(64, 20, 0, 0x20, 4)),
+            Some(64 * 20 * 16),
+            "float4"
+        );
+        // BC1: 8 bytes per 4×4 block; BC7: 16; partial blocks count whole.
+        assert_eq!(array_bytes(&desc(64, 64, 0, 0x91, 4)), Some(16 * 16 * 8));
+        assert_eq!(array_bytes(&desc(65, 1, 0, 0x9d, 4)), Some(17 * 16));
+        // NV12 (planar, 1.5 bytes a pixel) and unknown formats: 16 bytes an element.
+        assert_eq!(
+            array_bytes(&desc(1920, 1080, 0, 0xb0, 3)),
+            Some(1920 * 1080 * 16)
+        );
+        assert!(array_bytes(&desc(1920, 1080, 0, 0xb0, 3)).unwrap() >= 1920 * 1080 * 3 / 2);
+        // Sizes that overflow are refused, never charged as nothing.
+        assert_eq!(array_bytes(&desc(1 << 40, 1 << 40, 0, 0x20, 4)), None);
+        assert_eq!(array_bytes(&desc(1 << 40, 1 << 40, 0, 0xb0, 1)), None);
+    }
+}
