@@ -23,6 +23,9 @@ include!(concat!(env!("OUT_DIR"), "/tables.rs"));
 
 pub mod types;
 
+mod prototypes;
+pub use prototypes::{check_params, param_types, rust_type_matches, ParamMismatch, RUST_STRUCTS};
+
 /// The newest CUDA version whose header the declaration list was generated from (13.5): for a
 /// request up to this version [`resolve`] is authoritative; beyond it a newer driver may have
 /// added an ABI version the list does not know.
