@@ -123,16 +123,7 @@ pub fn format_uuid(uuid: &[u8; 16]) -> String {
 
 /// Number of parameters in a C parameter list such as `(CUdeviceptr_v2 *dptr, size_t bytesize)`.
 pub fn param_count(proto: &str) -> usize {
-    let inner = proto
-        .trim()
-        .trim_start_matches('(')
-        .trim_end_matches(')')
-        .trim();
-    if inner.is_empty() || inner == "void" {
-        0
-    } else {
-        inner.split(',').count()
-    }
+    param_types(proto).len()
 }
 
 #[cfg(test)]
