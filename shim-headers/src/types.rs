@@ -38,6 +38,27 @@ pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
 pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_ARRAY_IS_MAPPED: CUresult = 207;
+pub const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
+pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// `nvmlReturn_t` (values from NVIDIA's `nvml.h`).
+pub type NvmlReturn = u32;
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
+pub const NVML_ERROR_ALREADY_INITIALIZED: NvmlReturn = 5;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
 /// Special stream handles.
 pub const CU_STREAM_LEGACY: usize = 0x1;
@@ -45,6 +66,14 @@ pub const CU_STREAM_PER_THREAD: usize = 0x2;
 pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 
 pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// `CUstreamCaptureStatus` / `CUstreamCaptureMode`.
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+
+/// `CUmemPool_attribute`.
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: u32 = 5;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
 
 pub const CU_MEMORYTYPE_HOST: u32 = 1;
 pub const CU_MEMORYTYPE_DEVICE: u32 = 2;

@@ -722,7 +722,7 @@ driver! {
         write_attr(data, attr, p, b, a)
     }
 
-    fn cuPointerGetAttributes(n: u32, attrs: *const u32, data: *mut *mut c_void, p: CUdeviceptr) {
+    fn cuPointerGetAttributes(n: u32, attrs: *mut u32, data: *mut *mut c_void, p: CUdeviceptr) {
         if attrs.is_null() || data.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }

@@ -186,26 +186,27 @@ driver! {
         pool(p)?;
         Ok(())
     }
-    fn cuMemGetDefaultMemPool(pool_out: *mut *mut c_void, loc: *const MemLocation, _kind: u32) {
+    fn cuMemGetDefaultMemPool(pool_out: *mut *mut c_void, loc: *mut MemLocation, _kind: u32) {
         let loc = loc.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(loc.id)?;
         out(pool_out, device_pool(d) as *mut c_void)
     }
-    fn cuMemGetMemPool(pool_out: *mut *mut c_void, loc: *const MemLocation, _kind: u32) {
+    fn cuMemGetMemPool(pool_out: *mut *mut c_void, loc: *mut MemLocation, _kind: u32) {
         let loc = loc.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(loc.id)?;
         out(pool_out, device_pool(d) as *mut c_void)
     }
-    fn cuMemSetMemPool(_loc: *const MemLocation, _kind: u32, p: *mut c_void) {
+    fn cuMemSetMemPool(_loc: *mut MemLocation, _kind: u32, p: *mut c_void) {
         pool(p)?;
         Ok(())
     }
-    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, _attr: u32, value: *mut u64) {
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, _attr: u32, value: *mut c_void) {
         // Graph memory nodes are not simulated: no graph-owned memory, current or high-water.
+        // Every CUgraphMem_attribute's value is a cuuint64_t.
         sim()?.device(dev)?;
-        out(value, 0)
+        out(value.cast::<u64>(), 0)
     }
-    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, _attr: u32, _value: *mut u64) {
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, _attr: u32, _value: *mut c_void) {
         sim()?.device(dev)?;
         Ok(())
     }
@@ -262,7 +263,7 @@ driver! {
         pool(p)?;
         Ok(())
     }
-    fn cuMemPoolGetAccess(flags: *mut u32, p: *mut c_void, _loc: *const MemLocation) {
+    fn cuMemPoolGetAccess(flags: *mut u32, p: *mut c_void, _loc: *mut MemLocation) {
         pool(p)?;
         out(flags, 3)
     }
