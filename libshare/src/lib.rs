@@ -48,14 +48,9 @@ pub mod rate;
 
 pub use shim_headers::types;
 
-/// Runs a hook body; a panic becomes CUDA_ERROR_UNKNOWN instead of unwinding into the job.
+/// Runs a hook body; a panic becomes CUDA_ERROR_UNKNOWN (one line on stderr) instead of
+/// unwinding into the job.
 #[inline(always)]
 pub fn guard(name: &str, f: impl FnOnce() -> types::CUresult) -> types::CUresult {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => {
-            eprintln!("libshare: internal error in {name}; returning CUDA_ERROR_UNKNOWN");
-            999
-        }
-    }
+    shim_headers::guard(name, types::CUDA_ERROR_UNKNOWN, f)
 }

@@ -63,9 +63,6 @@ pub struct RealDriver;
 pub static REAL: RealDriver = RealDriver;
 
 const CU_POINTER_ATTRIBUTE_CONTEXT: c_uint = 1;
-const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_uint = 5;
-const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
-const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
 
 // Each `unsafe` call below is one of the real driver's functions (`Real`, resolved with the
 // declaration list's prototype) called with live locals as out-pointers of the written type,

@@ -276,24 +276,14 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     })
 }
 
-/// A limit above what a device has is a configuration error. Returns how many devices this
-/// process sees (limits are recorded for those only).
+/// A limit for a device this process does not have, or above what a device has, is a
+/// configuration error. Returns how many devices this process sees (limits are recorded for
+/// those only).
 fn check_limits(cfg: &Config, ops: &dyn DriverOps) -> Result<usize, String> {
     let Some(totals) = ops.device_totals() else {
         return Ok(MAX_DEVICES);
     };
-    for (d, total) in totals.iter().enumerate() {
-        if let Some(l) = cfg.memory_limit[d] {
-            if l > *total {
-                return Err(format!(
-                    "libshare: invalid {}: {} is more than device {d}'s {} of memory",
-                    cfg.memory_limit_source[d],
-                    libshare_abi::units::format_size(l),
-                    libshare_abi::units::format_size(*total)
-                ));
-            }
-        }
-    }
+    cfg.check_devices(totals.len(), &totals)?;
     Ok(totals.len())
 }
 

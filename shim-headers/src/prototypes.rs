@@ -228,7 +228,9 @@ const STRUCTS: &[&str] = &[
 /// C structs and the Rust `#[repr(C)]` structs that mirror them: in [`crate::types`], or local
 /// to simgpu (marked). One table, so that a Rust struct stands only for the C struct it mirrors.
 pub const RUST_STRUCTS: &[(&str, &str)] = &[
+    ("CUDA_ARRAY_DESCRIPTOR_v1", "ArrayDescV1"),
     ("CUDA_ARRAY_DESCRIPTOR_v2", "ArrayDesc"),
+    ("CUDA_ARRAY3D_DESCRIPTOR_v1", "Array3DDescV1"),
     ("CUDA_ARRAY3D_DESCRIPTOR_v2", "Array3DDesc"),
     ("CUDA_MEMCPY2D_v2", "Memcpy2D"),
     ("CUDA_MEMCPY3D_v2", "Memcpy3D"),
@@ -315,15 +317,17 @@ fn parse_c(ty: &str) -> Parsed<'_> {
     }
 }
 
-/// `*mut *const c_char`, `std::ffi::c_void`, `CUstream`.
+/// `*mut *const c_char`, `std::ffi::c_void`, `CUstream` (also as `stringify!` spells types
+/// inside a macro: `* mut * const c_char`).
 fn parse_rust(ty: &str) -> Parsed<'_> {
     let mut rest = ty.trim();
     let mut pointee_const = Vec::new();
-    loop {
-        if let Some(r) = rest.strip_prefix("*mut ") {
+    while let Some(r) = rest.strip_prefix('*') {
+        let r = r.trim_start();
+        if let Some(r) = r.strip_prefix("mut ") {
             pointee_const.push(false);
             rest = r.trim_start();
-        } else if let Some(r) = rest.strip_prefix("*const ") {
+        } else if let Some(r) = r.strip_prefix("const ") {
             pointee_const.push(true);
             rest = r.trim_start();
         } else {

@@ -23,6 +23,13 @@ type Case = (
 );
 
 const CASES: &[Case] = &[
+    // A limit for a device the process does not have (simgpu has one by default).
+    (
+        "LIBSHARE_MEMORY_LIMIT",
+        "1:4GiB",
+        "LIBSHARE_MEMORY_LIMIT",
+        None,
+    ),
     (
         "LIBSHARE_MEMORY_LIMIT",
         "banana",
