@@ -67,15 +67,17 @@ impl Table {
             false
         }
     }
-    /// Removes and returns every entry of context `ctx`.
-    fn drain_ctx(&self, ctx: Handle) -> Vec<Entry> {
+    /// Removes and returns every entry of context `ctx`, with its key.
+    fn drain_ctx(&self, ctx: Handle) -> Vec<(u64, Entry)> {
         let mut m = self.lock();
         let keys: Vec<u64> = m
             .iter()
             .filter(|(_, e)| e.ctx == ctx)
             .map(|(k, _)| *k)
             .collect();
-        keys.iter().filter_map(|k| m.remove(k)).collect()
+        keys.iter()
+            .filter_map(|k| m.remove(k).map(|e| (*k, e)))
+            .collect()
     }
     /// Bytes held on `dev`.
     pub fn bytes(&self, dev: usize) -> u64 {
@@ -299,12 +301,19 @@ impl Ledger<'_> {
         rc(r)
     }
 
-    /// Returns the charges of every allocation and array of `ctx` (which the driver freed).
+    /// Returns the charges of every allocation and array of `ctx` that the driver freed with
+    /// it. One the driver still has (made by another thread while the teardown ran, and kept)
+    /// stays charged: the charge follows what the device holds.
     pub fn settle_context(&self, ctx: Handle) {
         for kind in [Kind::Alloc, Kind::Array] {
-            for e in self.tables.of(kind).drain_ctx(ctx) {
-                self.acc.uncharge(e.dev, e.bytes);
-                self.acc.count_free(e.dev);
+            let table = self.tables.of(kind);
+            for (key, e) in table.drain_ctx(ctx) {
+                if self.alive(kind, key, e.ctx) {
+                    self.record(kind, key, e, TEARDOWN.load(Acquire));
+                } else {
+                    self.acc.uncharge(e.dev, e.bytes);
+                    self.acc.count_free(e.dev);
+                }
             }
         }
         self.pools.reconcile_all(self.acc, self.ops);
