@@ -67,16 +67,12 @@ impl Table {
             false
         }
     }
-    /// Removes and returns every entry of context `ctx`, with its key.
-    fn drain_ctx(&self, ctx: Handle) -> Vec<(u64, Entry)> {
-        let mut m = self.lock();
-        let keys: Vec<u64> = m
+    /// Every entry of context `ctx`, with its key.
+    fn of_ctx(&self, ctx: Handle) -> Vec<(u64, Entry)> {
+        self.lock()
             .iter()
             .filter(|(_, e)| e.ctx == ctx)
-            .map(|(k, _)| *k)
-            .collect();
-        keys.iter()
-            .filter_map(|k| m.remove(k).map(|e| (*k, e)))
+            .map(|(k, e)| (*k, *e))
             .collect()
     }
     /// Bytes held on `dev`.
@@ -231,15 +227,20 @@ impl Ledger<'_> {
     /// driver handed its address out again): its charge is returned. If a context teardown ran
     /// since `epoch`, the allocation is checked against the driver.
     pub fn record(&self, kind: Kind, key: u64, e: Entry, epoch: u64) {
+        let torn = |since: u64| TEARDOWN.load(Acquire) != since || since % 2 == 1;
+        // A teardown since the call began may have freed it, and the driver may even have
+        // handed its address to another thread's allocation already: ask before recording.
+        if torn(epoch) && !self.alive(kind, key, e.ctx) {
+            self.acc.uncharge(e.dev, e.bytes);
+            self.acc.count_free(e.dev);
+            return;
+        }
+        let checked = TEARDOWN.load(Acquire);
         if let Some(old) = self.tables.of(kind).insert(key, e) {
             self.acc.uncharge(old.dev, old.bytes);
             self.acc.count_free(old.dev);
         }
-        let now = TEARDOWN.load(Acquire);
-        if (now != epoch || epoch % 2 == 1)
-            && !self.alive(kind, key, e.ctx)
-            && self.tables.of(kind).take_if(key, e)
-        {
+        if torn(checked) && !self.alive(kind, key, e.ctx) && self.tables.of(kind).take_if(key, e) {
             self.acc.uncharge(e.dev, e.bytes);
             self.acc.count_free(e.dev);
         }
@@ -307,10 +308,8 @@ impl Ledger<'_> {
     pub fn settle_context(&self, ctx: Handle) {
         for kind in [Kind::Alloc, Kind::Array] {
             let table = self.tables.of(kind);
-            for (key, e) in table.drain_ctx(ctx) {
-                if self.alive(kind, key, e.ctx) {
-                    self.record(kind, key, e, TEARDOWN.load(Acquire));
-                } else {
+            for (key, e) in table.of_ctx(ctx) {
+                if !self.alive(kind, key, e.ctx) && table.take_if(key, e) {
                     self.acc.uncharge(e.dev, e.bytes);
                     self.acc.count_free(e.dev);
                 }
@@ -584,6 +583,45 @@ mod tests {
             "nothing stays charged for memory the context took with it"
         );
         assert!(w.tables.allocs.is_empty());
+    }
+
+    #[test]
+    fn a_late_record_never_takes_the_address_of_a_live_allocation() {
+        // A's allocation is freed by a teardown before A records it, and the driver hands its
+        // address to B: A's record must return A's charge, not B's.
+        let w = World::new(0);
+        let l = w.ledger();
+        l.charged_then(
+            0,
+            5 * MIB,
+            || {
+                w.fake.ptrs.lock().unwrap().insert(0x30, 0xc0);
+                w.ledger()
+                    .context_end(0xc0, || {
+                        w.fake.ptrs.lock().unwrap().clear();
+                        CUDA_SUCCESS
+                    })
+                    .unwrap();
+                w.fake.ctx.store(0xc1, Relaxed);
+                w.alloc(0x30, 2 * MIB).unwrap(); // B, in another context
+                CUDA_SUCCESS
+            },
+            |ctx, epoch| {
+                l.record(
+                    Kind::Alloc,
+                    0x30,
+                    Entry {
+                        dev: 0,
+                        bytes: 5 * MIB,
+                        ctx,
+                    },
+                    epoch,
+                )
+            },
+        )
+        .unwrap();
+        assert_eq!(w.used(), 2 * MIB, "B stays charged, A is returned");
+        assert_eq!(w.tables.allocs.get(0x30).map(|e| e.bytes), Some(2 * MIB));
     }
 
     #[test]
