@@ -750,11 +750,23 @@ impl SimGpu {
     /// and checked against the magic and the device's `mem_total` (`expected_total`), so a layout
     /// change fails here instead of reading the wrong field.
     pub fn sim_mem_peak(&self, dev: usize, expected_total: u64) -> u64 {
+        const MEM_PEAK: usize = 5 * 8;
+        self.sim_dev_field(dev, expected_total, MEM_PEAK)
+    }
+
+    /// simgpu's own device-memory use on `dev` now (`DevState::mem_used`: what every process
+    /// holds on the device), read as [`SimGpu::sim_mem_peak`] reads the peak.
+    pub fn sim_mem_used(&self, dev: usize, expected_total: u64) -> u64 {
+        const MEM_USED: usize = 4 * 8;
+        self.sim_dev_field(dev, expected_total, MEM_USED)
+    }
+
+    /// The u64 at byte `field` of device `dev`'s `DevState` in `<state>/simgpu.state`.
+    fn sim_dev_field(&self, dev: usize, expected_total: u64, field: usize) -> u64 {
         const MAGIC: u64 = 0x5349_4d47_5055_0003; // simgpu::shared::MAGIC
         const DEV_OFF: usize = 64; // align64(size_of::<Header>() = 24)
         const DEV_SIZE: usize = 1152; // align64(14 × u64 + BusyWindow 2 × 64 × u64)
         const MEM_TOTAL: usize = 3 * 8;
-        const MEM_PEAK: usize = 5 * 8;
         let path = self.state_dir().join("simgpu.state");
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let u64_at = |off: usize| u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
@@ -768,7 +780,7 @@ impl SimGpu {
             "{}: device {dev}'s mem_total is not where expected (layout changed?)",
             path.display()
         );
-        u64_at(base + MEM_PEAK)
+        u64_at(base + field)
     }
 
     /// A command for `program` configured for this machine, inheriting no `LIBSHARE_*` or
