@@ -4,7 +4,8 @@
  *   sim_free pending      cuMemFree, cuArrayDestroy, cuMemUnmap, cuMemFreeHost and
  *                         cuMemPoolTrimTo with copies still queued on the memory: each waits for
  *                         them (no crash), the stream is idle afterwards, the memory comes back
- *   sim_free ctx_race     allocations in other threads racing cuCtxDestroy: none survives it
+ *   sim_free ctx_race     allocations (plain, stream-ordered, arrays) in other threads racing
+ *                         cuCtxDestroy: none survives it
  *   sim_free arrays       oversized and overflowing arrays are refused and charge nothing; an
  *                         array is freed with its context
  *   sim_free primary      the last cuDevicePrimaryCtxRelease frees the context's memory
@@ -116,14 +117,23 @@ static int pending(void) {
 static CUcontext race_ctx;
 static int race_started, race_go;
 
-/* Allocates 1 MiB blocks in `race_ctx` until an allocation fails (the context is gone). */
+/* Allocates 1 MiB in `race_ctx` — plain, stream-ordered (legacy stream) and as a CUDA array,
+ * in turn — until an allocation fails (the context is gone). */
 static void *racer(void *arg) {
     long *ok = arg;
     CHECK(cuCtxSetCurrent(race_ctx));
     __atomic_add_fetch(&race_started, 1, __ATOMIC_ACQ_REL);
     while (!__atomic_load_n(&race_go, __ATOMIC_ACQUIRE)) sched_yield();
-    CUdeviceptr p;
-    while (cuMemAlloc(&p, MIB) == CUDA_SUCCESS) (*ok)++;
+    CUDA_ARRAY_DESCRIPTOR ad = {.Width = 1024, .Height = 256, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    for (long i = 0;; i++) {
+        CUdeviceptr p;
+        CUarray a;
+        CUresult r = i % 3 == 0   ? cuMemAlloc(&p, MIB)
+                     : i % 3 == 1 ? cuMemAllocAsync(&p, MIB, 0)
+                                  : cuArrayCreate(&a, &ad);
+        if (r != CUDA_SUCCESS) break;
+        (*ok)++;
+    }
     return NULL;
 }
 
