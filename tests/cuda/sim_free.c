@@ -9,6 +9,7 @@
  *   sim_free arrays       oversized and overflowing arrays are refused and charge nothing; an
  *                         array is freed with its context
  *   sim_free primary      the last cuDevicePrimaryCtxRelease frees the context's memory
+ *   sim_free vmm_release_mapped   a VMM allocation released while mapped still counts
  *
  * Device memory is read with cuMemGetInfo (simgpu's own accounting of the device). */
 #include <cuda.h>
@@ -236,12 +237,41 @@ static int primary(void) {
     return 0;
 }
 
+/* A VMM allocation released while still mapped keeps its memory (CUDA frees it at the last
+ * unmap), so a quota must keep charging it: after the release, an allocation as large must
+ * still be refused under a quota that fitted only the first. Prints the result codes. */
+static int vmm_release_mapped(void) {
+    CUdevice d; CUcontext c;
+    CHECK(cuInit(0)); CHECK(cuDeviceGet(&d, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&c, d)); CHECK(cuCtxSetCurrent(c));
+    const size_t bytes = 384 * MIB;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUdeviceptr va, p;
+    CUmemGenericAllocationHandle h;
+    CHECK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
+    CHECK(cuMemCreate(&h, bytes, &prop, 0));
+    CHECK(cuMemMap(va, bytes, 0, h, 0));
+    CHECK(cuMemRelease(h));
+    int second = cuMemAlloc(&p, bytes);
+    if (second == CUDA_SUCCESS) CHECK(cuMemFree(p));
+    CHECK(cuMemUnmap(va, bytes));
+    CHECK(cuMemAddressFree(va, bytes));
+    int after_unmap = cuMemAlloc(&p, bytes);
+    printf("{\"check\":\"vmm_release_mapped\",\"second\":%d,\"after_unmap\":%d}\n", second, after_unmap);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "pending")) return pending();
     if (!strcmp(mode, "ctx_race")) return ctx_race();
     if (!strcmp(mode, "arrays")) return arrays();
     if (!strcmp(mode, "primary")) return primary();
+    if (!strcmp(mode, "vmm_release_mapped")) return vmm_release_mapped();
     printf("FAIL unknown mode %s\n", mode);
     return 1;
 }

@@ -88,3 +88,11 @@ fn last_primary_release_frees_the_primary_context_memory() {
     assert_eq!(v["active_after"], 0, "{v}");
     assert_eq!(v["extra_release"], 201, "CUDA_ERROR_INVALID_CONTEXT: {v}");
 }
+
+#[test]
+fn vmm_memory_released_while_mapped_stays_until_unmapped() {
+    // 384 MiB mapped and released on a 512 MiB device: 384 MiB more do not fit until the unmap.
+    let v = run("vmm_release_mapped", &SimGpu::new().memory("512MiB"));
+    assert_eq!(v["second"], 2, "CUDA_ERROR_OUT_OF_MEMORY while mapped: {v}");
+    assert_eq!(v["after_unmap"], 0, "{v}");
+}
