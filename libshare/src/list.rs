@@ -58,6 +58,8 @@ macro_rules! driver_hooks {
     wrap cuMemFree_v2(ptr: CUdeviceptr) => memory::free;
     wrap cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64) => memory::create;
     wrap cuMemRelease(handle: u64) => memory::release;
+    wrap cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, flags: u64) => memory::map;
+    wrap cuMemUnmap(ptr: CUdeviceptr, size: usize) => memory::unmap;
     wrap cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async;
     wrap cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async_ptsz;
     wrap cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => memory::alloc_from_pool;

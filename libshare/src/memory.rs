@@ -4,11 +4,15 @@
 //! PyTorch's caching allocator frees its cache, retries, and raises OutOfMemoryError.
 //! `cuMemGetInfo` / `cuDeviceTotalMem` report the quota as the device's memory.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+
 use crate::boundary::{rc, In, Out, Word, R};
 use crate::context::current_device;
 use crate::graph_mem;
 use crate::ledger::{self, Entry, Kind, Ledger};
 use crate::ops::{DriverOps, Handle, REAL};
+use crate::per_process::PerProcess;
 use crate::pools;
 use crate::process::shim;
 use crate::types::*;
@@ -354,11 +358,82 @@ pub fn create(
     }
 }
 
+/// Where VMM physical allocations are mapped: a handle released while mapped keeps its memory
+/// (and its charge) until its last `cuMemUnmap`, as CUDA documents.
+#[derive(Default)]
+struct Mappings {
+    /// Mapped range start → (handle, size).
+    ranges: BTreeMap<CUdeviceptr, (u64, usize)>,
+    /// Handle → how many ranges map it.
+    count: HashMap<u64, u32>,
+    /// Handles released while mapped.
+    released: HashSet<u64>,
+}
+
+static MAPPINGS: PerProcess<Mutex<Mappings>> = PerProcess::new();
+
 pub fn release(call: impl FnOnce() -> CUresult, handle: u64) -> R {
-    match crate::process::get() {
-        Some(sh) => ledger::of(sh).freed(Kind::Handle, handle, call),
-        None => rc(call()),
+    let Some(sh) = crate::process::get() else {
+        return rc(call());
+    };
+    if MAPPINGS.lock().count.contains_key(&handle) {
+        rc(call())?;
+        MAPPINGS.lock().released.insert(handle);
+        return Ok(());
     }
+    ledger::of(sh).freed(Kind::Handle, handle, call)
+}
+
+pub fn map(
+    call: impl FnOnce() -> CUresult,
+    ptr: CUdeviceptr,
+    size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> R {
+    rc(call())?;
+    let mut m = MAPPINGS.lock();
+    m.ranges.insert(ptr, (handle, size));
+    *m.count.entry(handle).or_default() += 1;
+    Ok(())
+}
+
+/// Unmapping the last range of a released handle frees its memory: its charge returns.
+pub fn unmap(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> R {
+    rc(call())?;
+    let freed: Vec<u64> = {
+        let mut m = MAPPINGS.lock();
+        let end = ptr.saturating_add(size as u64);
+        let starts: Vec<CUdeviceptr> = m.ranges.range(ptr..end).map(|(s, _)| *s).collect();
+        let mut freed = Vec::new();
+        for s in starts {
+            let Some((h, _)) = m.ranges.remove(&s) else {
+                continue;
+            };
+            let last = match m.count.get_mut(&h) {
+                Some(c) => {
+                    *c -= 1;
+                    *c == 0
+                }
+                None => false,
+            };
+            if last {
+                m.count.remove(&h);
+                if m.released.remove(&h) {
+                    freed.push(h);
+                }
+            }
+        }
+        freed
+    };
+    if let Some(sh) = crate::process::get() {
+        let l = ledger::of(sh);
+        for h in freed {
+            l.freed(Kind::Handle, h, || CUDA_SUCCESS)?;
+        }
+    }
+    Ok(())
 }
 
 /// Bytes a CUDA array of `desc` takes at least: its dense size for formats with a fixed

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
-use super::memory::{alloc_device, free_device, Alloc, Kind};
+use super::memory::{alloc_device, free_device, insert_live, Alloc, Kind};
 use super::{current_ctx, out, stream_ref, submit, R};
 use crate::engine::Op;
 use crate::sim::sim;
@@ -78,9 +78,14 @@ impl Pool {
     /// A freed block of this pool, reached in stream order: kept or released.
     fn give_back(&self, base: u64, size: u64) {
         crate::shared::sub_saturating(&self.used, size);
+        self.keep(base, size);
+        self.release_down_to(self.release_threshold.load(Acquire));
+    }
+
+    /// Puts a block (mapped and charged) into the cache of kept blocks.
+    fn keep(&self, base: u64, size: u64) {
         self.cache.lock().push((base, size));
         self.cached.fetch_add(size, AcqRel);
-        self.release_down_to(self.release_threshold.load(Acquire));
     }
 }
 
@@ -161,19 +166,20 @@ unsafe fn alloc_async(
             let s = sim()?;
             let ctx = current_ctx()?;
             s.api_allocs.fetch_add(1, AcqRel);
-            s.mem.lock().insert(
-                base,
-                Alloc {
-                    size: block,
-                    kind: Kind::Device,
-                    device: p.dev,
-                    charged: block,
-                    ctx: Arc::as_ptr(&ctx) as usize,
-                    pool: ph,
-                    id: 0,
-                    host_flags: 0,
-                },
-            );
+            let a = Alloc {
+                size: block,
+                kind: Kind::Device,
+                device: p.dev,
+                charged: block,
+                ctx: Arc::as_ptr(&ctx) as usize,
+                pool: ph,
+                id: 0,
+                host_flags: 0,
+            };
+            if let Err(e) = insert_live(s, base, a) {
+                p.keep(base, block); // the context is gone: the block stays the pool's
+                return Err(e);
+            }
             (base, block, false)
         }
         None => (alloc_device(size as u64, ph)?, size as u64, true),
