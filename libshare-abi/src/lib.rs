@@ -28,7 +28,9 @@
 //!
 //! Slot lifecycle operations (claim, release, reclaim, [`State::recompute_used`]) of all
 //! processes are serialised by the lifecycle lock: a write lock on byte `FILE_SIZE + MAX_PROCS`
-//! (plus a process-local lock between threads). Charges never take it.
+//! (plus a process-local lock between threads). Charges never take it. It is held for
+//! microseconds; a process that cannot get it within 2 s (its holder was stopped or frozen in
+//! the middle) skips the clearing and repair rather than hang, and a later call does them.
 //!
 //! # Charging: correct under `kill -9` at any instruction
 //!
@@ -147,7 +149,12 @@ pub struct Header {
 
 /// The daemon manages this container: quotas and class come from it, not from the environment.
 pub const FLAG_DAEMON_MANAGED: u32 = 1;
-const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED;
+/// Some process of the container uses the deprecated container-first API (`reserve`,
+/// `force_reserve`, `release` + the slot's legacy `used`): `used` is then never repaired from
+/// the slots (their legacy figures lag the container's during a charge), and a cleared slot's
+/// legacy bytes are subtracted, as before the charging API.
+pub const FLAG_LEGACY_ACCOUNTING: u32 = 2;
+const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED | FLAG_LEGACY_ACCOUNTING;
 
 #[repr(C, align(64))]
 pub struct DeviceState {
@@ -385,11 +392,17 @@ fn validate_header_bytes(b: &[u8], path: &Path) -> Result<(), StateError> {
     Ok(())
 }
 
-/// The lifecycle lock (see the module doc), released on drop.
+/// The lifecycle lock (see the module doc), released on drop. `held` is false when another
+/// process kept it longer than [`LIFECYCLE_WAIT`] (stopped or frozen while holding it): callers
+/// then skip what needs it (clearing slots, repairing `used`) rather than hang.
 struct Lifecycle {
     fd: Option<libc::c_int>,
+    held: bool,
     _p: lock::ProcessLock,
 }
+
+/// How long a lifecycle operation waits for another process's (held for microseconds).
+const LIFECYCLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Drop for Lifecycle {
     fn drop(&mut self) {
@@ -910,7 +923,10 @@ impl State {
         if self.mode != Mode::Shared {
             return false;
         }
-        let _g = self.lifecycle();
+        let g = self.lifecycle();
+        if !g.held {
+            return false; // tried again at the next charge
+        }
         let h = self.header();
         let mine = self.epoch.load(Acquire);
         let (head, tail) = (h.epoch.load(Acquire), self.trailer().epoch.load(Acquire));
@@ -1000,10 +1016,14 @@ impl State {
 
     fn lifecycle(&self) -> Lifecycle {
         let p = lock::ProcessLock::take();
-        let fd = self
-            .rw_fd()
-            .filter(|&fd| lock::lock_byte_wait(fd, LIFECYCLE_LOCK).is_ok());
-        Lifecycle { fd, _p: p }
+        let (fd, held) = match self.rw_fd() {
+            None => (None, true), // anonymous: the process lock is enough
+            Some(fd) => match lock::lock_byte_within(fd, LIFECYCLE_LOCK, LIFECYCLE_WAIT) {
+                Ok(true) => (Some(fd), true),
+                _ => (None, false),
+            },
+        };
+        Lifecycle { fd, held, _p: p }
     }
 
     /// Whether process slot `i` is owned by a live process: this process (a slot it claimed) or
@@ -1022,16 +1042,23 @@ impl State {
         }
     }
 
-    /// Clears slot `i` (under the lifecycle lock, its lock held or its owner gone).
+    /// Clears slot `i`'s memory (under the lifecycle lock, its lock held or its owner gone).
+    /// Its launch and allocation counters stay until the slot is claimed again (totals of
+    /// processes that exited).
     fn clear_slot(&self, i: usize) {
         let s = self.slot(i);
         s.pid.store(slots::RELEASING, Release);
+        let legacy = self.legacy();
         for d in 0..MAX_DEVICES {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
-            s.used[d].store(0, Release);
-            s.launches[d].store(0, Release);
-            s.allocs[d].store(0, Release);
+            let v = s.used[d].swap(0, AcqRel);
+            if legacy && v > 0 {
+                let _ = self
+                    .device(d)
+                    .used
+                    .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(v)));
+            }
         }
         s.start_time.store(0, Release);
         s.pid.store(0, Release);
@@ -1068,11 +1095,27 @@ impl State {
         if !matches!(self.mode, Mode::Shared | Mode::Anonymous) {
             return;
         }
-        let _g = self.lifecycle();
-        self.recompute_locked();
+        let g = self.lifecycle();
+        if g.held {
+            self.recompute_locked();
+        }
+    }
+
+    fn legacy(&self) -> bool {
+        self.header().flags.load(Acquire) & FLAG_LEGACY_ACCOUNTING != 0
+    }
+
+    fn mark_legacy(&self) {
+        let f = &self.header().flags;
+        if f.load(Relaxed) & FLAG_LEGACY_ACCOUNTING == 0 {
+            f.fetch_or(FLAG_LEGACY_ACCOUNTING, AcqRel);
+        }
     }
 
     fn recompute_locked(&self) {
+        if self.legacy() {
+            return; // see FLAG_LEGACY_ACCOUNTING
+        }
         let claimed: Vec<usize> = (0..MAX_PROCS)
             .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
             .collect();
@@ -1113,6 +1156,7 @@ impl State {
     /// Deprecated (use State::charge (slot first, then container)): the container alone, so a kill between this and the
     /// caller's slot update leaves them inconsistent; kept until the shim switches.
     pub fn reserve(&self, dev: usize, bytes: u64) -> bool {
+        self.mark_legacy();
         let d = self.device(dev);
         let quota = d.quota.load(Acquire);
         let r = d.used.fetch_update(AcqRel, Acquire, |u| {
@@ -1132,6 +1176,7 @@ impl State {
     /// Deprecated (use State::charge_held): the container alone, so a kill between this and the
     /// caller's slot update leaves them inconsistent; kept until the shim switches.
     pub fn force_reserve(&self, dev: usize, bytes: u64) {
+        self.mark_legacy();
         let d = self.device(dev);
         let now = d.used.fetch_add(bytes, AcqRel) + bytes;
         d.peak.fetch_max(now, AcqRel);
@@ -1141,6 +1186,7 @@ impl State {
     /// Deprecated (use State::uncharge (container first, then slot)): the container alone, so a kill between this and the
     /// caller's slot update leaves them inconsistent; kept until the shim switches.
     pub fn release(&self, dev: usize, bytes: u64) {
+        self.mark_legacy();
         let _ = self
             .device(dev)
             .used
@@ -1186,8 +1232,10 @@ impl slots::SlotTable for State {
         if self.lost() {
             self.recover();
         }
-        let _g = self.lifecycle();
-        self.reclaim_locked();
+        let g = self.lifecycle();
+        if g.held {
+            self.reclaim_locked();
+        }
         let start = proc_start_time(pid);
         for i in 0..MAX_PROCS {
             let s = self.slot(i);
@@ -1228,14 +1276,16 @@ impl slots::SlotTable for State {
         if !matches!(self.mode, Mode::Shared | Mode::Anonymous) {
             return false;
         }
-        let _g = self.lifecycle();
+        let g = self.lifecycle();
         if self.slot(i).pid.load(Acquire) != pid {
             return false;
         }
         let fd = self.rw_fd();
         if lock::own_has(self.key, i) {
             self.clear_slot(i);
-            self.recompute_locked();
+            if g.held {
+                self.recompute_locked();
+            }
             if let Some(m) = self.mine.get(i) {
                 m.store(false, Release);
             }
@@ -1245,10 +1295,11 @@ impl slots::SlotTable for State {
             }
             return true;
         }
-        let free = match fd {
-            Some(fd) => lock::try_lock_byte(fd, SLOT_LOCK_BASE + i as u64).unwrap_or(false),
-            None => true,
-        };
+        let free = g.held
+            && match fd {
+                Some(fd) => lock::try_lock_byte(fd, SLOT_LOCK_BASE + i as u64).unwrap_or(false),
+                None => true,
+            };
         if free {
             self.clear_slot(i);
             self.recompute_locked();
@@ -1268,7 +1319,10 @@ impl slots::SlotTable for State {
         if self.lost() {
             self.recover();
         }
-        let _g = self.lifecycle();
+        let g = self.lifecycle();
+        if !g.held {
+            return 0;
+        }
         self.reclaim_locked()
     }
 

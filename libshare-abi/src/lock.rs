@@ -37,18 +37,25 @@ pub(crate) fn try_lock_byte(fd: libc::c_int, off: u64) -> std::io::Result<bool> 
     }
 }
 
-/// Takes a write lock on byte `off` of `fd`, waiting for it.
-pub(crate) fn lock_byte_wait(fd: libc::c_int, off: u64) -> std::io::Result<()> {
-    let fl = flock_struct(libc::F_WRLCK, off);
+/// Takes a write lock on byte `off` of `fd`, waiting for it at most `limit`. Ok(false): still
+/// held by another process after `limit` (a holder stopped with SIGSTOP or frozen must not hang
+/// every other process of the container).
+pub(crate) fn lock_byte_within(
+    fd: libc::c_int,
+    off: u64,
+    limit: std::time::Duration,
+) -> std::io::Result<bool> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(20);
     loop {
-        // SAFETY: as in `try_lock_byte`.
-        if unsafe { libc::fcntl(fd, libc::F_SETLKW, &fl) } == 0 {
-            return Ok(());
+        if try_lock_byte(fd, off)? {
+            return Ok(true);
         }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
+        if start.elapsed() >= limit {
+            return Ok(false);
         }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(10));
     }
 }
 
