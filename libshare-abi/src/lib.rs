@@ -271,7 +271,9 @@ impl Drop for HeldFile {
     }
 }
 
-/// A mapped container state.
+/// A mapped container state. Dropping it unmaps it but does not release the slots claimed
+/// through it (call [`SlotTable::release_slot`]); while this process owns slots of the file, the
+/// descriptor is leaked rather than closed, so their locks stay.
 pub struct State {
     base: *mut u8,
     file: Option<HeldFile>,
@@ -621,13 +623,15 @@ impl State {
     /// can truncate it). Returns the State and a descriptor to pass on.
     pub fn create_sealed_memfd() -> Result<(State, OwnedFd), StateError> {
         let what = Path::new("(memfd)");
-        // SAFETY: a NUL-terminated name and flags; the result is checked.
+        // SAFETY: the raw memfd_create system call (the glibc wrapper is newer than the shim's
+        // 2.17 baseline) with a NUL-terminated name and flags; the result is checked.
         let fd = unsafe {
-            libc::memfd_create(
+            libc::syscall(
+                libc::SYS_memfd_create,
                 c"libshare-state".as_ptr(),
                 libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
             )
-        };
+        } as libc::c_int;
         if fd < 0 {
             return Err(StateError::io(
                 "create",
