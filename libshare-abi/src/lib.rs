@@ -52,7 +52,9 @@
 //! Why the result is never below the truth: let `E = used − Σ contrib` (the excess). Charges and
 //! uncharges change `used` and `Σ contrib` by the same amount and a death changes neither, so
 //! between `t0` and our update only our own update changes `E` (clearing slots and other repairs
-//! wait for the lifecycle lock we hold). Counters are monotonic: `contrib(t0) ≤ net(t0) =
+//! wait for the lifecycle lock we hold; a process that gave up waiting for it can still claim or
+//! release a slot, so the repair re-reads which slots are claimed after its scans and skips the
+//! update if that changed). Counters are monotonic: `contrib(t0) ≤ net(t0) =
 //! charged(t0) − uncharged(t0) ≤ charged(t_c) − uncharged(t_b)`, so `Σ contrib(t0) ≤ Ū`. After
 //! the update `E' = E(t0) − (u − Ū) = Ū − Σ contrib(t0) ≥ 0`: `used` never drops below what
 //! live and dead slots hold, so a dead slot, a half-done charge of a killed process or a garbage
@@ -1143,6 +1145,17 @@ impl State {
                 let up = s.charged[d].load(Acquire);
                 bound[d] = bound[d].saturating_add(up.saturating_sub(down[k][d]));
             }
+        }
+        // A slot claimed meanwhile (only possible by a process that gave up waiting for the
+        // lifecycle lock, see `lifecycle`) may have charged before `u` was read: its bytes are
+        // in `u` but not in the bound. Leave the repair to the next call then.
+        let now: Vec<usize> = (0..MAX_PROCS)
+            .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
+            .collect();
+        if claimed.iter().any(|i| now.binary_search(i).is_err())
+            || now.iter().any(|i| claimed.binary_search(i).is_err())
+        {
+            return;
         }
         // 2. used += bound − u.
         for d in 0..MAX_DEVICES {
