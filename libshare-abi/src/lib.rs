@@ -2,36 +2,130 @@
 //! container) and `sharectl daemon`, defined once here.
 //!
 //! One file per container, `<container dir>/state.shm`, mapped by every process of the container
-//! (and by the daemon). Everything in it is an atomic or written once before `magic` is
-//! published, so readers need no lock. Layout (all `#[repr(C)]`, little-endian, 64-byte aligned
-//! sections):
+//! (and by the daemon). Everything in it is an atomic, so readers need no lock. Layout (all
+//! `#[repr(C)]`, little-endian, 64-byte aligned sections):
 //!
 //! ```text
-//! Header                      magic, version, sizes, class
+//! Header                      magic, version, sizes, class, flags, epoch
 //! DeviceState × MAX_DEVICES   quota, used, peak, counters, rate-control budget
-//! ProcSlot    × MAX_PROCS     pid + start time, per-device used bytes and counters
+//! ProcSlot    × MAX_PROCS     pid + start time, per-device charged/uncharged bytes, counters
+//! Trailer                     a copy of the epoch (see "Loss of the file's content")
 //! ```
-//! A process that dies leaves its slot; the next process of the container that registers or runs
-//! out of quota (or the daemon) returns the slot's memory to the quota.
+//!
+//! # Who owns a slot: a held lock
+//!
+//! A process that claims slot `i` holds a POSIX write lock on byte `FILE_SIZE + i` of the file
+//! (past its end: allowed) on a descriptor the [`State`] keeps open, close-on-exec. The kernel
+//! drops the lock when the process dies, `kill -9` included, and at `exec`: a slot whose byte
+//! nobody holds belongs to nobody, whatever pid it shows (the pid stays for display). A process
+//! never judges its own slots (`F_GETLK` does not report one's own locks; the process remembers
+//! them, see `lock.rs`) but does reclaim another slot showing its pid: that is its image before
+//! `exec`. Hazard: POSIX locks are also dropped when the process closes ANY descriptor of the
+//! file. Nothing in this crate closes a descriptor of a file on which the process holds slots
+//! (a State dropped while another State of the same process owns slots of the same file leaks
+//! its descriptor instead); code outside must never open and close `state.shm` in a process
+//! that holds a slot (use the State it has).
+//!
+//! Slot lifecycle operations (claim, release, reclaim, [`State::recompute_used`]) of all
+//! processes are serialised by the lifecycle lock: a write lock on byte `FILE_SIZE + MAX_PROCS`
+//! (plus a process-local lock between threads). Charges never take it. It is held for
+//! microseconds; a process that cannot get it within 2 s (its holder was stopped or frozen in
+//! the middle) skips the clearing and repair rather than hang, and a later call does them.
+//!
+//! # Charging: correct under `kill -9` at any instruction
+//!
+//! A slot records what its process charged as two monotonic counters per device, `charged` and
+//! `uncharged`; its net is their difference. [`State::charge`] adds to the slot's `charged`
+//! FIRST, then reserves in the container's `used` within the quota (one `fetch_update`), and on
+//! refusal adds the bytes to `uncharged`. [`State::uncharge`] takes from the container's `used`
+//! FIRST, then adds to `uncharged`. So at every instruction each slot's net is at least what it
+//! contributed to `used` (`contrib`), and `used = Σ contrib` over all claimed slots, dead ones
+//! included, as long as only charges and uncharges run.
+//!
+//! Repair ([`State::recompute_used`], run by every reclaim under the lifecycle lock) moves
+//! `used` to a bound computed from the slots, with no compare-and-swap (so no ABA):
+//! 1. read `uncharged` of every claimed slot (times `t_b`), then `u = used` (time `t0`), then
+//!    `charged` of every claimed slot (times `t_c`);
+//! 2. `Ū = Σ_slots (charged(t_c) − uncharged(t_b))`, then add `Ū − u` to `used` (one
+//!    `fetch_add`, or a saturating `fetch_update` if negative).
+//!
+//! Why the result is never below the truth: let `E = used − Σ contrib` (the excess). Charges and
+//! uncharges change `used` and `Σ contrib` by the same amount and a death changes neither, so
+//! between `t0` and our update only our own update changes `E` (clearing slots and other repairs
+//! wait for the lifecycle lock we hold; a process that gave up waiting for it can still claim or
+//! release a slot, so the repair re-reads which slots are claimed after its scans and skips the
+//! update if that changed). Counters are monotonic: `contrib(t0) ≤ net(t0) =
+//! charged(t0) − uncharged(t0) ≤ charged(t_c) − uncharged(t_b)`, so `Σ contrib(t0) ≤ Ū`. After
+//! the update `E' = E(t0) − (u − Ū) = Ū − Σ contrib(t0) ≥ 0`: `used` never drops below what
+//! live and dead slots hold, so a dead slot, a half-done charge of a killed process or a garbage
+//! slot can never turn into free quota. Convergence: when no charge runs during the scan,
+//! `Ū = Σ net` exactly, so `used` becomes `Σ net`: what a killed process left (its slot's net
+//! includes a half-done charge, and a half-done uncharge already left `used`) disappears when
+//! its slot is cleared; an over-count from charges running during one repair is removed by the
+//! next. A repair can also raise `used` (after a truncation lost it, or a garbage value):
+//! never below the slots. Reclaiming a dead slot is just clearing it and repairing (no
+//! subtraction: the slot's net may exceed what it contributed).
+//!
+//! # Files: owned, private, checked
+//!
+//! Directories are created 0700 and files 0600 whatever the umask, every directory on the way is
+//! checked (owner root or us, not writable by others unless root's sticky `/tmp`), symlinks and
+//! non-regular files are refused, see `fsafe.rs`. The header is fully validated; a wrong
+//! version, a corrupt header, a file of another owner or open to others is an error with one
+//! line ([`StateError`]); the shim must refuse to run rather than fall back to a private state.
+//!
+//! # Loss of the file's content
+//!
+//! - Truncation: the file ends with a copy of the header's `epoch` ([`Trailer`]), which any
+//!   truncation removes. Every charge and uncharge loads it (one load): a truncation past it
+//!   faults into a SIGBUS handler that restores the size through the held descriptor
+//!   (`sigbus.rs`), a process that opens a short file with a valid header restores its size the
+//!   same way, and either way the trailer then reads 0. Each process of the container thus
+//!   notices the loss at its next charge or uncharge ([`State::recover`]): it rewrites the
+//!   header if lost, restores the quotas, class and flags it last saw, re-publishes its own
+//!   slots from a process-local copy of their nets, and repairs `used` from the slots. A charge
+//!   decided while the quota was lost is refused if the container turns out over quota. Limits:
+//!   until a process makes its next call, its memory is not counted (a process that holds memory
+//!   and never allocates or frees again stays uncounted); an operation of another thread of the
+//!   same process that runs during the re-publication can be counted twice or missed once.
+//! - Removal: the file has a second name, `.state.shm.keep`; a process that finds `state.shm`
+//!   missing links it back from there ([`State::open_or_create`], [`State::check_path`]), so
+//!   live and new processes keep sharing one quota. If both names are removed, a new process
+//!   creates a fresh file: [`State::check_path`] then tells a live process its file was replaced
+//!   (it cannot rejoin: the old inode has no name left), and the two sets of processes have
+//!   separate quotas until the old ones exit.
+//! - The file is writable by the container's own processes (they must map it shared), so the
+//!   container's own code can always rewrite it; this state defends against crashes, accidents
+//!   and other users, not against the job itself (the daemon, with device-level figures, will).
+//!   A daemon can hand out sealed memfds ([`State::create_sealed_memfd`]), which cannot be
+//!   shrunk at all.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod error;
+mod fsafe;
+mod lock;
 pub mod rate;
+mod sigbus;
 pub mod slots;
-pub use slots::SlotTable;
 pub mod units;
 
-use std::fs::OpenOptions;
-use std::os::fd::AsRawFd;
-use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+pub use error::StateError;
+pub use slots::SlotTable;
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LSHARE\0\x01");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const STATE_FILE: &str = "state.shm";
+/// The state file's second name (see the module doc: removal).
+pub const KEEP_FILE: &str = ".state.shm.keep";
 
 /// Job classes (design §1).
 pub const CLASS_PRODUCTION: u32 = 0;
@@ -40,27 +134,36 @@ pub const CLASS_OPPORTUNISTIC: u32 = 1;
 #[repr(C)]
 pub struct Header {
     pub magic: AtomicU64,
-    pub version: u32,
-    pub header_size: u32,
-    pub device_size: u32,
-    pub proc_size: u32,
-    pub max_devices: u32,
-    pub max_procs: u32,
-    pub file_size: u64,
+    pub version: AtomicU32,
+    pub header_size: AtomicU32,
+    pub device_size: AtomicU32,
+    pub proc_size: AtomicU32,
+    pub max_devices: AtomicU32,
+    pub max_procs: AtomicU32,
+    pub file_size: AtomicU64,
     /// CLASS_PRODUCTION or CLASS_OPPORTUNISTIC (the daemon may change it).
     pub class: AtomicU32,
     /// FLAG_* bits.
     pub flags: AtomicU32,
+    /// Changes when the content was lost or re-created (0: lost, not yet repaired); each process
+    /// compares it with the value it last saw (see the module doc).
+    pub epoch: AtomicU64,
 }
 
 /// The daemon manages this container: quotas and class come from it, not from the environment.
 pub const FLAG_DAEMON_MANAGED: u32 = 1;
+/// Some process of the container uses the deprecated container-first API (`reserve`,
+/// `force_reserve`, `release` + the slot's legacy `used`): `used` is then never repaired from
+/// the slots (their legacy figures lag the container's during a charge), and a cleared slot's
+/// legacy bytes are subtracted, as before the charging API.
+pub const FLAG_LEGACY_ACCOUNTING: u32 = 2;
+const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED | FLAG_LEGACY_ACCOUNTING;
 
 #[repr(C, align(64))]
 pub struct DeviceState {
     /// Bytes the container may hold on this device; 0 = no limit.
     pub quota: AtomicU64,
-    /// Bytes held now (reserved before the driver is called, released on failure and free).
+    /// Bytes held now (charged before the driver is called, uncharged on failure and free).
     pub used: AtomicU64,
     pub peak: AtomicU64,
     /// Allocations refused because of the quota.
@@ -75,24 +178,45 @@ pub struct DeviceState {
 
 #[repr(C, align(64))]
 pub struct ProcSlot {
-    /// 0 = free; else the host pid as this process sees it (its own pid namespace).
+    /// 0 = free; else the pid of its process as that process sees it (for display: ownership
+    /// is the slot's lock, see the module doc).
     pub pid: AtomicU32,
     pub _pad: u32,
-    /// /proc/<pid>/stat start time: a reused pid is not the same process.
+    /// /proc/<pid>/stat start time (for display and simgpu-style pid checks).
     pub start_time: AtomicU64,
+    /// Legacy net bytes written directly by callers of the deprecated API (`reserve` +
+    /// `used.fetch_add`); the charging API leaves it 0. Counted in the slot's net.
     pub used: [AtomicU64; MAX_DEVICES],
     pub launches: [AtomicU64; MAX_DEVICES],
     pub allocs: [AtomicU64; MAX_DEVICES],
+    /// Bytes ever charged (monotonic while the slot is claimed).
+    pub charged: [AtomicU64; MAX_DEVICES],
+    /// Bytes ever uncharged or refused (monotonic while the slot is claimed).
+    pub uncharged: [AtomicU64; MAX_DEVICES],
 }
 
-/// Why a state file cannot be used: one line for the user.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateError(pub String);
-
-impl std::fmt::Display for StateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl ProcSlot {
+    /// What the slot holds on `dev`: charged − uncharged (+ legacy `used`).
+    pub fn net(&self, dev: usize) -> u64 {
+        self.charged[dev]
+            .load(Acquire)
+            .saturating_sub(self.uncharged[dev].load(Acquire))
+            .saturating_add(self.used[dev].load(Acquire))
     }
+
+    /// Σ over devices of [`ProcSlot::net`].
+    pub fn net_total(&self) -> u64 {
+        (0..MAX_DEVICES).fold(0u64, |a, d| a.saturating_add(self.net(d)))
+    }
+}
+
+/// The last 64 bytes of the file: a copy of the header's epoch where any truncation removes it
+/// (the header may survive a truncation to a few bytes, the end of the file cannot), so one
+/// load on each charge notices a loss, and a truncation past it faults into the SIGBUS handler.
+#[repr(C, align(64))]
+pub struct Trailer {
+    pub epoch: AtomicU64,
+    pub _reserved: [AtomicU64; 7],
 }
 
 const fn align64(x: usize) -> usize {
@@ -102,188 +226,576 @@ const fn align64(x: usize) -> usize {
 pub const HEADER_SIZE: usize = align64(std::mem::size_of::<Header>());
 pub const DEVICES_OFFSET: usize = HEADER_SIZE;
 pub const PROCS_OFFSET: usize = DEVICES_OFFSET + std::mem::size_of::<DeviceState>() * MAX_DEVICES;
-pub const FILE_SIZE: usize = PROCS_OFFSET + std::mem::size_of::<ProcSlot>() * MAX_PROCS;
+pub const TRAILER_OFFSET: usize = PROCS_OFFSET + std::mem::size_of::<ProcSlot>() * MAX_PROCS;
+pub const FILE_SIZE: usize = TRAILER_OFFSET + std::mem::size_of::<Trailer>();
+/// The byte whose lock a process holds while it owns slot `i`: `SLOT_LOCK_BASE + i`.
+pub const SLOT_LOCK_BASE: u64 = FILE_SIZE as u64;
+/// The byte of the lifecycle lock.
+pub const LIFECYCLE_LOCK: u64 = SLOT_LOCK_BASE + MAX_PROCS as u64;
 
-/// A mapped container state file.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// A shared read-write mapping of the file: slots can be claimed.
+    Shared,
+    /// A private mapping of the file, read-only descriptor (follows the file, writes stay local).
+    View,
+    /// A copy of the file taken once (never faults, never follows).
+    Snapshot,
+    /// A process-private state with no file.
+    Anonymous,
+}
+
+/// A descriptor of a state file that is never closed while this process holds slot locks on
+/// its inode (closing it would drop them): it is leaked instead.
+struct HeldFile {
+    file: std::mem::ManuallyDrop<File>,
+    key: (u64, u64),
+}
+
+impl HeldFile {
+    fn new(file: File, path: &Path) -> Result<HeldFile, StateError> {
+        let st = fsafe::fstat(file.as_raw_fd(), path)?;
+        Ok(HeldFile {
+            file: std::mem::ManuallyDrop::new(file),
+            key: (st.st_dev, st.st_ino),
+        })
+    }
+    fn fd(&self) -> libc::c_int {
+        self.file.as_raw_fd()
+    }
+}
+
+impl Drop for HeldFile {
+    fn drop(&mut self) {
+        if lock::own_count(self.key) == 0 {
+            // SAFETY: dropped once, here; never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.file) };
+        }
+    }
+}
+
+/// A mapped container state. Dropping it unmaps it but does not release the slots claimed
+/// through it (call [`SlotTable::release_slot`]); while this process owns slots of the file, the
+/// descriptor is leaked rather than closed, so their locks stay.
 pub struct State {
     base: *mut u8,
+    file: Option<HeldFile>,
+    path: PathBuf,
+    key: (u64, u64),
+    mode: Mode,
+    /// The header epoch this State last saw.
+    epoch: AtomicU64,
+    /// The quotas, class and flags this State last saw (restored after a loss).
+    quota_seen: [AtomicU64; MAX_DEVICES],
+    class_seen: AtomicU32,
+    flags_seen: AtomicU32,
+    /// Slots claimed through this State.
+    mine: Box<[AtomicBool]>,
+    /// Process-local copy of the nets of `mine` slots ([slot * MAX_DEVICES + dev]).
+    mirror: Box<[AtomicU64]>,
 }
 
 // SAFETY: `base` is a mapping owned by this State (unmapped only in Drop), not tied to the thread
-// that created it, so the State may move between threads.
+// that created it; the other fields are Send.
 unsafe impl Send for State {}
-// SAFETY: shared access goes only through `&Header`/`&DeviceState`/`&ProcSlot`, whose mutable
-// fields are atomics; the plain Header fields are written once in `init_locked` before the State
-// is returned (and before MAGIC is published), then only read.
+// SAFETY: shared access goes only through `&Header`/`&DeviceState`/`&ProcSlot`, whose fields
+// are all atomics (or padding), and through the State's own atomics.
 unsafe impl Sync for State {}
 
+fn map(
+    len: usize,
+    prot_flags: libc::c_int,
+    fd: libc::c_int,
+    path: &Path,
+) -> Result<*mut u8, StateError> {
+    // SAFETY: a new mapping (null hint) of `len` bytes: of `fd` (which the callers sized or
+    // checked to be at least `len` long; a later truncation is handled by `sigbus`) or anonymous
+    // (fd -1 with MAP_ANONYMOUS). The result is checked against MAP_FAILED before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            prot_flags,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(StateError::io("map", path, std::io::Error::last_os_error()));
+    }
+    Ok(p as *mut u8)
+}
+
+fn new_epoch() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer to a live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let mut x = (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_007)
+        .wrapping_add(ts.tv_nsec as u64)
+        ^ ((lock::getpid() as u64) << 32)
+        ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, Relaxed);
+    // splitmix64
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    x.max(1)
+}
+
+/// Reads the first `buf.len()` bytes of `f` without mapping it.
+fn pread_all(f: &File, buf: &mut [u8], path: &Path) -> Result<usize, StateError> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(StateError::io("read", path, e)),
+        }
+    }
+    Ok(n)
+}
+
+/// Validates a header read from a file (plain bytes, before mapping).
+fn validate_header_bytes(b: &[u8], path: &Path) -> Result<(), StateError> {
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let corrupt = |why| StateError::Corrupt {
+        path: path.into(),
+        why,
+        version: VERSION,
+    };
+    if u64_at(0) != MAGIC {
+        return Err(corrupt("bad magic"));
+    }
+    if u32_at(8) != VERSION {
+        return Err(corrupt("another layout version"));
+    }
+    let sizes = [
+        u32_at(12) as usize == HEADER_SIZE,
+        u32_at(16) as usize == std::mem::size_of::<DeviceState>(),
+        u32_at(20) as usize == std::mem::size_of::<ProcSlot>(),
+        u32_at(24) as usize == MAX_DEVICES,
+        u32_at(28) as usize == MAX_PROCS,
+        u64_at(32) as usize == FILE_SIZE,
+    ];
+    if sizes.iter().any(|ok| !ok) {
+        return Err(corrupt("layout sizes differ"));
+    }
+    if u32_at(40) > CLASS_OPPORTUNISTIC {
+        return Err(corrupt("unknown class"));
+    }
+    if u32_at(44) & !KNOWN_FLAGS != 0 {
+        return Err(corrupt("unknown flags"));
+    }
+    Ok(())
+}
+
+/// The lifecycle lock (see the module doc), released on drop. `held` is false when another
+/// process kept it longer than [`LIFECYCLE_WAIT`] (stopped or frozen while holding it): callers
+/// then skip what needs it (clearing slots, repairing `used`) rather than hang.
+struct Lifecycle {
+    fd: Option<libc::c_int>,
+    held: bool,
+    _p: lock::ProcessLock,
+}
+
+/// How long a lifecycle operation waits for another process's (held for microseconds).
+const LIFECYCLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Drop for Lifecycle {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd {
+            lock::unlock_byte(fd, LIFECYCLE_LOCK);
+        }
+    }
+}
+
 impl State {
-    /// Maps `<dir>/state.shm`, creating and initialising it if it does not exist. An existing file
-    /// that is truncated, corrupt or of another version is an error (never silently reset: the
-    /// daemon or an operator decides).
+    fn new(base: *mut u8, file: Option<HeldFile>, path: PathBuf, mode: Mode) -> State {
+        let key = file.as_ref().map_or((0, base as u64), |f: &HeldFile| f.key);
+        let owner = matches!(mode, Mode::Shared | Mode::Anonymous);
+        let n = if owner { MAX_PROCS } else { 0 };
+        State {
+            base,
+            file,
+            path,
+            key,
+            mode,
+            epoch: AtomicU64::new(0),
+            quota_seen: Default::default(),
+            class_seen: AtomicU32::new(0),
+            flags_seen: AtomicU32::new(0),
+            mine: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            mirror: (0..n * MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Maps `<dir>/state.shm`, creating `dir` (0700) and the file (0600) if they do not exist,
+    /// after checking every directory on the way and the file itself (see the module doc). A
+    /// short file with a valid header is restored to its size (its processes re-publish their
+    /// part); a corrupt file, one of another version, of another owner, open to other users or
+    /// not a regular file is an error.
     pub fn open_or_create(dir: &Path) -> Result<State, StateError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StateError(format!("cannot create {}: {e}", dir.display())))?;
+        let dirfd = fsafe::open_dir(dir, true)?;
         let path = dir.join(STATE_FILE);
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| StateError(format!("cannot open {}: {e}", path.display())))?;
-        let fd = f.as_raw_fd();
-        // SAFETY: `fd` is the open descriptor of `f`, alive for this whole function; flock only
-        // takes an advisory lock on it (serialising initialisation between processes).
-        unsafe { libc::flock(fd, libc::LOCK_EX) };
-        let r = Self::init_locked(&f, &path);
-        // SAFETY: as above, `f` is still open; this releases the lock taken above.
-        unsafe { libc::flock(fd, libc::LOCK_UN) };
+        Self::relink_if_removed(&dirfd);
+        let (f, created) = fsafe::open_file_rw(&dirfd, STATE_FILE, &path, true)?;
+        let f = HeldFile::new(f, &path)?;
+        if created {
+            // The second name (see the module doc); best effort.
+            let (from, to) = (c"state.shm", c".state.shm.keep");
+            // SAFETY: `dirfd` is an open directory; both names are NUL-terminated.
+            unsafe {
+                libc::unlinkat(dirfd.as_raw_fd(), to.as_ptr(), 0);
+                libc::linkat(
+                    dirfd.as_raw_fd(),
+                    from.as_ptr(),
+                    dirfd.as_raw_fd(),
+                    to.as_ptr(),
+                    0,
+                );
+            }
+        }
+        // SAFETY: `f` is open; flock only takes an advisory lock on it (serialising
+        // initialisation between processes; it does not interact with POSIX record locks).
+        unsafe { libc::flock(f.fd(), libc::LOCK_EX) };
+        let r = Self::init_locked(f, path);
+        if let Ok(st) = &r {
+            let fd = st.file.as_ref().expect("a file state").fd();
+            // SAFETY: `fd` is held open by `st`; this releases the flock taken above (on an
+            // error the descriptor was closed with the HeldFile, releasing it).
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
+        }
         r
     }
 
-    fn init_locked(f: &std::fs::File, path: &Path) -> Result<State, StateError> {
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let fresh = len == 0;
-        if fresh {
-            f.set_len(FILE_SIZE as u64)
-                .map_err(|e| StateError(format!("cannot size {}: {e}", path.display())))?;
-        } else if len < FILE_SIZE as u64 {
-            return Err(StateError(format!(
-                "{} is truncated ({len} bytes, expected {FILE_SIZE}): remove it or restart the daemon",
-                path.display()
-            )));
+    /// If `state.shm` is missing but its second name exists and is a valid file of ours, gives
+    /// it its name back (so live processes and new ones keep one quota).
+    fn relink_if_removed(dirfd: &OwnedFd) {
+        let (name, keep) = (c"state.shm", c".state.shm.keep");
+        // SAFETY: an all-zero stat is valid; `dirfd` is an open directory, names NUL-terminated.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `st` is a live local.
+        let missing = unsafe {
+            libc::fstatat(
+                dirfd.as_raw_fd(),
+                name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
+        if !missing {
+            return;
         }
-        let st = Self::map(f, path)?;
-        if fresh {
-            // SAFETY: `st.base` is a fresh FILE_SIZE mapping, page-aligned, so a Header fits at
-            // offset 0; we hold the init lock and MAGIC is not published yet, so no other process
-            // reads these plain fields, and no `&Header` exists yet in this one.
+        // SAFETY: as above.
+        let r = unsafe {
+            libc::fstatat(
+                dirfd.as_raw_fd(),
+                keep.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if r == 0 && fsafe::check_file(&st, Path::new(KEEP_FILE)).is_ok() {
+            // SAFETY: as above; linkat does not follow (flags 0) and fails if the name exists.
             unsafe {
-                let h = st.base as *mut Header;
-                (*h).version = VERSION;
-                (*h).header_size = HEADER_SIZE as u32;
-                (*h).device_size = std::mem::size_of::<DeviceState>() as u32;
-                (*h).proc_size = std::mem::size_of::<ProcSlot>() as u32;
-                (*h).max_devices = MAX_DEVICES as u32;
-                (*h).max_procs = MAX_PROCS as u32;
-                (*h).file_size = FILE_SIZE as u64;
-            }
-            st.header().magic.store(MAGIC, Release);
-        } else {
-            st.validate(path)?;
+                libc::linkat(
+                    dirfd.as_raw_fd(),
+                    keep.as_ptr(),
+                    dirfd.as_raw_fd(),
+                    name.as_ptr(),
+                    0,
+                )
+            };
         }
+    }
+
+    fn init_locked(f: HeldFile, path: PathBuf) -> Result<State, StateError> {
+        let len = fsafe::fstat(f.fd(), &path)?.st_size as u64;
+        let fresh = len == 0;
+        let mut restored = false;
+        if fresh {
+            f.file
+                .set_len(FILE_SIZE as u64)
+                .map_err(|e| StateError::io("size", &path, e))?;
+        } else {
+            let mut hdr = [0u8; HEADER_SIZE];
+            let n = pread_all(&f.file, &mut hdr, &path)?;
+            if n < HEADER_SIZE {
+                return Err(StateError::Truncated {
+                    path,
+                    len,
+                    expected: FILE_SIZE as u64,
+                });
+            }
+            validate_header_bytes(&hdr, &path)?;
+            if len > FILE_SIZE as u64 {
+                return Err(StateError::Corrupt {
+                    path,
+                    why: "longer than its layout",
+                    version: VERSION,
+                });
+            }
+            if len < FILE_SIZE as u64 {
+                f.file
+                    .set_len(FILE_SIZE as u64)
+                    .map_err(|e| StateError::io("restore the size of", &path, e))?;
+                restored = true;
+            }
+        }
+        let base = map(FILE_SIZE, libc::MAP_SHARED, f.fd(), &path)?;
+        let fd = f.fd();
+        let st = State::new(base, Some(f), path, Mode::Shared);
+        sigbus::register(base as usize, FILE_SIZE, fd);
+        let h = st.header();
+        if fresh {
+            st.write_layout();
+            st.publish_epoch(new_epoch());
+            h.magic.store(MAGIC, Release);
+        } else if restored || st.trailer().epoch.load(Acquire) != h.epoch.load(Acquire) {
+            st.publish_epoch(new_epoch()); // tells live processes to re-publish
+        } else {
+            st.epoch.store(h.epoch.load(Acquire), Release);
+        }
+        st.remember_config();
         Ok(st)
     }
 
-    /// A private, process-local state (when the container's file cannot be used): quotas then
-    /// apply to this process alone.
-    pub fn anonymous() -> Result<State, StateError> {
-        // SAFETY: a fresh anonymous mapping (null hint, no fd): it aliases no Rust memory; the
-        // result is checked against MAP_FAILED before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FILE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(StateError("cannot map a private state".into()));
+    fn write_layout(&self) {
+        let h = self.header();
+        h.version.store(VERSION, Release);
+        h.header_size.store(HEADER_SIZE as u32, Release);
+        h.device_size
+            .store(std::mem::size_of::<DeviceState>() as u32, Release);
+        h.proc_size
+            .store(std::mem::size_of::<ProcSlot>() as u32, Release);
+        h.max_devices.store(MAX_DEVICES as u32, Release);
+        h.max_procs.store(MAX_PROCS as u32, Release);
+        h.file_size.store(FILE_SIZE as u64, Release);
+    }
+
+    fn layout_ok(&self) -> bool {
+        let h = self.header();
+        h.magic.load(Acquire) == MAGIC
+            && h.version.load(Acquire) == VERSION
+            && h.header_size.load(Acquire) as usize == HEADER_SIZE
+            && h.device_size.load(Acquire) as usize == std::mem::size_of::<DeviceState>()
+            && h.proc_size.load(Acquire) as usize == std::mem::size_of::<ProcSlot>()
+            && h.max_devices.load(Acquire) as usize == MAX_DEVICES
+            && h.max_procs.load(Acquire) as usize == MAX_PROCS
+            && h.file_size.load(Acquire) as usize == FILE_SIZE
+    }
+
+    /// Records the quotas, class and flags now in the file (restored after a loss).
+    fn remember_config(&self) {
+        for d in 0..MAX_DEVICES {
+            self.quota_seen[d].store(self.device(d).quota.load(Acquire), Release);
         }
-        let st = State { base: p as *mut u8 };
+        let h = self.header();
+        self.class_seen.store(h.class.load(Acquire), Release);
+        self.flags_seen.store(h.flags.load(Acquire), Release);
+    }
+
+    /// A private, process-local state (no file): quotas then apply to this process alone.
+    /// Deprecated: a container's quota must not silently become per-process (the shim should
+    /// refuse instead); kept until the shim stops using it.
+    pub fn anonymous() -> Result<State, StateError> {
+        let base = map(
+            FILE_SIZE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            Path::new("(anonymous state)"),
+        )?;
+        let st = State::new(base, None, PathBuf::new(), Mode::Anonymous);
+        st.write_layout();
+        st.publish_epoch(1);
         st.header().magic.store(MAGIC, Release);
         Ok(st)
     }
 
-    /// Maps an existing state file read-write (the daemon); errors if it is not valid.
-    pub fn open_existing(path: &Path) -> Result<State, StateError> {
-        Self::open_existing_with(path, true)
-    }
-
-    /// A view of an existing state file that needs only read permission (`sharectl status`, a
-    /// monitoring agent). The mapping is private: it shows the file as the shim and daemon
-    /// update it, and anything written through the view (e.g. a reclaim) stays in this process,
-    /// copy-on-write, never reaching the file.
-    pub fn open_view(path: &Path) -> Result<State, StateError> {
-        Self::open_existing_with(path, false)
-    }
-
-    fn open_existing_with(path: &Path, shared: bool) -> Result<State, StateError> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(shared)
-            .open(path)
-            .map_err(|e| StateError(format!("cannot open {}: {e}", path.display())))?;
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if len < FILE_SIZE as u64 {
-            return Err(StateError(format!(
-                "{} is truncated ({len} bytes)",
-                path.display()
-            )));
+    /// A state in a new memfd sealed against shrinking and growing (for the daemon: it hands
+    /// the descriptor to the container's processes, who map it with [`State::from_fd`]; nobody
+    /// can truncate it). Returns the State and a descriptor to pass on.
+    pub fn create_sealed_memfd() -> Result<(State, OwnedFd), StateError> {
+        let what = Path::new("(memfd)");
+        // SAFETY: the raw memfd_create system call (the glibc wrapper is newer than the shim's
+        // 2.17 baseline) with a NUL-terminated name and flags; the result is checked.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_memfd_create,
+                c"libshare-state".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        } as libc::c_int;
+        if fd < 0 {
+            return Err(StateError::io(
+                "create",
+                what,
+                std::io::Error::last_os_error(),
+            ));
         }
-        let flags = if shared {
-            libc::MAP_SHARED
-        } else {
-            libc::MAP_PRIVATE
+        // SAFETY: a fresh descriptor owned by nobody else.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(FILE_SIZE as u64)
+            .map_err(|e| StateError::io("size", what, e))?;
+        // SAFETY: fcntl on our open descriptor with an int argument.
+        let r = unsafe {
+            libc::fcntl(
+                f.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
         };
-        let st = Self::map_with(&f, path, flags)?;
-        st.validate(path)?;
+        if r != 0 {
+            return Err(StateError::io(
+                "seal",
+                what,
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let dup = f
+            .try_clone()
+            .map_err(|e| StateError::io("duplicate", what, e))?;
+        let st = Self::from_fd(f)?;
+        Ok((st, OwnedFd::from(dup)))
+    }
+
+    /// Maps a state handed over as a descriptor (a daemon's sealed memfd, or an initialised
+    /// file): it must be at least FILE_SIZE long; a zero header is initialised.
+    pub fn from_fd(f: File) -> Result<State, StateError> {
+        let path = PathBuf::from("(descriptor)");
+        let f = HeldFile::new(f, &path)?;
+        let len = fsafe::fstat(f.fd(), &path)?.st_size as u64;
+        if len != FILE_SIZE as u64 {
+            return Err(StateError::Truncated {
+                path,
+                len,
+                expected: FILE_SIZE as u64,
+            });
+        }
+        let base = map(FILE_SIZE, libc::MAP_SHARED, f.fd(), &path)?;
+        let fd = f.fd();
+        let st = State::new(base, Some(f), path, Mode::Shared);
+        sigbus::register(base as usize, FILE_SIZE, fd);
+        let h = st.header();
+        if h.magic.load(Acquire) == 0 {
+            st.write_layout();
+            st.publish_epoch(new_epoch());
+            h.magic.store(MAGIC, Release);
+        } else if !st.layout_ok() {
+            return Err(StateError::Corrupt {
+                path: st.path.clone(),
+                why: "bad header",
+                version: VERSION,
+            });
+        }
+        st.epoch.store(h.epoch.load(Acquire), Release);
+        st.remember_config();
         Ok(st)
     }
 
-    fn map(f: &std::fs::File, path: &Path) -> Result<State, StateError> {
-        Self::map_with(f, path, libc::MAP_SHARED)
+    /// Maps an existing state file read-write (the daemon, tests); errors if it is not valid.
+    /// Same checks as [`State::open_or_create`], nothing created or repaired.
+    pub fn open_existing(path: &Path) -> Result<State, StateError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| StateError::io("open", path, std::io::ErrorKind::InvalidInput.into()))?;
+        let dirfd = fsafe::open_dir(dir, false)?;
+        let (f, _) = fsafe::open_file_rw(&dirfd, name, path, false)?;
+        let f = HeldFile::new(f, path)?;
+        let len = fsafe::fstat(f.fd(), path)?.st_size as u64;
+        if len != FILE_SIZE as u64 {
+            return Err(StateError::Truncated {
+                path: path.into(),
+                len,
+                expected: FILE_SIZE as u64,
+            });
+        }
+        let mut hdr = [0u8; HEADER_SIZE];
+        pread_all(&f.file, &mut hdr, path)?;
+        validate_header_bytes(&hdr, path)?;
+        let base = map(FILE_SIZE, libc::MAP_SHARED, f.fd(), path)?;
+        let fd = f.fd();
+        let st = State::new(base, Some(f), path.into(), Mode::Shared);
+        sigbus::register(base as usize, FILE_SIZE, fd);
+        st.epoch.store(st.header().epoch.load(Acquire), Release);
+        st.remember_config();
+        Ok(st)
     }
 
-    fn map_with(f: &std::fs::File, path: &Path, flags: libc::c_int) -> Result<State, StateError> {
-        // SAFETY: a new mapping (null hint) of FILE_SIZE bytes of `f`, which the callers checked
-        // or sized to be at least FILE_SIZE long (so no access past EOF can SIGBUS): MAP_SHARED
-        // needs the fd opened for writing, MAP_PRIVATE (copy-on-write) only for reading. The result
-        // is checked against MAP_FAILED before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FILE_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(StateError(format!("cannot map {}", path.display())));
-        }
-        Ok(State { base: p as *mut u8 })
+    /// A view of an existing state file that needs only read permission (a monitoring agent,
+    /// an NVML-only process). The mapping is private: it follows the file as the shim and daemon
+    /// update it, and anything written through it stays in this process. Never follows a
+    /// symlink, never blocks (FIFO), must be a regular file; the owner is not checked (a view
+    /// never writes). A truncation while mapped shows zeros instead of raising SIGBUS.
+    pub fn open_view(path: &Path) -> Result<State, StateError> {
+        let f = fsafe::open_file_ro(path)?;
+        let f = HeldFile::new(f, path)?;
+        Self::check_len_and_header(&f, path)?;
+        let base = map(FILE_SIZE, libc::MAP_PRIVATE, f.fd(), path)?;
+        let st = State::new(base, Some(f), path.into(), Mode::View);
+        sigbus::register(base as usize, FILE_SIZE, -1);
+        Ok(st)
     }
 
-    fn validate(&self, path: &Path) -> Result<(), StateError> {
-        let h = self.header();
-        let ok = h.magic.load(Acquire) == MAGIC
-            && h.version == VERSION
-            && h.header_size as usize == HEADER_SIZE
-            && h.device_size as usize == std::mem::size_of::<DeviceState>()
-            && h.proc_size as usize == std::mem::size_of::<ProcSlot>()
-            && h.max_devices as usize == MAX_DEVICES
-            && h.max_procs as usize == MAX_PROCS
-            && h.file_size as usize == FILE_SIZE;
-        if ok {
-            Ok(())
-        } else {
-            Err(StateError(format!(
-                "{} is corrupt or from another libshare version (expected layout v{VERSION}): remove it or restart the daemon",
-                path.display()
-            )))
+    /// A copy of a state file taken now (`sharectl status`): like [`State::open_view`] but
+    /// read once into private memory, so nothing done to the file later can fault. Liveness of
+    /// slots still asks the file's locks.
+    pub fn snapshot(path: &Path) -> Result<State, StateError> {
+        let f = fsafe::open_file_ro(path)?;
+        let f = HeldFile::new(f, path)?;
+        Self::check_len_and_header(&f, path)?;
+        let base = map(FILE_SIZE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, path)?;
+        // SAFETY: `base` is a fresh private FILE_SIZE mapping nobody else references yet.
+        let buf = unsafe { std::slice::from_raw_parts_mut(base, FILE_SIZE) };
+        let n = pread_all(&f.file, buf, path);
+        let st = State::new(base, Some(f), path.into(), Mode::Snapshot);
+        let n = n?;
+        if n < FILE_SIZE {
+            return Err(StateError::Truncated {
+                path: path.into(),
+                len: n as u64,
+                expected: FILE_SIZE as u64,
+            });
         }
+        if !st.layout_ok() {
+            return Err(StateError::Corrupt {
+                path: path.into(),
+                why: "bad header",
+                version: VERSION,
+            });
+        }
+        Ok(st)
+    }
+
+    fn check_len_and_header(f: &HeldFile, path: &Path) -> Result<(), StateError> {
+        let len = fsafe::fstat(f.fd(), path)?.st_size as u64;
+        let mut hdr = [0u8; HEADER_SIZE];
+        let n = pread_all(&f.file, &mut hdr, path)?;
+        if n < HEADER_SIZE || len < FILE_SIZE as u64 {
+            return Err(StateError::Truncated {
+                path: path.into(),
+                len,
+                expected: FILE_SIZE as u64,
+            });
+        }
+        validate_header_bytes(&hdr, path)
     }
 
     pub fn header(&self) -> &Header {
         // SAFETY: `base` is a live, page-aligned FILE_SIZE mapping owned by `self` (unmapped only
-        // in Drop, so it outlives the borrow) and HEADER_SIZE <= FILE_SIZE; Header's plain fields
-        // are only written before the State is handed out (see `init_locked`).
+        // in Drop, so it outlives the borrow) and HEADER_SIZE <= FILE_SIZE; every field is an
+        // atomic.
         unsafe { &*(self.base as *const Header) }
     }
 
@@ -302,9 +814,367 @@ impl State {
         unsafe { &*(self.base.add(PROCS_OFFSET) as *const ProcSlot).add(i) }
     }
 
-    /// Reserves `bytes` on device `dev` within the quota, with one atomic (no lock). A quota of 0
-    /// means unlimited. Returns false, changing nothing, if it does not fit.
+    pub fn trailer(&self) -> &Trailer {
+        // SAFETY: TRAILER_OFFSET + size_of::<Trailer>() == FILE_SIZE, inside the mapping owned
+        // by `self`; 64-aligned; every field is an atomic.
+        unsafe { &*(self.base.add(TRAILER_OFFSET) as *const Trailer) }
+    }
+
+    /// Publishes a new epoch in the header and the trailer.
+    fn publish_epoch(&self, e: u64) {
+        self.trailer().epoch.store(e, Release);
+        self.header().epoch.store(e, Release);
+        self.epoch.store(e, Release);
+    }
+
+    /// The path this State was opened from (empty for an anonymous one).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn mirror(&self, slot: usize, dev: usize) -> Option<&AtomicU64> {
+        self.mirror.get(slot * MAX_DEVICES + dev)
+    }
+
+    /// Sets the quota on `dev` (0 = none), remembered to be restored after a loss.
+    pub fn set_quota(&self, dev: usize, bytes: u64) {
+        self.quota_seen[dev].store(bytes, Release);
+        self.device(dev).quota.store(bytes, Release);
+    }
+
+    /// Charges `bytes` on `dev` to process slot `slot` and, within the quota (0 = unlimited),
+    /// to the container. Slot first, container second (see the module doc). False: over quota,
+    /// nothing charged.
+    pub fn charge(&self, slot: usize, dev: usize, bytes: u64) -> bool {
+        let s = self.slot(slot);
+        let d = self.device(dev);
+        let m = self.mirror(slot, dev);
+        if let Some(m) = m {
+            m.fetch_add(bytes, AcqRel);
+        }
+        s.charged[dev].fetch_add(bytes, AcqRel);
+        let quota = d.quota.load(Acquire);
+        let r = d.used.fetch_update(AcqRel, Acquire, |u| {
+            let n = u.checked_add(bytes)?;
+            (quota == 0 || n <= quota).then_some(n)
+        });
+        let ok = match r {
+            Ok(prev) => {
+                d.peak.fetch_max(prev + bytes, AcqRel);
+                true
+            }
+            Err(_) => {
+                s.uncharged[dev].fetch_add(bytes, AcqRel);
+                if let Some(m) = m {
+                    m.fetch_sub(bytes, AcqRel);
+                }
+                false
+            }
+        };
+        if self.lost() {
+            self.recover();
+            let (q, u) = (d.quota.load(Acquire), d.used.load(Acquire));
+            if ok && q > 0 && u > q {
+                // Decided while the quota was lost: refused after all.
+                self.uncharge(slot, dev, bytes);
+                return false;
+            }
+        }
+        ok
+    }
+
+    /// As [`State::charge`] whatever the quota: memory the driver already holds (e.g. blocks a
+    /// pool reserved beyond what was charged), so the figures stay true.
+    pub fn charge_held(&self, slot: usize, dev: usize, bytes: u64) {
+        let s = self.slot(slot);
+        let d = self.device(dev);
+        if let Some(m) = self.mirror(slot, dev) {
+            m.fetch_add(bytes, AcqRel);
+        }
+        s.charged[dev].fetch_add(bytes, AcqRel);
+        let now = d.used.fetch_add(bytes, AcqRel).saturating_add(bytes);
+        d.peak.fetch_max(now, AcqRel);
+        if self.lost() {
+            self.recover();
+        }
+    }
+
+    /// Returns `bytes` charged on `dev` by slot `slot`: container first, slot second.
+    pub fn uncharge(&self, slot: usize, dev: usize, bytes: u64) {
+        let s = self.slot(slot);
+        let d = self.device(dev);
+        let _ = d
+            .used
+            .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
+        s.uncharged[dev].fetch_add(bytes, AcqRel);
+        if let Some(m) = self.mirror(slot, dev) {
+            let _ = m.fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
+        }
+        if self.lost() {
+            self.recover();
+        }
+    }
+
+    /// Whether the content changed under this State (truncated, re-created): see
+    /// [`State::recover`]. One load.
+    #[inline]
+    pub fn lost(&self) -> bool {
+        self.mode == Mode::Shared && self.trailer().epoch.load(Relaxed) != self.epoch.load(Relaxed)
+    }
+
+    /// Repairs after a loss of the file's content (see the module doc): rewrites the header if
+    /// lost, restores the quotas, class and flags this State last saw where they read 0,
+    /// re-publishes this State's slots from its process-local copy, and repairs `used`.
+    /// Returns whether anything was to repair.
+    pub fn recover(&self) -> bool {
+        if self.mode != Mode::Shared {
+            return false;
+        }
+        let g = self.lifecycle();
+        if !g.held {
+            return false; // tried again at the next charge
+        }
+        let h = self.header();
+        let mine = self.epoch.load(Acquire);
+        let (head, tail) = (h.epoch.load(Acquire), self.trailer().epoch.load(Acquire));
+        if tail == mine && head == mine {
+            return false; // another thread of this process repaired it
+        }
+        let wiped = !self.layout_ok();
+        if wiped {
+            self.write_layout();
+            h.class.store(self.class_seen.load(Acquire), Release);
+            h.flags.store(self.flags_seen.load(Acquire), Release);
+        }
+        for d in 0..MAX_DEVICES {
+            let seen = self.quota_seen[d].load(Acquire);
+            if seen != 0 {
+                let _ = self
+                    .device(d)
+                    .quota
+                    .compare_exchange(0, seen, AcqRel, Acquire);
+            }
+        }
+        let pid = lock::getpid();
+        for (i, mine) in self.mine.iter().enumerate() {
+            if !mine.load(Acquire) {
+                continue;
+            }
+            let s = self.slot(i);
+            for d in 0..MAX_DEVICES {
+                let m = self.mirror(i, d).map_or(0, |m| m.load(Acquire));
+                s.uncharged[d].store(0, Release);
+                s.charged[d].store(m, Release);
+            }
+            if s.pid.load(Acquire) == 0 {
+                s.start_time.store(proc_start_time(pid), Release);
+                s.pid.store(pid, Release);
+            }
+        }
+        if wiped {
+            h.magic.store(MAGIC, Release);
+        }
+        if head != 0 && head != mine && head == tail {
+            self.epoch.store(head, Release); // another process repaired: adopt its epoch
+        } else {
+            self.publish_epoch(new_epoch()); // the first to see this loss
+        }
+        self.recompute_locked();
+        true
+    }
+
+    /// Whether `state.shm` at this State's path is still this State's file. If the name was
+    /// removed but the second name (`.state.shm.keep`) is still this file, the name is linked
+    /// back first. Err: the file was removed or replaced (see the module doc). Cold: a few
+    /// system calls, never closes the State's descriptor.
+    pub fn check_path(&self) -> Result<(), StateError> {
+        if self.mode != Mode::Shared || self.path.as_os_str().is_empty() {
+            return Ok(());
+        }
+        let same = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::symlink_metadata(p)
+                .is_ok_and(|m| (m.dev(), m.ino()) == self.key && m.file_type().is_file())
+        };
+        if same(&self.path) {
+            return Ok(());
+        }
+        if let Some(dir) = self.path.parent() {
+            if same(&dir.join(KEEP_FILE)) && !self.path.exists() {
+                if let Ok(dirfd) = fsafe::open_dir(dir, false) {
+                    Self::relink_if_removed(&dirfd);
+                }
+                if same(&self.path) {
+                    return Ok(());
+                }
+            }
+        }
+        Err(StateError::Replaced {
+            path: self.path.clone(),
+        })
+    }
+
+    fn rw_fd(&self) -> Option<libc::c_int> {
+        match self.mode {
+            Mode::Shared => self.file.as_ref().map(|f| f.fd()),
+            _ => None,
+        }
+    }
+
+    fn lifecycle(&self) -> Lifecycle {
+        let p = lock::ProcessLock::take();
+        let (fd, held) = match self.rw_fd() {
+            None => (None, true), // anonymous: the process lock is enough
+            Some(fd) => match lock::lock_byte_within(fd, LIFECYCLE_LOCK, LIFECYCLE_WAIT) {
+                Ok(true) => (Some(fd), true),
+                _ => (None, false),
+            },
+        };
+        Lifecycle { fd, held, _p: p }
+    }
+
+    /// Whether process slot `i` is owned by a live process: this process (a slot it claimed) or
+    /// another one holding the slot's lock.
+    pub fn slot_owned(&self, i: usize) -> bool {
+        let pid = self.slot(i).pid.load(Acquire);
+        if pid == 0 {
+            return false;
+        }
+        if lock::own_has(self.key, i) {
+            return true;
+        }
+        match &self.file {
+            Some(f) => lock::locked_by_other(f.fd(), SLOT_LOCK_BASE + i as u64),
+            None => false,
+        }
+    }
+
+    /// Clears slot `i`'s memory (under the lifecycle lock, its lock held or its owner gone).
+    /// Its launch and allocation counters stay until the slot is claimed again (totals of
+    /// processes that exited).
+    fn clear_slot(&self, i: usize) {
+        let s = self.slot(i);
+        s.pid.store(slots::RELEASING, Release);
+        let legacy = self.legacy();
+        for d in 0..MAX_DEVICES {
+            s.charged[d].store(0, Release);
+            s.uncharged[d].store(0, Release);
+            let v = s.used[d].swap(0, AcqRel);
+            if legacy && v > 0 {
+                let _ = self
+                    .device(d)
+                    .used
+                    .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(v)));
+            }
+        }
+        s.start_time.store(0, Release);
+        s.pid.store(0, Release);
+    }
+
+    fn reclaim_locked(&self) -> usize {
+        let mut n = 0;
+        for i in 0..MAX_PROCS {
+            if self.slot(i).pid.load(Acquire) == 0 || lock::own_has(self.key, i) {
+                continue;
+            }
+            let free = match self.rw_fd() {
+                Some(fd) => lock::try_lock_byte(fd, SLOT_LOCK_BASE + i as u64).unwrap_or(false),
+                None => true, // anonymous: no other process can own a slot
+            };
+            if free {
+                self.clear_slot(i);
+                if let Some(fd) = self.rw_fd() {
+                    lock::unlock_byte(fd, SLOT_LOCK_BASE + i as u64);
+                }
+                n += 1;
+            }
+        }
+        if !self.lost() {
+            self.remember_config();
+        }
+        self.recompute_locked();
+        n
+    }
+
+    /// Sets each device's `used` from the claimed slots (see the module doc for why it is never
+    /// below what they hold and converges to it). Takes the lifecycle lock.
+    pub fn recompute_used(&self) {
+        if !matches!(self.mode, Mode::Shared | Mode::Anonymous) {
+            return;
+        }
+        let g = self.lifecycle();
+        if g.held {
+            self.recompute_locked();
+        }
+    }
+
+    fn legacy(&self) -> bool {
+        self.header().flags.load(Acquire) & FLAG_LEGACY_ACCOUNTING != 0
+    }
+
+    fn mark_legacy(&self) {
+        let f = &self.header().flags;
+        if f.load(Relaxed) & FLAG_LEGACY_ACCOUNTING == 0 {
+            f.fetch_or(FLAG_LEGACY_ACCOUNTING, AcqRel);
+        }
+    }
+
+    fn recompute_locked(&self) {
+        if self.legacy() {
+            return; // see FLAG_LEGACY_ACCOUNTING
+        }
+        let claimed: Vec<usize> = (0..MAX_PROCS)
+            .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
+            .collect();
+        // 1. uncharged (and the legacy net), then used, then charged.
+        let mut down = vec![[0u64; MAX_DEVICES]; claimed.len()];
+        let mut legacy = [0u64; MAX_DEVICES];
+        for (k, &i) in claimed.iter().enumerate() {
+            let s = self.slot(i);
+            for d in 0..MAX_DEVICES {
+                down[k][d] = s.uncharged[d].load(Acquire);
+                legacy[d] = legacy[d].saturating_add(s.used[d].load(Acquire));
+            }
+        }
+        let u: Vec<u64> = (0..MAX_DEVICES)
+            .map(|d| self.device(d).used.load(Acquire))
+            .collect();
+        let mut bound = legacy;
+        for (k, &i) in claimed.iter().enumerate() {
+            let s = self.slot(i);
+            for d in 0..MAX_DEVICES {
+                let up = s.charged[d].load(Acquire);
+                bound[d] = bound[d].saturating_add(up.saturating_sub(down[k][d]));
+            }
+        }
+        // A slot claimed meanwhile (only possible by a process that gave up waiting for the
+        // lifecycle lock, see `lifecycle`) may have charged before `u` was read: its bytes are
+        // in `u` but not in the bound. Leave the repair to the next call then.
+        let now: Vec<usize> = (0..MAX_PROCS)
+            .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
+            .collect();
+        if claimed.iter().any(|i| now.binary_search(i).is_err())
+            || now.iter().any(|i| claimed.binary_search(i).is_err())
+        {
+            return;
+        }
+        // 2. used += bound − u.
+        for d in 0..MAX_DEVICES {
+            let used = &self.device(d).used;
+            if bound[d] > u[d] {
+                used.fetch_add(bound[d] - u[d], AcqRel);
+            } else if bound[d] < u[d] {
+                let cut = u[d] - bound[d];
+                let _ = used.fetch_update(AcqRel, Acquire, |x| Some(x.saturating_sub(cut)));
+            }
+        }
+    }
+
+    /// Reserves `bytes` on device `dev` within the quota, in the container only.
+    /// Deprecated (use State::charge (slot first, then container)): the container alone, so a kill between this and the
+    /// caller's slot update leaves them inconsistent; kept until the shim switches.
     pub fn reserve(&self, dev: usize, bytes: u64) -> bool {
+        self.mark_legacy();
         let d = self.device(dev);
         let quota = d.quota.load(Acquire);
         let r = d.used.fetch_update(AcqRel, Acquire, |u| {
@@ -320,16 +1190,21 @@ impl State {
         }
     }
 
-    /// Records `bytes` on device `dev` whatever the quota (memory already held, e.g. by a
-    /// driver memory pool).
+    /// Records `bytes` on device `dev` whatever the quota, in the container only.
+    /// Deprecated (use State::charge_held): the container alone, so a kill between this and the
+    /// caller's slot update leaves them inconsistent; kept until the shim switches.
     pub fn force_reserve(&self, dev: usize, bytes: u64) {
+        self.mark_legacy();
         let d = self.device(dev);
         let now = d.used.fetch_add(bytes, AcqRel) + bytes;
         d.peak.fetch_max(now, AcqRel);
     }
 
-    /// Returns `bytes` reserved on `dev`.
+    /// Returns `bytes` reserved on `dev`, in the container only.
+    /// Deprecated (use State::uncharge (container first, then slot)): the container alone, so a kill between this and the
+    /// caller's slot update leaves them inconsistent; kept until the shim switches.
     pub fn release(&self, dev: usize, bytes: u64) {
+        self.mark_legacy();
         let _ = self
             .device(dev)
             .used
@@ -350,44 +1225,180 @@ impl slots::SlotTable for State {
     fn reset_slot(&self, i: usize) {
         let s = self.slot(i);
         for d in 0..MAX_DEVICES {
+            s.charged[d].store(0, Release);
+            s.uncharged[d].store(0, Release);
             s.used[d].store(0, Release);
             s.launches[d].store(0, Release);
             s.allocs[d].store(0, Release);
         }
     }
     fn free_slot(&self, i: usize) {
-        let s = self.slot(i);
-        for d in 0..MAX_DEVICES {
-            let used = s.used[d].swap(0, AcqRel);
-            if used > 0 {
-                self.release(d, used);
+        self.reset_slot(i);
+    }
+
+    /// Owned by this process or locked by another (the pid is not trusted).
+    fn slot_alive(&self, i: usize) -> bool {
+        self.slot_owned(i)
+    }
+
+    /// Claims a free slot for `pid` (this process), taking its lock, after reclaiming the slots
+    /// nobody holds. None: every slot is taken, or this is a view.
+    fn claim_slot(&self, pid: u32) -> Option<usize> {
+        if !matches!(self.mode, Mode::Shared | Mode::Anonymous) {
+            return None;
+        }
+        if self.lost() {
+            self.recover();
+        }
+        let g = self.lifecycle();
+        if g.held {
+            self.reclaim_locked();
+        }
+        let start = proc_start_time(pid);
+        for i in 0..MAX_PROCS {
+            let s = self.slot(i);
+            if s.pid.load(Acquire) != 0 || lock::own_has(self.key, i) {
+                continue;
+            }
+            let fd = self.rw_fd();
+            if let Some(fd) = fd {
+                if !lock::try_lock_byte(fd, SLOT_LOCK_BASE + i as u64).unwrap_or(false) {
+                    continue; // held by a process whose slot lost its pid (after a loss)
+                }
+            }
+            if !lock::own_add(self.key, i) {
+                if let Some(fd) = fd {
+                    lock::unlock_byte(fd, SLOT_LOCK_BASE + i as u64);
+                }
+                return None;
+            }
+            s.pid.store(slots::RELEASING, Release);
+            self.reset_slot(i);
+            for d in 0..MAX_DEVICES {
+                if let Some(m) = self.mirror(i, d) {
+                    m.store(0, Release);
+                }
+            }
+            s.start_time.store(start, Release);
+            s.pid.store(pid, Release);
+            self.mine[i].store(true, Release);
+            self.remember_config();
+            return Some(i);
+        }
+        None
+    }
+
+    /// Releases slot `i`: this process's own (at exit), or another process's that is gone.
+    /// Its charges leave the container's `used` (by a repair, not a subtraction).
+    fn release_slot(&self, i: usize, pid: u32) -> bool {
+        if !matches!(self.mode, Mode::Shared | Mode::Anonymous) {
+            return false;
+        }
+        let g = self.lifecycle();
+        if self.slot(i).pid.load(Acquire) != pid {
+            return false;
+        }
+        let fd = self.rw_fd();
+        if lock::own_has(self.key, i) {
+            self.clear_slot(i);
+            if g.held {
+                self.recompute_locked();
+            }
+            if let Some(m) = self.mine.get(i) {
+                m.store(false, Release);
+            }
+            lock::own_remove(self.key, i);
+            if let Some(fd) = fd {
+                lock::unlock_byte(fd, SLOT_LOCK_BASE + i as u64);
+            }
+            return true;
+        }
+        let free = g.held
+            && match fd {
+                Some(fd) => lock::try_lock_byte(fd, SLOT_LOCK_BASE + i as u64).unwrap_or(false),
+                None => true,
+            };
+        if free {
+            self.clear_slot(i);
+            self.recompute_locked();
+            if let Some(fd) = fd {
+                lock::unlock_byte(fd, SLOT_LOCK_BASE + i as u64);
             }
         }
+        free
+    }
+
+    /// Clears every slot nobody holds (dead, exec'd, or garbage) and repairs `used`. Returns
+    /// how many. A view reclaims nothing.
+    fn reclaim_dead(&self) -> usize {
+        if !matches!(self.mode, Mode::Shared | Mode::Anonymous) {
+            return 0;
+        }
+        if self.lost() {
+            self.recover();
+        }
+        let g = self.lifecycle();
+        if !g.held {
+            return 0;
+        }
+        self.reclaim_locked()
+    }
+
+    fn live_slots(&self) -> Vec<(usize, u32)> {
+        (0..MAX_PROCS)
+            .filter_map(|i| {
+                let pid = self.slot(i).pid.load(Acquire);
+                (pid != 0 && pid != slots::RELEASING && self.slot_owned(i)).then_some((i, pid))
+            })
+            .collect()
     }
 }
 
 impl Drop for State {
     fn drop(&mut self) {
+        sigbus::unregister(self.base as usize);
         // SAFETY: `base` is the FILE_SIZE mapping this State created and owns; `&mut self` means
         // no reference borrowed from it (header/device/slot) is still alive.
         unsafe { libc::munmap(self.base as *mut _, FILE_SIZE) };
+        // `file` (a HeldFile) is closed after, unless this process holds slots on it.
     }
 }
 
-/// The default state directory: /run/libshare when it exists (the daemon's), else a per-user one
-/// (`LIBSHARE_STATE_DIR` overrides both, in the shim and in sharectl).
-pub fn default_state_dir() -> std::path::PathBuf {
-    let run = std::path::PathBuf::from("/run/libshare");
-    if run.is_dir() {
-        return run;
+/// The default state directory, checked for a shared host: `/run/libshare` if it exists and is
+/// root's and not writable by others (the daemon's); else `$XDG_RUNTIME_DIR/libshare` when
+/// `XDG_RUNTIME_DIR` is set and is ours and private; else `/tmp/libshare-<uid>` if it does not
+/// exist yet or is ours with mode 0700. Err (one line naming LIBSHARE_STATE_DIR) otherwise: a
+/// directory another user created must never be used.
+pub fn default_state_dir_checked() -> Result<PathBuf, StateError> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = std::fs::symlink_metadata("/run/libshare") {
+        if m.is_dir() && m.uid() == 0 && m.mode() & 0o022 == 0 {
+            return Ok(PathBuf::from("/run/libshare"));
+        }
     }
-    // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    std::path::PathBuf::from(format!("/tmp/libshare-{uid}"))
+    let uid = fsafe::euid();
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
+        let x = PathBuf::from(x);
+        if x.is_absolute() && fsafe::private_dir_of(&x, uid) == Ok(true) {
+            return Ok(x.join("libshare"));
+        }
+    }
+    let tmp = PathBuf::from(format!("/tmp/libshare-{uid}"));
+    match fsafe::private_dir_of(&tmp, uid) {
+        Ok(_) => Ok(tmp),
+        Err(why) => Err(StateError::NoSafeDefault { why }),
+    }
+}
+
+/// [`default_state_dir_checked`], or `/tmp/libshare-<uid>` when no default is safe (opening
+/// under it then fails with the reason, see `fsafe.rs`). Kept for callers that want a path.
+pub fn default_state_dir() -> PathBuf {
+    default_state_dir_checked()
+        .unwrap_or_else(|_| PathBuf::from(format!("/tmp/libshare-{}", fsafe::euid())))
 }
 
 /// The directory of container `name` under a state directory.
-pub fn container_dir(state_dir: &Path, name: &str) -> std::path::PathBuf {
+pub fn container_dir(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join("containers").join(name)
 }
 
@@ -430,114 +1441,4 @@ pub fn proc_alive(pid: u32, start_time: u64) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layout_is_stable() {
-        assert_eq!(HEADER_SIZE, 64);
-        assert_eq!(std::mem::size_of::<DeviceState>(), 128);
-        assert_eq!(FILE_SIZE % 64, 0);
-    }
-
-    #[test]
-    fn a_view_follows_the_file_and_never_writes_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let st = State::open_or_create(dir.path()).unwrap();
-        let path = dir.path().join(STATE_FILE);
-        let view = State::open_view(&path).unwrap();
-        assert!(st.reserve(0, 100));
-        assert_eq!(
-            view.device(0).used.load(Acquire),
-            100,
-            "updates are visible"
-        );
-        view.device(1).used.store(7, Release);
-        assert_eq!(
-            st.device(1).used.load(Acquire),
-            0,
-            "the view's writes stay private"
-        );
-        assert_eq!(
-            State::open_existing(&path)
-                .unwrap()
-                .device(1)
-                .used
-                .load(Acquire),
-            0
-        );
-        let bad = dir.path().join("short");
-        std::fs::write(&bad, b"x").unwrap();
-        assert!(State::open_view(&bad).is_err());
-    }
-
-    #[test]
-    fn quota_is_never_exceeded_under_contention() {
-        let dir = tempfile::tempdir().unwrap();
-        let st = std::sync::Arc::new(State::open_or_create(dir.path()).unwrap());
-        st.device(0).quota.store(1000, Release);
-        let threads: Vec<_> = (0..8)
-            .map(|_| {
-                let st = st.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..10_000 {
-                        if st.reserve(0, 7) {
-                            assert!(st.device(0).used.load(Acquire) <= 1000);
-                            st.release(0, 7);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert_eq!(st.device(0).used.load(Acquire), 0);
-        assert!(st.device(0).peak.load(Acquire) <= 1000);
-        assert!(!st.reserve(0, 1001));
-    }
-
-    #[test]
-    fn second_open_sees_the_same_state_and_bad_files_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = State::open_or_create(dir.path()).unwrap();
-        a.device(1).quota.store(5, Release);
-        let b = State::open_or_create(dir.path()).unwrap();
-        assert_eq!(b.device(1).quota.load(Acquire), 5);
-        // Wrong version.
-        let p = dir.path().join(STATE_FILE);
-        let mut bytes = std::fs::read(&p).unwrap();
-        bytes[8] = 99;
-        let bad = tempfile::tempdir().unwrap();
-        std::fs::write(bad.path().join(STATE_FILE), &bytes).unwrap();
-        let e = State::open_or_create(bad.path()).err().unwrap();
-        assert!(e.0.contains("another libshare version"), "{e}");
-        // Truncated.
-        std::fs::write(bad.path().join(STATE_FILE), &bytes[..100]).unwrap();
-        assert!(State::open_or_create(bad.path())
-            .err()
-            .unwrap()
-            .0
-            .contains("truncated"));
-    }
-
-    #[test]
-    fn dead_process_memory_returns_to_the_quota() {
-        let dir = tempfile::tempdir().unwrap();
-        let st = State::open_or_create(dir.path()).unwrap();
-        st.device(0).quota.store(100, Release);
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let slot = st.claim_slot(child.id()).unwrap();
-        assert!(st.reserve(0, 60));
-        st.slot(slot).used[0].store(60, Release);
-        assert!(!st.reserve(0, 60), "quota is full");
-        child.kill().unwrap();
-        child.wait().unwrap();
-        assert_eq!(st.reclaim_dead(), 1);
-        assert_eq!(st.device(0).used.load(Acquire), 0);
-        assert!(st.reserve(0, 60));
-    }
-}
+mod tests;

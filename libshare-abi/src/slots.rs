@@ -1,8 +1,12 @@
 //! The lifecycle of per-process slots in a shared state file, used by libshare's container state
-//! and by simgpu's machine state: a process claims a free slot; a slot whose process is gone
-//! (pid no longer alive, or reused by another process: the start time differs) is reclaimed by
-//! whoever notices first; claiming and releasing go through a transient pid so two processes never
-//! both release, or release a slot someone just claimed.
+//! and by simgpu's machine state: a process claims a free slot; a slot whose process is gone is
+//! reclaimed by whoever notices first; claiming and releasing go through a transient pid so two
+//! processes never both release, or release a slot someone just claimed.
+//!
+//! Whether a slot's process is alive is [`SlotTable::slot_alive`]: by default its pid is alive
+//! with the same start time (a reused pid is not the same process), which is what simgpu's
+//! machine state uses. libshare's container state overrides the lifecycle to use a lock the
+//! slot's process holds (see the crate doc), which also drops at `exec`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
@@ -19,6 +23,15 @@ pub trait SlotTable {
     fn reset_slot(&self, i: usize);
     /// Slot `i` is being released (its pid is RELEASING): give back what its process held.
     fn free_slot(&self, i: usize);
+
+    /// Whether slot `i`'s process is alive: by default, its pid exists, is not a zombie and has
+    /// the start time it registered with.
+    fn slot_alive(&self, i: usize) -> bool {
+        crate::proc_alive(
+            self.slot_pid(i).load(Acquire),
+            self.slot_start_time(i).load(Acquire),
+        )
+    }
 
     /// Claims a slot for `pid`, reclaiming the slots of dead processes first.
     fn claim_slot(&self, pid: u32) -> Option<usize> {
@@ -58,10 +71,7 @@ pub trait SlotTable {
         (0..self.slot_count())
             .filter(|&i| {
                 let pid = self.slot_pid(i).load(Acquire);
-                pid != 0
-                    && pid != RELEASING
-                    && !crate::proc_alive(pid, self.slot_start_time(i).load(Acquire))
-                    && self.release_slot(i, pid)
+                pid != 0 && pid != RELEASING && !self.slot_alive(i) && self.release_slot(i, pid)
             })
             .count()
     }
@@ -71,10 +81,7 @@ pub trait SlotTable {
         (0..self.slot_count())
             .filter_map(|i| {
                 let pid = self.slot_pid(i).load(Acquire);
-                (pid != 0
-                    && pid != RELEASING
-                    && crate::proc_alive(pid, self.slot_start_time(i).load(Acquire)))
-                .then_some((i, pid))
+                (pid != 0 && pid != RELEASING && self.slot_alive(i)).then_some((i, pid))
             })
             .collect()
     }

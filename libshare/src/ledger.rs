@@ -333,6 +333,9 @@ fn reclaim_now_and_then(acc: &Account) {
     if now.saturating_sub(last) >= 100 && LAST.compare_exchange(last, now, AcqRel, Relaxed).is_ok()
     {
         acc.reclaim_dead();
+        if let Err(e) = acc.state.check_path() {
+            tracing::warn!("{e}");
+        }
     }
 }
 
@@ -400,6 +403,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     struct World {
+        _dir: tempfile::TempDir,
         acc: Account,
         fake: Fake,
         tables: Tables,
@@ -409,10 +413,15 @@ mod tests {
 
     impl World {
         fn new(quota: u64) -> World {
-            let state = State::anonymous().unwrap();
-            state.device(0).quota.store(quota, Release);
+            // A real container state file and a slot this process owns, as the shim has.
+            let dir = tempfile::tempdir().unwrap();
+            let state = State::open_or_create(dir.path()).unwrap();
+            state.set_quota(0, quota);
+            let pid = std::process::id();
+            let slot = libshare_abi::SlotTable::claim_slot(&state, pid).unwrap();
             World {
-                acc: Account::new(state, 0, std::process::id()),
+                _dir: dir,
+                acc: Account::new(state, slot, pid),
                 fake: Fake::new(0xc0),
                 tables: Tables::default(),
                 pools: Pools::default(),

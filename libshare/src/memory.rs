@@ -186,14 +186,15 @@ fn pool_alloc(
     if !l.charge(dev, pre) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    let r = call();
+    let r = l.pools.allocate(l.acc, l.ops, (pool, dev, pre), call, || {
+        dptr.get().unwrap_or(0)
+    });
     if r != CUDA_SUCCESS {
         l.acc.uncharge(dev, pre);
         return Err(r);
     }
     l.acc.count_alloc(dev);
     let ptr = dptr.get().unwrap_or(0);
-    l.pools.allocated(l.acc, l.ops, pool, dev, ptr, pre);
     if l.acc.over_quota(dev) {
         l.pools.trim_all(l.acc, l.ops);
     }

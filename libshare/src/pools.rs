@@ -72,6 +72,32 @@ impl Pools {
         self.reconcile_locked(&mut p, acc, ops, pool);
     }
 
+    /// Runs the driver's stream-ordered allocation `call` from `pool` (for which `precharged`
+    /// bytes were charged) under the table's lock, and hands the charge to the pool. Serialised
+    /// with every reconcile, so no reconcile sees a pool grown by an allocation whose charge has
+    /// not reached the pool yet (which would count that growth twice). `call` touches none of
+    /// the shim's locks. On failure the caller keeps (and returns) the charge.
+    pub fn allocate(
+        &self,
+        acc: &Account,
+        ops: &dyn DriverOps,
+        (pool, dev, precharged): (Handle, usize, u64),
+        call: impl FnOnce() -> CUresult,
+        ptr: impl FnOnce() -> CUdeviceptr,
+    ) -> CUresult {
+        let mut p = self.lock();
+        let r = call();
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        p.charged.entry(pool).or_insert((dev, 0)).1 += precharged;
+        if p.allocations.insert(ptr(), pool).is_none() {
+            self.live.fetch_add(1, AcqRel);
+        }
+        self.reconcile_locked(&mut p, acc, ops, pool);
+        r
+    }
+
     /// `ptr` was freed (stream-ordered or not): (pool, device) of a stream-ordered allocation,
     /// if it was one.
     pub fn freed(&self, ptr: CUdeviceptr) -> Option<(Handle, usize)> {

@@ -41,35 +41,22 @@ impl Account {
     /// Charges `bytes` on `dev` if they fit the quota (false: nothing changed). Exiting: the slot
     /// is gone and the memory goes with the process, so anything fits.
     pub fn charge(&self, dev: usize, bytes: u64) -> bool {
-        if self.exited.load(Acquire) {
-            return true;
-        }
-        let slot = &self.state.slot(self.slot).used[dev];
-        slot.fetch_add(bytes, AcqRel);
-        if self.state.reserve(dev, bytes) {
-            return true;
-        }
-        sub(slot, bytes);
-        false
+        self.exited.load(Acquire) || self.state.charge(self.slot, dev, bytes)
     }
 
     /// Charges `bytes` the container already holds on `dev` (e.g. what a pool reserved beyond
     /// what was charged), whatever the quota, so the figures stay true.
     pub fn charge_held(&self, dev: usize, bytes: u64) {
-        if self.exited.load(Acquire) || bytes == 0 {
-            return;
+        if !self.exited.load(Acquire) && bytes > 0 {
+            self.state.charge_held(self.slot, dev, bytes);
         }
-        self.state.slot(self.slot).used[dev].fetch_add(bytes, AcqRel);
-        self.state.force_reserve(dev, bytes);
     }
 
-    /// Returns `bytes` charged on `dev`: container first, then the slot.
+    /// Returns `bytes` charged on `dev`.
     pub fn uncharge(&self, dev: usize, bytes: u64) {
-        if self.exited.load(Acquire) || bytes == 0 {
-            return;
+        if !self.exited.load(Acquire) && bytes > 0 {
+            self.state.uncharge(self.slot, dev, bytes);
         }
-        self.state.release(dev, bytes);
-        sub(&self.state.slot(self.slot).used[dev], bytes);
     }
 
     /// The quota on `dev` (0 = none) and what the container holds there.
@@ -86,7 +73,7 @@ impl Account {
 
     /// What this process holds on `dev`.
     pub fn held(&self, dev: usize) -> u64 {
-        self.state.slot(self.slot).used[dev].load(Acquire)
+        self.state.slot(self.slot).net(dev)
     }
 
     /// Returns the memory of dead processes of the container to the quota. How many.
@@ -113,10 +100,6 @@ impl Account {
             self.state.device(dev).frees.fetch_add(1, AcqRel);
         }
     }
-}
-
-fn sub(a: &AtomicU64, bytes: u64) {
-    let _ = a.fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
 }
 
 /// The shim of this process, once `cuInit` has run.
@@ -239,14 +222,13 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     let managed = state.header().flags.load(Acquire) & libshare_abi::FLAG_DAEMON_MANAGED != 0;
     for (d, limit) in cfg.memory_limit.iter().enumerate().take(devices) {
         let Some(l) = *limit else { continue };
-        let q = &state.device(d).quota;
-        let cur = q.load(Acquire);
+        let cur = state.device(d).quota.load(Acquire);
         if !managed {
-            q.store(l, Release);
+            state.set_quota(d, l);
         } else if cur == 0 || cur > l {
             // The daemon manages the container, but the environment's limit is still a
             // ceiling: never a larger quota than the one the job was started with.
-            q.store(l, Release);
+            state.set_quota(d, l);
             eprintln!(
                 "libshare: the container's quota on device {d} is set by the daemon, but {} is lower: {} applies",
                 cfg.memory_limit_source[d],

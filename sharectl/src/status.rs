@@ -1,7 +1,10 @@
 //! `sharectl status`: what every container on this node holds, read from the state files the shim
 //! writes (`<state dir>/containers/<name>/state.shm`). Works with or without the daemon, needs only
-//! read permission on those files (a private view, see `State::open_view`), and only
-//! reads: a dead process's memory is shown until a process of its container (or the daemon)
+//! read permission on those files, and only reads: each file is copied once
+//! (`State::snapshot`: opened without following a symlink and without blocking, so a FIFO or a
+//! link planted there is reported, never waited on or followed; a regular file only; a later
+//! truncation cannot fault). A process is listed if it holds its slot's lock, the same rule the
+//! shim uses; a dead process's memory is shown until a process of its container (or the daemon)
 //! reclaims it.
 
 use anyhow::{bail, Context, Result};
@@ -53,7 +56,7 @@ fn container(name: &str, st: &State) -> Value {
         .iter()
         .map(|(i, pid)| {
             let s = st.slot(*i);
-            let used: u64 = s.used.iter().map(|u| u.load(Acquire)).sum();
+            let used = s.net_total();
             let launches: u64 = s.launches.iter().map(|u| u.load(Acquire)).sum();
             json!({ "pid": pid, "used_bytes": used, "launches": launches })
         })
@@ -73,24 +76,36 @@ fn state_dir(arg: Option<PathBuf>) -> PathBuf {
 /// `status` and by the demo's live numbers.
 pub fn read_containers(dir: &Path) -> Result<(Vec<Value>, Vec<String>)> {
     let root = dir.join("containers");
+    let mut errors = Vec::new();
     let mut names: Vec<String> = match std::fs::read_dir(&root) {
         Ok(rd) => rd
             .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().into_string().ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                // Never follow a symlink (DirEntry::file_type does not).
+                if e.file_type().is_ok_and(|t| t.is_symlink()) {
+                    errors.push(format!(
+                        "container {name}: {} is a symbolic link: not followed (remove it)",
+                        e.path().display()
+                    ));
+                    return None;
+                }
+                Some(name)
+            })
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", root.display())),
     };
     names.sort();
     let mut containers = Vec::new();
-    let mut errors = Vec::new();
     for name in names {
         let path = libshare_abi::container_dir(dir, &name).join(libshare_abi::STATE_FILE);
-        match State::open_view(&path) {
+        match State::snapshot(&path) {
             Ok(st) => containers.push(container(&name, &st)),
             Err(e) => errors.push(format!("container {name}: {e}")),
         }
     }
+    errors.sort();
     Ok((containers, errors))
 }
 
@@ -166,4 +181,98 @@ pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
         }
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::{ProcSlot, SLOT_LOCK_BASE};
+    use std::io::BufRead;
+    use std::sync::atomic::Ordering::Release;
+    use std::time::Duration;
+
+    /// `read_containers` in a thread, failing the test if it does not return within 10 s.
+    fn read_with_timeout(dir: &Path) -> (Vec<Value>, Vec<String>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.to_path_buf();
+        std::thread::spawn(move || tx.send(read_containers(&d).unwrap()).unwrap());
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("sharectl status blocked")
+    }
+
+    #[test]
+    fn status_never_blocks_on_a_fifo_nor_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = libshare_abi::container_dir(dir.path(), "good");
+        drop(State::open_or_create(&good).unwrap());
+        let fifo = libshare_abi::container_dir(dir.path(), "fifo");
+        std::fs::create_dir_all(&fifo).unwrap();
+        let c = std::ffi::CString::new(fifo.join("state.shm").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let linked = libshare_abi::container_dir(dir.path(), "linked-file");
+        std::fs::create_dir_all(&linked).unwrap();
+        std::os::unix::fs::symlink(good.join("state.shm"), linked.join("state.shm")).unwrap();
+        std::os::unix::fs::symlink(&good, libshare_abi::container_dir(dir.path(), "linked-dir"))
+            .unwrap();
+        let (containers, errors) = read_with_timeout(dir.path());
+        assert_eq!(containers.len(), 1, "{containers:?}");
+        assert_eq!(containers[0]["container"], "good");
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].starts_with("container fifo:") && errors[0].contains("FIFO"));
+        assert!(
+            errors[1].starts_with("container linked-dir:") && errors[1].contains("symbolic link")
+        );
+        assert!(
+            errors[2].starts_with("container linked-file:") && errors[2].contains("symbolic link")
+        );
+    }
+
+    /// A process is listed while it holds its slot's lock, whatever pids the slots show.
+    #[test]
+    fn a_process_is_listed_only_while_it_holds_its_slot_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let cdir = libshare_abi::container_dir(dir.path(), "c");
+        let st = State::open_or_create(&cdir).unwrap();
+        let path = cdir.join("state.shm");
+        // Another process holds slot 3's lock (Python's fcntl.lockf is a POSIX record lock).
+        let mut holder = match std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl,sys,time\nf=open(sys.argv[1],'r+b')\nfcntl.lockf(f,fcntl.LOCK_EX|fcntl.LOCK_NB,1,int(sys.argv[2]))\nprint('locked',flush=True)\ntime.sleep(60)",
+            ])
+            .arg(&path)
+            .arg((SLOT_LOCK_BASE + 3).to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("SKIP: python3 is needed to hold a lock from another process: {e}");
+                return;
+            }
+        };
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "locked");
+        let fill = |s: &ProcSlot, pid: u32, bytes: u64| {
+            s.pid.store(pid, Release);
+            s.charged[0].store(bytes, Release);
+        };
+        fill(st.slot(3), holder.id(), 300);
+        // A live pid without the lock (e.g. the pid of a process that exec'd): not listed.
+        fill(st.slot(4), holder.id(), 400);
+        let (c, errors) = read_with_timeout(dir.path());
+        assert!(errors.is_empty(), "{errors:?}");
+        let procs = c[0]["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "{procs:?}");
+        assert_eq!(procs[0]["pid"], holder.id());
+        assert_eq!(procs[0]["used_bytes"], 300);
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        let (c, _) = read_with_timeout(dir.path());
+        assert_eq!(c[0]["processes"].as_array().unwrap().len(), 0);
+    }
 }

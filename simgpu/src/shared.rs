@@ -130,6 +130,34 @@ pub struct Shared {
     len: usize,
     pub ndev: usize,
     pub chunks_per_dev: usize,
+    /// The state file, kept open for the life of the process (never closed: closing any
+    /// descriptor of the file would drop this process's slot locks); close-on-exec.
+    fd: libc::c_int,
+}
+
+/// The slots this process holds the lock of (a process never sees its own locks with F_GETLK;
+/// shared by every `Shared` of the process: the driver's and NVML's).
+static OWNED: [AtomicU64; MAX_PROCS.div_ceil(64)] =
+    [const { AtomicU64::new(0) }; MAX_PROCS.div_ceil(64)];
+
+fn owned(i: usize) -> bool {
+    OWNED[i / 64].load(Acquire) & (1 << (i % 64)) != 0
+}
+
+/// Slot `i` is owned by a POSIX record lock on byte `SLOT_LOCK_BASE + i` of the state file
+/// (past its end, which POSIX allows), held by the slot's process. The kernel drops it when the
+/// process dies and, the descriptor being close-on-exec, when it execs — as a GPU's driver frees
+/// a process's memory when its device files close. A process never sees its own locks.
+const SLOT_LOCK_BASE: i64 = 1 << 40;
+
+fn slot_lock(kind: libc::c_int, i: usize) -> libc::flock {
+    // SAFETY: `flock` is plain data; all-zero is a valid value of every field.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = SLOT_LOCK_BASE + i as i64;
+    l.l_len = 1;
+    l
 }
 
 // SAFETY: `base` is a mapping owned by this Shared (unmapped only in Drop), not tied to the
@@ -230,6 +258,7 @@ impl Shared {
             len: size,
             ndev,
             chunks_per_dev: chunks,
+            fd,
         };
         if !existing {
             // SAFETY: `base` is the page-aligned mapping just made, at least a Header long; we
@@ -249,7 +278,30 @@ impl Shared {
         }
         // SAFETY: releases the lock taken above on `f`'s still-open descriptor.
         unsafe { libc::flock(fd, libc::LOCK_UN) };
+        // Kept open (see `fd`): the descriptor now belongs to `s`, for the life of the process.
+        let _ = std::os::fd::IntoRawFd::into_raw_fd(f);
         Ok(s)
+    }
+
+    /// Device memory in use on `dev`, less what slots being released (their process gone) still
+    /// count.
+    pub fn mem_used_by_live(&self, dev: usize) -> u64 {
+        let releasing: u64 = (0..MAX_PROCS)
+            .filter(|&i| self.slot(i).pid.load(Acquire) == slots::RELEASING)
+            .map(|i| self.slot(i).dev[dev].mem_used.load(Acquire))
+            .sum();
+        self.dev(dev)
+            .mem_used
+            .load(Acquire)
+            .saturating_sub(releasing)
+    }
+
+    /// Whether another process holds slot `i`'s lock.
+    fn slot_locked_by_other(&self, i: usize) -> bool {
+        let mut l = slot_lock(libc::F_WRLCK, i);
+        // SAFETY: F_GETLK on our open descriptor with a live, initialised `flock` to update.
+        let r = unsafe { libc::fcntl(self.fd, libc::F_GETLK, &mut l) };
+        r == 0 && l.l_type != libc::F_UNLCK as libc::c_short
     }
 
     fn header(&self) -> &Header {
@@ -328,6 +380,12 @@ impl slots::SlotTable for Shared {
         &self.slot(i).start_time
     }
     fn reset_slot(&self, i: usize) {
+        // Claimed (its pid is still RELEASING, so nobody judges it): take its lock before the
+        // pid is published.
+        let l = slot_lock(libc::F_WRLCK, i);
+        // SAFETY: F_SETLK on our open descriptor with a live, initialised `flock`.
+        unsafe { libc::fcntl(self.fd, libc::F_SETLK, &l) };
+        OWNED[i / 64].fetch_or(1 << (i % 64), AcqRel);
         let s = self.slot(i);
         s.generation.fetch_add(1, AcqRel);
         for d in &s.dev {
@@ -337,7 +395,20 @@ impl slots::SlotTable for Shared {
             d.allocs.store(0, Release);
         }
     }
+    /// Its pid is alive with its start time (a reused pid is not the same process), and its
+    /// lock is held: by this process, or by another one (an exec'd image no longer holds it).
+    fn slot_alive(&self, i: usize) -> bool {
+        libshare_abi::proc_alive(
+            self.slot(i).pid.load(Acquire),
+            self.slot(i).start_time.load(Acquire),
+        ) && (owned(i) || self.slot_locked_by_other(i))
+    }
     fn free_slot(&self, i: usize) {
+        if OWNED[i / 64].fetch_and(!(1 << (i % 64)), AcqRel) & (1 << (i % 64)) != 0 {
+            let l = slot_lock(libc::F_UNLCK, i);
+            // SAFETY: F_SETLK on our open descriptor with a live, initialised `flock`.
+            unsafe { libc::fcntl(self.fd, libc::F_SETLK, &l) };
+        }
         let s = self.slot(i);
         let word = owner_word(i, s.generation.load(Acquire));
         for d in 0..self.ndev {

@@ -106,7 +106,15 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
             (u + bytes <= total).then_some(u + bytes)
         });
         if let Ok(prev) = r {
-            d.mem_peak.fetch_max(prev + bytes, AcqRel);
+            let mut now = prev + bytes;
+            if now > d.mem_peak.load(Acquire) {
+                // A GPU frees a process's memory the moment the process dies; simgpu notices
+                // lazily, but before a dead process's memory could count toward a new peak
+                // (memory of slots another process is reclaiming right now counts as freed).
+                s.shared.reclaim_dead();
+                now = now.min(s.shared.mem_used_by_live(dev));
+            }
+            d.mem_peak.fetch_max(now, AcqRel);
             let p = &s.shared.slot(s.slot).dev[dev];
             p.mem_used.fetch_add(bytes, AcqRel);
             p.allocs.fetch_add(1, AcqRel);

@@ -1,0 +1,355 @@
+//! Safe steps to reach and create state files on a shared host.
+//!
+//! A directory is walked from `/` one component at a time with `openat(O_NOFOLLOW|O_DIRECTORY)`,
+//! so no component can be swapped for a symlink between a check and its use. Each directory on
+//! the way must be owned by root or by us (the effective uid), and must not be writable by other
+//! users unless it is root's sticky directory (`/tmp`): there, a name can only be taken, not
+//! replaced, and what we find under it is checked in turn. A symlink on the way is followed only
+//! if root owns it (`/var/run` → `/run`); any other one is refused. Directories we create are
+//! 0700 and files 0600 whatever the umask (`fchmod` after creation). A state file must be a
+//! regular file owned by us and not writable by others; it is opened `O_NOFOLLOW` (refused if
+//! it is a symlink) and `O_NONBLOCK` (a FIFO planted in its place cannot block the open), and
+//! its type is checked on the open descriptor.
+
+use crate::StateError;
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+fn cstr(name: &std::ffi::OsStr, path: &Path) -> Result<CString, StateError> {
+    CString::new(name.as_bytes()).map_err(|_| StateError::Io {
+        op: "use",
+        path: path.to_path_buf(),
+        err: "the path contains a NUL byte".into(),
+    })
+}
+
+pub(crate) fn fstat(fd: libc::c_int, path: &Path) -> Result<libc::stat, StateError> {
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor owned by the caller; `st` is a live local.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(StateError::io("stat", path, errno()));
+    }
+    Ok(st)
+}
+
+fn kind(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "regular file",
+        libc::S_IFDIR => "directory",
+        libc::S_IFLNK => "symbolic link",
+        libc::S_IFIFO => "FIFO",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFCHR => "character device",
+        libc::S_IFBLK => "block device",
+        _ => "special file",
+    }
+}
+
+/// Checks an open directory met on the way to a state file.
+fn check_dir(st: &libc::stat, path: &Path) -> Result<(), StateError> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(StateError::WrongType {
+            path: path.into(),
+            kind: kind(st.st_mode),
+            expected: "directory",
+        });
+    }
+    let me = euid();
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(StateError::ForeignOwner {
+            path: path.into(),
+            owner: st.st_uid,
+            uid: me,
+        });
+    }
+    let open_to_others = st.st_mode & 0o022 != 0;
+    let root_sticky = st.st_uid == 0 && st.st_mode & libc::S_ISVTX != 0;
+    if open_to_others && !root_sticky {
+        return Err(StateError::OpenToOthers {
+            path: path.into(),
+            mode: st.st_mode & 0o7777,
+        });
+    }
+    Ok(())
+}
+
+/// Checks an open state file.
+pub(crate) fn check_file(st: &libc::stat, path: &Path) -> Result<(), StateError> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(StateError::WrongType {
+            path: path.into(),
+            kind: kind(st.st_mode),
+            expected: "regular file",
+        });
+    }
+    let me = euid();
+    if st.st_uid != me {
+        return Err(StateError::ForeignOwner {
+            path: path.into(),
+            owner: st.st_uid,
+            uid: me,
+        });
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(StateError::OpenToOthers {
+            path: path.into(),
+            mode: st.st_mode & 0o7777,
+        });
+    }
+    Ok(())
+}
+
+fn open_at(dir: libc::c_int, name: &CString, flags: libc::c_int, mode: libc::c_uint) -> i32 {
+    // SAFETY: `dir` is an open directory descriptor (or AT_FDCWD) and `name` a NUL-terminated
+    // string, both alive for the call; the returned descriptor is owned by the caller.
+    unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) }
+}
+
+/// Opens (creating if `create`, 0700) the directory `path`, checking every component as the
+/// module doc says. Returns the open directory.
+pub(crate) fn open_dir(path: &Path, create: bool) -> Result<OwnedFd, StateError> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| StateError::io("resolve", path, e))?
+            .join(path)
+    };
+    let mut todo: Vec<std::ffi::OsString> = Vec::new();
+    for c in abs.components().rev() {
+        match c {
+            Component::Normal(n) => todo.push(n.to_os_string()),
+            Component::ParentDir => todo.push("..".into()),
+            _ => {}
+        }
+    }
+    let root = CString::new("/").expect("no NUL");
+    let fd = open_at(libc::AT_FDCWD, &root, libc::O_RDONLY | libc::O_DIRECTORY, 0);
+    if fd < 0 {
+        return Err(StateError::io("open", Path::new("/"), errno()));
+    }
+    // SAFETY: `fd` was just returned by openat, is valid and owned by nobody else.
+    let mut cur = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut shown = PathBuf::from("/");
+    let mut hops = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            // Lexical: only our own `..` components (a path given by the operator).
+            shown.pop();
+        } else {
+            shown.push(&name);
+        }
+        let c = cstr(&name, &shown)?;
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let mut fd = open_at(cur.as_raw_fd(), &c, flags, 0);
+        let mut created = false;
+        if fd < 0 {
+            let e = errno();
+            match e.raw_os_error() {
+                Some(libc::ENOENT) if create && todo.iter().all(|n| n != "..") => {
+                    // SAFETY: `cur` is an open directory, `c` a NUL-terminated name.
+                    let r = unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o700) };
+                    if r != 0 && errno().raw_os_error() != Some(libc::EEXIST) {
+                        return Err(StateError::io("create", &shown, errno()));
+                    }
+                    created = r == 0;
+                    fd = open_at(cur.as_raw_fd(), &c, flags, 0);
+                    if fd < 0 {
+                        return Err(StateError::io("open", &shown, errno()));
+                    }
+                }
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                    // A symlink (or not a directory): follow it only if root owns it.
+                    // SAFETY: an all-zero `stat` is valid; `cur`/`c` as above.
+                    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                    // SAFETY: as above; `st` is a live local.
+                    let r = unsafe {
+                        libc::fstatat(
+                            cur.as_raw_fd(),
+                            c.as_ptr(),
+                            &mut st,
+                            libc::AT_SYMLINK_NOFOLLOW,
+                        )
+                    };
+                    if r != 0 {
+                        return Err(StateError::io("stat", &shown, errno()));
+                    }
+                    if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+                        return Err(StateError::WrongType {
+                            path: shown,
+                            kind: kind(st.st_mode),
+                            expected: "directory",
+                        });
+                    }
+                    if st.st_uid != 0 || hops >= 16 {
+                        return Err(StateError::Symlink { path: shown });
+                    }
+                    hops += 1;
+                    let mut buf = [0u8; 4096];
+                    // SAFETY: `buf` is a live local of the length passed.
+                    let n = unsafe {
+                        libc::readlinkat(
+                            cur.as_raw_fd(),
+                            c.as_ptr(),
+                            buf.as_mut_ptr() as *mut libc::c_char,
+                            buf.len(),
+                        )
+                    };
+                    if n < 0 || n as usize >= buf.len() {
+                        return Err(StateError::io("read the link", &shown, errno()));
+                    }
+                    let target = PathBuf::from(std::ffi::OsStr::from_bytes(&buf[..n as usize]));
+                    shown.pop();
+                    let mut comps: Vec<std::ffi::OsString> = Vec::new();
+                    for c in target.components() {
+                        match c {
+                            Component::Normal(n) => comps.push(n.to_os_string()),
+                            Component::ParentDir => comps.push("..".into()),
+                            _ => {}
+                        }
+                    }
+                    if target.is_absolute() {
+                        let fd =
+                            open_at(libc::AT_FDCWD, &root, libc::O_RDONLY | libc::O_DIRECTORY, 0);
+                        if fd < 0 {
+                            return Err(StateError::io("open", Path::new("/"), errno()));
+                        }
+                        // SAFETY: fresh descriptor from openat, owned by nobody else.
+                        cur = unsafe { OwnedFd::from_raw_fd(fd) };
+                        shown = PathBuf::from("/");
+                    }
+                    todo.extend(comps.into_iter().rev());
+                    continue;
+                }
+                _ => return Err(StateError::io("open", &shown, e)),
+            }
+        }
+        // SAFETY: `fd` is a fresh descriptor from openat, owned by nobody else.
+        let next = unsafe { OwnedFd::from_raw_fd(fd) };
+        if created {
+            // The umask may have removed bits; make it exactly 0700.
+            // SAFETY: `next` is an open descriptor.
+            unsafe { libc::fchmod(next.as_raw_fd(), 0o700) };
+        }
+        check_dir(&fstat(next.as_raw_fd(), &shown)?, &shown)?;
+        cur = next;
+    }
+    Ok(cur)
+}
+
+/// Opens `name` in directory `dir` read-write, creating it (0600, exclusively) if `create`.
+/// Returns the file and whether this call created it.
+pub(crate) fn open_file_rw(
+    dir: &OwnedFd,
+    name: &str,
+    path: &Path,
+    create: bool,
+) -> Result<(File, bool), StateError> {
+    let c = cstr(name.as_ref(), path)?;
+    let base = libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    loop {
+        if create {
+            let fd = open_at(
+                dir.as_raw_fd(),
+                &c,
+                base | libc::O_CREAT | libc::O_EXCL,
+                0o600,
+            );
+            if fd >= 0 {
+                // SAFETY: a fresh descriptor from openat, owned by nobody else.
+                let f = unsafe { File::from_raw_fd(fd) };
+                // SAFETY: `f` is open; the umask may have removed bits: exactly 0600.
+                unsafe { libc::fchmod(f.as_raw_fd(), 0o600) };
+                check_file(&fstat(f.as_raw_fd(), path)?, path)?;
+                return Ok((f, true));
+            }
+            if errno().raw_os_error() != Some(libc::EEXIST) {
+                return Err(StateError::io("create", path, errno()));
+            }
+        }
+        let fd = open_at(dir.as_raw_fd(), &c, base, 0);
+        if fd < 0 {
+            let e = errno();
+            match e.raw_os_error() {
+                Some(libc::ELOOP) => return Err(StateError::Symlink { path: path.into() }),
+                Some(libc::ENOENT) if create => continue, // removed between the two opens
+                _ => return Err(StateError::io("open", path, e)),
+            }
+        }
+        // SAFETY: a fresh descriptor from openat, owned by nobody else.
+        let f = unsafe { File::from_raw_fd(fd) };
+        check_file(&fstat(f.as_raw_fd(), path)?, path)?;
+        return Ok((f, false));
+    }
+}
+
+/// Opens `path` read-only for a view: never follows a symlink in its last component, never
+/// blocks (a FIFO), and must be a regular file. The owner is not checked (a monitoring agent
+/// reads other users' files; a view never writes).
+pub(crate) fn open_file_ro(path: &Path) -> Result<File, StateError> {
+    let c = cstr(path.as_os_str(), path)?;
+    let fd = open_at(
+        libc::AT_FDCWD,
+        &c,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0,
+    );
+    if fd < 0 {
+        let e = errno();
+        return Err(match e.raw_os_error() {
+            Some(libc::ELOOP) => StateError::Symlink { path: path.into() },
+            _ => StateError::io("open", path, e),
+        });
+    }
+    // SAFETY: a fresh descriptor from openat, owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    let st = fstat(f.as_raw_fd(), path)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(StateError::WrongType {
+            path: path.into(),
+            kind: kind(st.st_mode),
+            expected: "regular file",
+        });
+    }
+    Ok(f)
+}
+
+/// lstat-like check of a directory that must be ours alone (the per-user default): Ok(true) if
+/// it exists and is a directory owned by `uid` with no access for others, Ok(false) if absent.
+pub(crate) fn private_dir_of(path: &Path, uid: u32) -> Result<bool, String> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+        Ok(m) => {
+            use std::os::unix::fs::MetadataExt;
+            if m.file_type().is_symlink() {
+                Err(format!("{} is a symbolic link", path.display()))
+            } else if !m.is_dir() {
+                Err(format!("{} is not a directory", path.display()))
+            } else if m.uid() != uid {
+                Err(format!("{} belongs to uid {}", path.display(), m.uid()))
+            } else if m.mode() & 0o077 != 0 {
+                Err(format!(
+                    "{} is open to other users (mode {:o})",
+                    path.display(),
+                    m.mode() & 0o7777
+                ))
+            } else {
+                Ok(true)
+            }
+        }
+    }
+}
