@@ -750,11 +750,13 @@ impl SimGpu {
     /// and checked against the magic and the device's `mem_total` (`expected_total`), so a layout
     /// change fails here instead of reading the wrong field.
     pub fn sim_mem_peak(&self, dev: usize, expected_total: u64) -> u64 {
-        const MAGIC: u64 = 0x5349_4d47_5055_0003; // simgpu::shared::MAGIC
+        const MAGIC: u64 = 0x5349_4d47_5055_0004; // simgpu::shared::MAGIC
         const DEV_OFF: usize = 64; // align64(size_of::<Header>() = 24)
-        const DEV_SIZE: usize = 1152; // align64(14 × u64 + BusyWindow 2 × 64 × u64)
-        const MEM_TOTAL: usize = 3 * 8;
-        const MEM_PEAK: usize = 5 * 8;
+                                   // align64(SchedShared 32 + 13 × u64 + BusyWindow 2 × 64 × u64); simgpu's
+                                   // shared::tests::dev_state_layout checks these numbers.
+        const DEV_SIZE: usize = 1216;
+        const MEM_TOTAL: usize = 6 * 8;
+        const MEM_PEAK: usize = 8 * 8;
         let path = self.state_dir().join("simgpu.state");
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let u64_at = |off: usize| u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
