@@ -145,9 +145,10 @@ pub fn advance(s: &mut impl SchedState, p: Params, now: u64) {
                 // times do not depend on when that comes.
                 break;
             }
-            // It died: the engine goes to the next context at its slice end.
-            s.set_free_at(t);
-            handoff(s, p, t, None);
+            // It died (perhaps right after its last operation, before giving the engine up):
+            // the engine has been free since its last grant ended.
+            let at = s.free_at();
+            handoff(s, p, at, None);
             continue;
         }
         if !(0..s.contexts()).any(|w| w != o && ready_by(s, w, t)) {
