@@ -2,43 +2,33 @@
 //! - a logging `CUDA_ERROR_NOT_SUPPORTED` stub for every driver export not implemented in
 //!   `src/driver/` (an implemented export is any `fn cuXxx` / `fn cuXxx / cuXxx_ptsz` there);
 //! - `export_ptr(name)`: the address of each export.
-use std::collections::BTreeSet;
+//!
+//! It also checks every implemented export's parameters, count and types, against the list's
+//! prototype (`shim_headers::check_params`); a mismatch fails the build naming the export, the
+//! parameter and both types.
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-fn scan_impls(dir: &Path, out: &mut BTreeSet<String>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            scan_impls(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            println!("cargo:rerun-if-changed={}", p.display());
-            for line in std::fs::read_to_string(&p).unwrap().lines() {
-                let Some(pos) = line.find("fn cu") else {
-                    continue;
-                };
-                let rest = &line[pos + 3..];
-                for part in rest.split(" / ") {
-                    let name: String = part
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.starts_with("cu") {
-                        break;
-                    }
-                    out.insert(name);
-                }
-            }
-        }
-    }
-}
+mod build_check;
+use build_check::{check_prototypes, scan_impls};
 
 fn main() {
-    let mut implemented = BTreeSet::new();
-    scan_impls(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut implemented,
-    );
+    let mut implemented = BTreeMap::new();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in scan_impls(root, &root.join("src"), &mut implemented) {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
+    println!("cargo:rerun-if-changed=build_check.rs");
+    let errors = check_prototypes(&implemented);
+    if !errors.is_empty() {
+        panic!(
+            "{} simgpu export(s) differ from shim-headers/cuda_driver_api.txt (fix the Rust \
+             signature; the type table is in shim-headers/src/prototypes.rs):\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
+    }
 
     // Every export of the declaration list (shim-headers), as parsed once there.
     let exports: BTreeSet<&str> = shim_headers::EXPORTS.iter().map(|(n, _)| *n).collect();
@@ -47,13 +37,13 @@ fn main() {
     );
     code.push_str("pub mod stubs {\n");
     for e in &exports {
-        if !implemented.contains(*e) {
+        if !implemented.contains_key(*e) {
             writeln!(code, "    #[no_mangle]\n    pub extern \"C\" fn {e}() -> u32 {{ crate::stub::hit({e:?}) }}").unwrap();
         }
     }
     code.push_str("}\n\n/// Address of the export named `name`, if the driver has it.\npub fn export_ptr(name: &str) -> Option<*mut std::ffi::c_void> {\n    Some(match name {\n");
     for e in &exports {
-        let path = if implemented.contains(*e) {
+        let path = if implemented.contains_key(*e) {
             "crate::driver"
         } else {
             "stubs"

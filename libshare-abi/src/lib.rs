@@ -17,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod rate;
 pub mod slots;
 pub use slots::SlotTable;
 pub mod units;
@@ -67,7 +68,7 @@ pub struct DeviceState {
     pub launches: AtomicU64,
     pub allocs: AtomicU64,
     pub frees: AtomicU64,
-    /// Rate control (written by the daemon; read by opportunistic shims): 0 = unthrottled.
+    /// The rate gate (`rate::Gate`, written by the daemon; read by opportunistic shims): 0 = open.
     pub budget: AtomicU64,
     pub _reserved: [AtomicU64; 8],
 }

@@ -3,7 +3,7 @@
 //! under an existing scheduler. An invalid value is an error naming the variable: the job fails
 //! at `cuInit`, never runs silently unlimited.
 
-use libshare_abi::units::{parse_size, GIB, KIB, MIB};
+use libshare_abi::units::{format_size, parse_size, GIB, KIB, MIB};
 use libshare_abi::{CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, MAX_DEVICES};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,6 +14,10 @@ pub struct Config {
     pub memory_limit: [Option<u64>; MAX_DEVICES],
     /// The variable each device's limit came from (for error messages).
     pub memory_limit_source: Vec<String>,
+    /// Whether device `i`'s limit names that device (`0:8GiB`, `CUDA_DEVICE_MEMORY_LIMIT_0`)
+    /// rather than every device: such a limit for a device the process does not have is an error
+    /// ([`Config::check_devices`]).
+    pub memory_limit_explicit: [bool; MAX_DEVICES],
     pub class: u32,
     pub container: String,
     /// The container's directory holding `state.shm`.
@@ -44,30 +48,43 @@ fn invalid(var: &str, value: &str, expected: &str) -> String {
     format!("libshare: invalid {var}={value:?}: {expected}")
 }
 
-/// HAMi-core sizes: a number with a `k`/`m`/`g` suffix (binary units) or a bare number of MiB, as
-/// HAMi documents them (`1024m`, `4g`); libshare's own sizes (`4GiB`) are accepted too.
+/// HAMi-core sizes, read as HAMi-core reads them (`get_limit_from_env`): a whole number of
+/// bytes, or one with a `k`/`m`/`g` suffix (either case; powers of 2): `1073741824`, `1024m`,
+/// `4g`. libshare's own sizes (`4GiB`, `4Gi`, `4GB`) are accepted too.
 fn parse_hami_size(s: &str) -> Option<u64> {
-    if let Some(v) = parse_size(s).filter(|_| s.trim().ends_with(|c: char| c.is_ascii_alphabetic()))
-    {
-        return Some(v);
+    let t = s.trim();
+    let whole = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    if whole(t) {
+        return t.parse().ok();
     }
-    let t = s.trim().to_ascii_lowercase();
-    let (num, mult) = match t.chars().last()? {
-        'k' => (&t[..t.len() - 1], KIB),
-        'm' => (&t[..t.len() - 1], MIB),
-        'g' => (&t[..t.len() - 1], GIB),
-        c if c.is_ascii_digit() => (t.as_str(), MIB),
-        _ => return None,
+    let (num, suffix) = t.split_at(t.len() - t.chars().last()?.len_utf8());
+    let mult = match suffix {
+        "k" | "K" => KIB,
+        "m" | "M" => MIB,
+        "g" | "G" => GIB,
+        _ => return parse_size(t),
     };
+    whole(num).then_some(())?;
     num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
-/// `8GiB` (every device) or `0:8GiB,1:4GiB`.
+/// The device index of a `CUDA_DEVICE_MEMORY_LIMIT_<i>` suffix as HAMi-core's device plugin
+/// writes it (`%d`: decimal, no leading zero) and below [`MAX_DEVICES`].
+fn device_suffix(s: &str) -> Option<usize> {
+    let canonical = s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()));
+    canonical
+        .then(|| s.parse().ok())
+        .flatten()
+        .filter(|d| *d < MAX_DEVICES)
+}
+
+/// `8GiB` (every device) or `0:8GiB,1:4GiB` (each device once).
 fn parse_limits(
     var: &str,
     value: &str,
     out: &mut [Option<u64>; MAX_DEVICES],
     src: &mut [String],
+    explicit: &mut [bool; MAX_DEVICES],
 ) -> Result<(), String> {
     let expected = "expected a size like 8GiB, 8Gi or 512MiB (GB/MB = powers of 10), or per device 0:8GiB,1:4GiB";
     if !value.contains(':') {
@@ -76,8 +93,10 @@ fn parse_limits(
             .ok_or_else(|| invalid(var, value, expected))?;
         out.iter_mut().for_each(|x| *x = Some(v));
         src.iter_mut().for_each(|s| *s = format!("{var}={value}"));
+        explicit.iter_mut().for_each(|e| *e = false);
         return Ok(());
     }
+    let mut seen = [false; MAX_DEVICES];
     for part in value.split(',') {
         let (dev, size) = part
             .split_once(':')
@@ -88,12 +107,20 @@ fn parse_limits(
             .ok()
             .filter(|d| *d < MAX_DEVICES)
             .ok_or_else(|| invalid(var, value, expected))?;
+        if std::mem::replace(&mut seen[dev], true) {
+            return Err(invalid(
+                var,
+                value,
+                &format!("device {dev} is given twice; give each device once"),
+            ));
+        }
         out[dev] = Some(
             parse_size(size)
                 .filter(|v| *v > 0)
                 .ok_or_else(|| invalid(var, value, expected))?,
         );
         src[dev] = format!("{var}={value}");
+        explicit[dev] = true;
     }
     Ok(())
 }
@@ -116,6 +143,16 @@ pub fn log_level(s: &str) -> tracing::Level {
         "trace" => tracing::Level::TRACE,
         _ => tracing::Level::DEBUG,
     }
+}
+
+/// The one line for a context overhead that leaves nothing of device `d`'s `limit` (`source`).
+fn overhead_error(overhead: u64, d: usize, limit: u64, source: &str) -> String {
+    format!(
+        "libshare: invalid LIBSHARE_CONTEXT_OVERHEAD: {} is not below device {d}'s {} ({source}), \
+         so every context would fail; lower the overhead or raise the limit",
+        format_size(overhead),
+        format_size(limit)
+    )
 }
 
 pub use libshare_abi::default_state_dir;
@@ -154,32 +191,70 @@ impl Config {
             .collect();
         let mut memory_limit = [None; MAX_DEVICES];
         let mut src = vec![String::new(); MAX_DEVICES];
+        let mut explicit = [false; MAX_DEVICES];
+        // A memory limit variable that is set must say something: empty is not "no limit".
+        let limit_var = |k: &str| match vars.get(k).map(|v| v.trim()) {
+            Some("") => Err(invalid(
+                k,
+                "",
+                "empty; expected a size (unset the variable for no limit)",
+            )),
+            v => Ok(v),
+        };
+        let hami_size = |k: &str, v: &str| {
+            parse_hami_size(v)
+                .filter(|b| *b > 0)
+                .ok_or_else(|| invalid(k, v, "expected a size like 4g, 1024m or a byte count"))
+        };
+        let mut warnings = warnings;
+        let mut small_byte_count = |k: &str, v: &str, b: u64| {
+            if v.bytes().all(|c| c.is_ascii_digit()) && b < MIB {
+                warnings.push(format!(
+                    "libshare: warning: {k}={v} is {b} bytes (a bare number is bytes, as in \
+                     HAMi-core); for MiB write {v}m"
+                ));
+            }
+        };
         // HAMi-core names first, so libshare's own variable wins when both are set.
-        if let Some(v) = get("CUDA_DEVICE_MEMORY_LIMIT") {
-            let b = parse_hami_size(v).filter(|b| *b > 0).ok_or_else(|| {
-                invalid(
-                    "CUDA_DEVICE_MEMORY_LIMIT",
-                    v,
-                    "expected a size like 4g or 1024m",
-                )
-            })?;
+        if let Some(v) = limit_var("CUDA_DEVICE_MEMORY_LIMIT")? {
+            let b = hami_size("CUDA_DEVICE_MEMORY_LIMIT", v)?;
+            small_byte_count("CUDA_DEVICE_MEMORY_LIMIT", v, b);
             memory_limit.iter_mut().for_each(|x| *x = Some(b));
             src.iter_mut()
                 .for_each(|s| *s = format!("CUDA_DEVICE_MEMORY_LIMIT={v}"));
         }
-        for (i, slot) in memory_limit.iter_mut().enumerate() {
-            let var = format!("CUDA_DEVICE_MEMORY_LIMIT_{i}");
-            if let Some(v) = get(&var) {
-                *slot = Some(
-                    parse_hami_size(v)
-                        .filter(|b| *b > 0)
-                        .ok_or_else(|| invalid(&var, v, "expected a size like 4g or 1024m"))?,
-                );
+        // Every CUDA_DEVICE_MEMORY_LIMIT_<suffix>: HAMi-core reads only _0 to _15 and silently
+        // ignores the rest (`_16`, `_00`), which would leave the device meant unlimited.
+        let mut per_device: Vec<&String> = vars
+            .keys()
+            .filter(|k| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT_"))
+            .collect();
+        per_device.sort();
+        for var in per_device {
+            let suffix = &var["CUDA_DEVICE_MEMORY_LIMIT_".len()..];
+            let Some(i) = device_suffix(suffix) else {
+                return Err(format!(
+                    "libshare: invalid variable {var}: expected CUDA_DEVICE_MEMORY_LIMIT_<i> with a \
+                     device index 0-{} written without leading zeros",
+                    MAX_DEVICES - 1
+                ));
+            };
+            if let Some(v) = limit_var(var)? {
+                let b = hami_size(var, v)?;
+                small_byte_count(var, v, b);
+                memory_limit[i] = Some(b);
                 src[i] = format!("{var}={v}");
+                explicit[i] = true;
             }
         }
-        if let Some(v) = get("LIBSHARE_MEMORY_LIMIT") {
-            parse_limits("LIBSHARE_MEMORY_LIMIT", v, &mut memory_limit, &mut src)?;
+        if let Some(v) = limit_var("LIBSHARE_MEMORY_LIMIT")? {
+            parse_limits(
+                "LIBSHARE_MEMORY_LIMIT",
+                v,
+                &mut memory_limit,
+                &mut src,
+                &mut explicit,
+            )?;
         }
         let class = match get("LIBSHARE_CLASS").map(|v| v.to_ascii_lowercase()) {
             None => CLASS_PRODUCTION,
@@ -245,9 +320,18 @@ impl Config {
                     })?,
             ),
         };
+        // The context overhead is charged before any allocation: at or above a limit, every
+        // context would fail.
+        if let Some((d, l)) = memory_limit.iter().enumerate().find_map(|(d, l)| {
+            l.filter(|l| context_overhead > 0 && context_overhead >= *l)
+                .map(|l| (d, l))
+        }) {
+            return Err(overhead_error(context_overhead, d, l, &src[d]));
+        }
         Ok(Config {
             memory_limit,
             memory_limit_source: src,
+            memory_limit_explicit: explicit,
             context_overhead,
             class,
             container,
@@ -256,6 +340,40 @@ impl Config {
             log: get("LIBSHARE_LOG").map(String::from),
             warnings,
         })
+    }
+
+    /// The limits against the devices this process sees (`count` of them; `totals[d]`: device
+    /// `d`'s memory, where known), checked at `cuInit`: a limit naming a device that does not
+    /// exist (the device meant would run unlimited), a limit above a device's memory, and a
+    /// context overhead that leaves nothing of a device are errors naming the variable.
+    pub fn check_devices(&self, count: usize, totals: &[u64]) -> Result<(), String> {
+        if let Some(d) = (count..MAX_DEVICES).find(|d| self.memory_limit_explicit[*d]) {
+            return Err(format!(
+                "libshare: invalid {}: this process has no CUDA device {d} ({count} device{}; \
+                 CUDA numbers the devices CUDA_VISIBLE_DEVICES shows, from 0)",
+                self.memory_limit_source[d],
+                if count == 1 { "" } else { "s" }
+            ));
+        }
+        for (d, &total) in totals.iter().enumerate().take(count.min(MAX_DEVICES)) {
+            if let Some(l) = self.memory_limit[d].filter(|l| *l > total) {
+                return Err(format!(
+                    "libshare: invalid {}: {} is more than device {d}'s {} of memory",
+                    self.memory_limit_source[d],
+                    format_size(l),
+                    format_size(total)
+                ));
+            }
+            if self.context_overhead > 0 && self.context_overhead >= total {
+                return Err(overhead_error(
+                    self.context_overhead,
+                    d,
+                    total,
+                    "the device's memory",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -341,5 +459,172 @@ mod tests {
         .unwrap();
         assert_eq!(c.container_dir, PathBuf::from("/s/containers/web-1"));
         assert_eq!(c.class, CLASS_OPPORTUNISTIC);
+    }
+
+    /// `e` is one line starting `libshare: invalid {var}`.
+    fn names(e: &str, var: &str) {
+        assert!(e.starts_with(&format!("libshare: invalid {var}")), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+
+    #[test]
+    fn an_empty_limit_is_an_error_not_unlimited() {
+        for var in [
+            "LIBSHARE_MEMORY_LIMIT",
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+        ] {
+            for v in ["", "  "] {
+                let e = cfg(&[(var, v)]).unwrap_err();
+                names(&e, var);
+                assert!(e.contains("empty"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_device_given_twice_is_an_error() {
+        let e = cfg(&[("LIBSHARE_MEMORY_LIMIT", "0:1GiB,1:2GiB,0:2GiB")]).unwrap_err();
+        names(&e, "LIBSHARE_MEMORY_LIMIT");
+        assert!(e.contains("device 0 is given twice"), "{e}");
+    }
+
+    #[test]
+    fn per_device_variables_hami_core_would_ignore_are_errors() {
+        for var in [
+            "CUDA_DEVICE_MEMORY_LIMIT_16",
+            "CUDA_DEVICE_MEMORY_LIMIT_00",
+            "CUDA_DEVICE_MEMORY_LIMIT_01",
+            "CUDA_DEVICE_MEMORY_LIMIT_x",
+            "CUDA_DEVICE_MEMORY_LIMIT_",
+        ] {
+            let e = cfg(&[(var, "1g")]).unwrap_err();
+            assert!(
+                e.starts_with(&format!("libshare: invalid variable {var}:")),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_15", "2g"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.memory_limit[0], c.memory_limit[15]),
+            (Some(GIB), Some(2 * GIB))
+        );
+        assert_eq!(c.memory_limit[1], None);
+    }
+
+    #[test]
+    fn hami_sizes_are_read_as_hami_core_reads_them() {
+        let limit = |v: &str| cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", v)]).map(|c| c.memory_limit[0]);
+        // A bare number is bytes (HAMi-core's get_limit_from_env: no suffix, scalar 1).
+        assert_eq!(limit("1073741824"), Ok(Some(GIB)));
+        assert_eq!(limit("17179869184"), Ok(Some(16 * GIB)));
+        // k/m/g in either case are powers of 2.
+        assert_eq!(limit("1024m"), Ok(Some(GIB)));
+        assert_eq!(limit("1024M"), Ok(Some(GIB)));
+        assert_eq!(limit("4g"), Ok(Some(4 * GIB)));
+        assert_eq!(limit("4G"), Ok(Some(4 * GIB)));
+        assert_eq!(limit("512k"), Ok(Some(512 * KIB)));
+        // libshare's own sizes too.
+        assert_eq!(limit("4GiB"), Ok(Some(4 * GIB)));
+        assert_eq!(limit("4Gi"), Ok(Some(4 * GIB)));
+        for bad in [
+            "0",
+            "0m",
+            "lots",
+            "4 g",
+            "-1",
+            "1.5g",
+            "99999999999999999999",
+        ] {
+            names(&limit(bad).unwrap_err(), "CUDA_DEVICE_MEMORY_LIMIT");
+        }
+        let per_device = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "2147483648")]).unwrap();
+        assert_eq!(per_device.memory_limit[1], Some(2 * GIB));
+        // A bare number small enough to be a mistake for MiB is said once, not silent.
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "1024")]).unwrap();
+        assert_eq!(c.memory_limit[0], Some(1024));
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(c.warnings[0].contains("1024 bytes"), "{:?}", c.warnings);
+        assert!(cfg(&[("CUDA_DEVICE_MEMORY_LIMIT", "1073741824")])
+            .unwrap()
+            .warnings
+            .is_empty());
+    }
+
+    #[test]
+    fn libshare_memory_limit_keeps_its_documented_units() {
+        let limit = |v: &str| cfg(&[("LIBSHARE_MEMORY_LIMIT", v)]).map(|c| c.memory_limit[0]);
+        assert_eq!(limit("1073741824"), Ok(Some(GIB))); // bytes
+        assert_eq!(limit("1GiB"), Ok(Some(GIB)));
+        assert_eq!(limit("1GB"), Ok(Some(1_000_000_000)));
+        names(&limit("1g").unwrap_err(), "LIBSHARE_MEMORY_LIMIT");
+    }
+
+    #[test]
+    fn a_context_overhead_at_or_above_a_limit_is_an_error() {
+        for (limit, overhead) in [("256MiB", "300MiB"), ("256MiB", "256MiB")] {
+            let e = cfg(&[
+                ("LIBSHARE_MEMORY_LIMIT", limit),
+                ("LIBSHARE_CONTEXT_OVERHEAD", overhead),
+            ])
+            .unwrap_err();
+            names(&e, "LIBSHARE_CONTEXT_OVERHEAD");
+            assert!(e.contains("LIBSHARE_MEMORY_LIMIT=256MiB"), "{e}");
+        }
+        let c = cfg(&[
+            ("LIBSHARE_MEMORY_LIMIT", "1GiB"),
+            ("LIBSHARE_CONTEXT_OVERHEAD", "300MiB"),
+        ])
+        .unwrap();
+        assert_eq!(c.context_overhead, 300 * MIB);
+    }
+
+    #[test]
+    fn limits_are_checked_against_the_devices_the_process_has() {
+        let totals = [8 * GIB];
+        // A limit naming device 1 on a one-device process: device 0 would run unlimited.
+        for vars in [
+            &[("LIBSHARE_MEMORY_LIMIT", "1:4GiB")][..],
+            &[("CUDA_DEVICE_MEMORY_LIMIT_1", "4g")][..],
+            &[("LIBSHARE_MEMORY_LIMIT", "0:4GiB,1:4GiB")][..],
+        ] {
+            let e = cfg(vars).unwrap().check_devices(1, &totals).unwrap_err();
+            names(&e, vars[0].0);
+            assert!(e.contains("no CUDA device 1 (1 device;"), "{e}");
+        }
+        // A limit for every device, or overridden by one for every device, names none.
+        for vars in [
+            &[("LIBSHARE_MEMORY_LIMIT", "4GiB")][..],
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "4g")][..],
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT_3", "1g"),
+                ("LIBSHARE_MEMORY_LIMIT", "4GiB"),
+            ][..],
+        ] {
+            assert_eq!(cfg(vars).unwrap().check_devices(1, &totals), Ok(()));
+        }
+        assert_eq!(
+            cfg(&[("LIBSHARE_MEMORY_LIMIT", "1:4GiB")])
+                .unwrap()
+                .check_devices(2, &[8 * GIB, 8 * GIB]),
+            Ok(())
+        );
+        // Above the device's memory.
+        let e = cfg(&[("LIBSHARE_MEMORY_LIMIT", "16GiB")])
+            .unwrap()
+            .check_devices(1, &totals)
+            .unwrap_err();
+        names(&e, "LIBSHARE_MEMORY_LIMIT=16GiB");
+        // An overhead that leaves nothing of an unlimited device.
+        let e = cfg(&[("LIBSHARE_CONTEXT_OVERHEAD", "8GiB")])
+            .unwrap()
+            .check_devices(1, &totals)
+            .unwrap_err();
+        names(&e, "LIBSHARE_CONTEXT_OVERHEAD");
     }
 }

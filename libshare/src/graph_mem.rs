@@ -9,87 +9,66 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
+use std::sync::Mutex;
 
-use crate::memory::{charged_then, take_allocation};
-use crate::state::{shim, PerProcess};
+use crate::boundary::{rc, In, Out, R};
+use crate::ledger::{self, Kind};
+use crate::ops::Handle;
+use crate::per_process::PerProcess;
+use crate::process::shim;
 use crate::types::*;
 
+/// A charge a graph holds: (device, bytes, holders, count a free when the last holder goes).
+type Held = (usize, u64, u32, bool);
+
+/// Which graphs hold which allocations' charges (reference counts).
 #[derive(Default)]
-struct GraphMem {
+pub struct GraphMem(Mutex<Inner>);
+
+#[derive(Default)]
+struct Inner {
     /// Graph or executable-graph handle → the allocations it holds.
-    owners: HashMap<usize, Vec<CUdeviceptr>>,
-    /// Allocation → (device, bytes, holders, count a free when the last holder goes).
-    allocs: HashMap<CUdeviceptr, (usize, u64, u32, bool)>,
+    owners: HashMap<Handle, Vec<CUdeviceptr>>,
+    allocs: HashMap<CUdeviceptr, Held>,
 }
 
 static GRAPH_MEM: PerProcess<GraphMem> = PerProcess::new();
 
-/// In a forked child: the parent's graphs are not the child's.
-pub fn forget_all_after_fork() {
-    GRAPH_MEM.reset();
-}
-
-/// The graph `stream` is capturing into, if it is capturing.
-pub(crate) fn capturing(stream: CUstream, ptsz: bool) -> Option<CUgraph> {
-    let r = crate::state::real();
-    let info = if ptsz {
-        r.cuStreamGetCaptureInfo_v2_ptsz
-    } else {
-        r.cuStreamGetCaptureInfo_v2
-    }?;
-    let (mut status, mut id, mut graph) = (0u32, 0u64, std::ptr::null_mut());
-    let (mut deps, mut n) = (std::ptr::null(), 0usize);
-    // SAFETY: the driver's `cuStreamGetCaptureInfo_v2(_ptsz)`; every out-pointer is a live
-    // local of the written type; `stream` is the caller's, which it is about to pass to the
-    // driver itself (a handle of this process or a default stream).
-    let rc = unsafe { info(stream, &mut status, &mut id, &mut graph, &mut deps, &mut n) };
-    const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
-    (rc == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE && !graph.is_null())
-        .then_some(graph)
-}
-
-/// `graph` now holds `dptr`'s charge (already charged and counted as an allocation).
-pub fn adopt(graph: CUgraph, dptr: CUdeviceptr, dev: usize, bytes: u64) {
-    hold(graph, dptr, dev, bytes, true)
-}
-
-fn hold(graph: CUgraph, dptr: CUdeviceptr, dev: usize, bytes: u64, count_free: bool) {
-    let mut g = GRAPH_MEM.lock();
-    let e = g.allocs.entry(dptr).or_insert((dev, bytes, 0, count_free));
-    e.2 += 1;
-    g.owners.entry(graph as usize).or_default().push(dptr);
-}
-
-/// A tracked allocation freed inside `graph` (a free node): the graph holds its charge now.
-fn freed_in(graph: CUgraph, dptr: CUdeviceptr) {
-    if let Some((dev, bytes)) = take_allocation(dptr) {
-        if let Some(sh) = crate::state::get() {
-            sh.count_free(dev);
-        }
-        hold(graph, dptr, dev, bytes, false);
+impl GraphMem {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-/// `to` (an executable graph or a clone) holds everything `from` holds.
-fn share(from: *mut c_void, to: *mut c_void) {
-    let mut g = GRAPH_MEM.lock();
-    let Some(list) = g.owners.get(&(from as usize)).cloned() else {
-        return;
-    };
-    for p in &list {
-        if let Some(e) = g.allocs.get_mut(p) {
-            e.2 += 1;
-        }
+    /// `graph` holds `dptr`'s charge.
+    pub fn hold(&self, graph: Handle, dptr: CUdeviceptr, dev: usize, bytes: u64, count_free: bool) {
+        let mut g = self.lock();
+        g.allocs
+            .entry(dptr)
+            .or_insert((dev, bytes, 0, count_free))
+            .2 += 1;
+        g.owners.entry(graph).or_default().push(dptr);
     }
-    g.owners.entry(to as usize).or_default().extend(list);
-}
 
-/// `owner` is gone: allocations no other graph holds go back to the quota.
-fn release(owner: *mut c_void) {
-    let returned: Vec<(usize, u64, bool)> = {
-        let mut g = GRAPH_MEM.lock();
-        let Some(list) = g.owners.remove(&(owner as usize)) else {
+    /// `to` (an executable graph or a clone) holds everything `from` holds.
+    pub fn share(&self, from: Handle, to: Handle) {
+        let mut g = self.lock();
+        let Some(list) = g.owners.get(&from).cloned() else {
             return;
+        };
+        for p in &list {
+            if let Some(e) = g.allocs.get_mut(p) {
+                e.2 += 1;
+            }
+        }
+        g.owners.entry(to).or_default().extend(list);
+    }
+
+    /// `owner` is gone: the charges no other graph holds, (device, bytes, count a free), to
+    /// be returned.
+    pub fn release(&self, owner: Handle) -> Vec<(usize, u64, bool)> {
+        let mut g = self.lock();
+        let Some(list) = g.owners.remove(&owner) else {
+            return Vec::new();
         };
         list.into_iter()
             .filter_map(|p| {
@@ -99,34 +78,34 @@ fn release(owner: *mut c_void) {
             })
             .map(|(dev, bytes, _, count)| (dev, bytes, count))
             .collect()
+    }
+}
+
+/// `graph` now holds `dptr`'s charge (already charged and counted as an allocation).
+pub fn adopt(graph: Handle, dptr: CUdeviceptr, dev: usize, bytes: u64) {
+    GRAPH_MEM.get().hold(graph, dptr, dev, bytes, true)
+}
+
+/// A tracked allocation freed inside `graph` (a free node): the graph holds its charge now.
+fn freed_in(graph: Handle, dptr: CUdeviceptr) {
+    let Some(sh) = crate::process::get() else {
+        return;
     };
-    if let Some(sh) = crate::state::get() {
-        for (dev, bytes, count) in returned {
-            sh.uncharge(dev, bytes);
-            if count {
-                sh.count_free(dev);
-            }
-        }
+    if let Some(e) = ledger::of(sh).take(Kind::Alloc, dptr) {
+        sh.account.count_free(e.dev);
+        GRAPH_MEM.get().hold(graph, dptr, e.dev, e.bytes, false);
     }
 }
 
 /// Charges an allocation node of `params` added to `graph` by `call`.
-///
-/// # Safety
-///
-/// `params` is NULL or valid for reading a `CUDA_MEM_ALLOC_NODE_PARAMS` whose `dptr` `call`
-/// has written when it returns CUDA_SUCCESS.
-unsafe fn charged_node(
-    graph: CUgraph,
-    params: *mut MemAllocNodeParams,
+fn charged_node(
     call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    // SAFETY: NULL or readable, by this function's contract.
-    match unsafe { params.as_ref() } {
+    graph: Handle,
+    params: Option<MemAllocNodeParams>,
+    dptr_after: impl FnOnce() -> CUdeviceptr,
+) -> R {
+    let l = ledger::of(shim()?);
+    match params {
         Some(p)
             if p.pool_props.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
                 && p.pool_props.location.id >= 0
@@ -134,242 +113,163 @@ unsafe fn charged_node(
         {
             let dev = p.pool_props.location.id as usize % libshare_abi::MAX_DEVICES;
             let bytes = p.bytesize as u64;
-            charged_then(sh, dev, bytes, call, || {
-                // SAFETY: not NULL (`as_ref` gave Some), so readable by this function's
-                // contract; read after `call` succeeded and the driver wrote `dptr`.
-                adopt(graph, unsafe { (*params).dptr }, dev, bytes)
+            l.charged_then(dev, bytes, call, |_, _| {
+                adopt(graph, dptr_after(), dev, bytes)
             })
         }
-        _ => call(),
+        _ => rc(call()),
     }
 }
 
 /// Runs `call` (adding a free node for `dptr` to `graph`); the graph then holds `dptr`.
-fn free_node(graph: CUgraph, dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
-    let r = call();
-    if r == CUDA_SUCCESS {
-        freed_in(graph, dptr);
-    }
-    r
+fn free_node(call: impl FnOnce() -> CUresult, graph: Handle, dptr: CUdeviceptr) -> R {
+    rc(call())?;
+    freed_in(graph, dptr);
+    Ok(())
 }
 
-type AllocNodeFn = unsafe extern "C" fn(
-    *mut CUgraphNode,
-    CUgraph,
-    *const CUgraphNode,
-    usize,
-    *mut MemAllocNodeParams,
-) -> CUresult;
-type FreeNodeFn = unsafe extern "C" fn(
-    *mut CUgraphNode,
-    CUgraph,
-    *const CUgraphNode,
-    usize,
-    CUdeviceptr,
-) -> CUresult;
-type AddNodeFn = unsafe extern "C" fn(
-    *mut CUgraphNode,
-    CUgraph,
-    *const CUgraphNode,
-    usize,
-    *mut GraphNodeParams,
-) -> CUresult;
-type AddNodeV2Fn = unsafe extern "C" fn(
-    *mut CUgraphNode,
-    CUgraph,
-    *const CUgraphNode,
-    *const c_void,
-    usize,
-    *mut GraphNodeParams,
-) -> CUresult;
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddMemAllocNode`.
-pub unsafe fn add_mem_alloc_node(
-    real: AllocNodeFn,
-    node: *mut CUgraphNode,
+pub fn add_mem_alloc_node(
+    call: impl FnOnce() -> CUresult,
+    _node: Out<CUgraphNode>,
     graph: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    params: *mut MemAllocNodeParams,
-) -> CUresult {
-    // SAFETY: the hook contract: `params` is the caller's in/out CUDA_MEM_ALLOC_NODE_PARAMS
-    // (NULL or valid), whose `dptr` the driver's function, called with the caller's arguments,
-    // writes on success.
-    unsafe { charged_node(graph, params, || real(node, graph, deps, n, params)) }
+    _deps: In<CUgraphNode>,
+    _n: usize,
+    params: Out<MemAllocNodeParams>,
+) -> R {
+    charged_node(call, graph as Handle, params.get(), || {
+        params.get().map_or(0, |p| p.dptr)
+    })
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddMemFreeNode`.
-pub unsafe fn add_mem_free_node(
-    real: FreeNodeFn,
-    node: *mut CUgraphNode,
+pub fn add_mem_free_node(
+    call: impl FnOnce() -> CUresult,
+    _node: Out<CUgraphNode>,
     graph: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
+    _deps: In<CUgraphNode>,
+    _n: usize,
     dptr: CUdeviceptr,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    free_node(graph, dptr, || unsafe { real(node, graph, deps, n, dptr) })
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddNode`.
-pub unsafe fn add_node(
-    real: AddNodeFn,
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    n: usize,
-    params: *mut GraphNodeParams,
-) -> CUresult {
-    // SAFETY: the hook contract: `params` is the caller's in/out CUgraphNodeParams (NULL or
-    // valid), passed on unchanged to the driver's function with the caller's arguments.
-    unsafe { accounted_node(graph, params, || real(node, graph, deps, n, params)) }
-}
-
-/// cuGraphAddNode_v2 and _v3 (with edge data).
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphAddNode_v2 / _v3`.
-pub unsafe fn add_node_v2(
-    real: AddNodeV2Fn,
-    node: *mut CUgraphNode,
-    graph: CUgraph,
-    deps: *const CUgraphNode,
-    edges: *const c_void,
-    n: usize,
-    params: *mut GraphNodeParams,
-) -> CUresult {
-    // SAFETY: as in `add_node`.
-    unsafe { accounted_node(graph, params, || real(node, graph, deps, edges, n, params)) }
+) -> R {
+    free_node(call, graph as Handle, dptr)
 }
 
 /// `cuGraphAddNode`: memory allocation and free nodes are accounted as by the dedicated
 /// functions; other nodes pass through.
-///
-/// # Safety
-///
-/// `params` is NULL or valid for reading a `CUgraphNodeParams`, and for a MEM_ALLOC node `call`
-/// has written its `alloc.dptr` when it returns CUDA_SUCCESS.
-unsafe fn accounted_node(
-    graph: CUgraph,
-    params: *mut GraphNodeParams,
+fn accounted_node(
     call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    // SAFETY: NULL or readable, by this function's contract.
-    match unsafe { params.as_ref() }.map(|p| p.kind) {
-        // SAFETY: not NULL (checked above); the union read as the variant `kind` names,
-        // CUDA_MEM_ALLOC_NODE_PARAMS, whose `dptr` `call` writes (this function's contract).
-        // `&raw mut` derives the pointer without an intermediate reference, so the read after
-        // the driver's write goes through the caller's pointer.
-        Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => unsafe {
-            charged_node(graph, &raw mut (*params).alloc, call)
-        },
-        Some(CU_GRAPH_NODE_TYPE_MEM_FREE) => {
-            // SAFETY: not NULL (checked above), readable by this function's contract; the
-            // union read as the variant `kind` names, CUDA_MEM_FREE_NODE_PARAMS.
-            let dptr = unsafe { (*params).free_dptr() };
-            free_node(graph, dptr, call)
+    graph: Handle,
+    params: &Out<GraphNodeParams>,
+) -> R {
+    match params.get() {
+        Some(p) if p.kind == CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+            charged_node(call, graph, Some(p.alloc), || {
+                params.get().map_or(0, |p| p.alloc.dptr)
+            })
         }
-        _ => call(),
+        Some(p) if p.kind == CU_GRAPH_NODE_TYPE_MEM_FREE => free_node(call, graph, p.free_dptr()),
+        _ => rc(call()),
     }
 }
 
-/// After a successful instantiation or clone, `*out` holds what `graph` holds.
-///
-/// # Safety
-///
-/// `out` is NULL or valid for reading a handle, which the driver wrote if `r` is CUDA_SUCCESS.
-unsafe fn shared_with(out: *mut *mut c_void, graph: CUgraph, r: CUresult) -> CUresult {
-    if r == CUDA_SUCCESS && !out.is_null() {
-        // SAFETY: not NULL (checked), readable and written by the driver (this function's
-        // contract).
-        share(graph, unsafe { *out });
+pub fn add_node(
+    call: impl FnOnce() -> CUresult,
+    _node: Out<CUgraphNode>,
+    graph: CUgraph,
+    _deps: In<CUgraphNode>,
+    _n: usize,
+    params: Out<GraphNodeParams>,
+) -> R {
+    accounted_node(call, graph as Handle, &params)
+}
+
+/// cuGraphAddNode_v2 and _v3 (with edge data).
+pub fn add_node_v2(
+    call: impl FnOnce() -> CUresult,
+    _node: Out<CUgraphNode>,
+    graph: CUgraph,
+    _deps: In<CUgraphNode>,
+    _edges: *const c_void,
+    _n: usize,
+    params: Out<GraphNodeParams>,
+) -> R {
+    accounted_node(call, graph as Handle, &params)
+}
+
+/// After a successful instantiation or clone, `out` holds what `graph` holds.
+fn shared_with(call: impl FnOnce() -> CUresult, out: &Out<*mut c_void>, graph: CUgraph) -> R {
+    rc(call())?;
+    if let Some(h) = out.get() {
+        GRAPH_MEM.get().share(graph as Handle, h as Handle);
     }
-    r
+    Ok(())
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphInstantiate(_v2)`.
-pub unsafe fn instantiate(
-    real: unsafe extern "C" fn(
-        *mut CUgraphExec,
-        CUgraph,
-        *mut CUgraphNode,
-        *mut c_char,
-        usize,
-    ) -> CUresult,
-    exec: *mut CUgraphExec,
+pub fn instantiate(
+    call: impl FnOnce() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    err: *mut CUgraphNode,
-    log: *mut c_char,
-    n: usize,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments; `exec`
-    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
-    unsafe { shared_with(exec, graph, real(exec, graph, err, log, n)) }
+    _err: Out<CUgraphNode>,
+    _log: *mut c_char,
+    _n: usize,
+) -> R {
+    shared_with(call, &exec, graph)
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphInstantiateWithFlags`.
-pub unsafe fn instantiate_with_flags(
-    real: unsafe extern "C" fn(*mut CUgraphExec, CUgraph, u64) -> CUresult,
-    exec: *mut CUgraphExec,
+pub fn instantiate_with_flags(
+    call: impl FnOnce() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    flags: u64,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments; `exec`
-    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
-    unsafe { shared_with(exec, graph, real(exec, graph, flags)) }
+    _flags: u64,
+) -> R {
+    shared_with(call, &exec, graph)
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphInstantiateWithParams(_ptsz)`.
-pub unsafe fn instantiate_with_params(
-    real: unsafe extern "C" fn(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult,
-    exec: *mut CUgraphExec,
+pub fn instantiate_with_params(
+    call: impl FnOnce() -> CUresult,
+    exec: Out<CUgraphExec>,
     graph: CUgraph,
-    params: *mut c_void,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments; `exec`
-    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
-    unsafe { shared_with(exec, graph, real(exec, graph, params)) }
+    _params: *mut c_void,
+) -> R {
+    shared_with(call, &exec, graph)
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphClone`.
-pub unsafe fn clone(
-    real: unsafe extern "C" fn(*mut CUgraph, CUgraph) -> CUresult,
-    out: *mut CUgraph,
-    graph: CUgraph,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments; `out`
-    // is the caller's out-pointer (NULL or writable), which the driver writes on success.
-    unsafe { shared_with(out, graph, real(out, graph)) }
+pub fn clone(call: impl FnOnce() -> CUresult, out: Out<CUgraph>, graph: CUgraph) -> R {
+    shared_with(call, &out, graph)
 }
 
-/// cuGraphDestroy and cuGraphExecDestroy.
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGraphDestroy / cuGraphExecDestroy`.
-pub unsafe fn destroy(
-    real: unsafe extern "C" fn(*mut c_void) -> CUresult,
-    h: *mut c_void,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's handle.
-    let r = unsafe { real(h) };
-    if r == CUDA_SUCCESS {
-        release(h);
+/// cuGraphDestroy and cuGraphExecDestroy: what no other graph holds goes back to the quota.
+pub fn destroy(call: impl FnOnce() -> CUresult, h: *mut c_void) -> R {
+    rc(call())?;
+    let returned = GRAPH_MEM.get().release(h as Handle);
+    if let Some(sh) = crate::process::get() {
+        for (dev, bytes, count) in returned {
+            sh.account.uncharge(dev, bytes);
+            if count {
+                sh.account.count_free(dev);
+            }
+        }
     }
-    r
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_charge_stays_while_any_graph_instance_or_clone_holds_it() {
+        let g = GraphMem::default();
+        g.hold(1, 0x1000, 0, 64, true);
+        g.hold(1, 0x2000, 1, 32, false);
+        g.share(1, 2); // instantiate
+        g.share(2, 3); // clone of the instance... and of what it holds
+        assert!(
+            g.release(1).is_empty(),
+            "the instance and the clone still hold it"
+        );
+        assert!(g.release(2).is_empty());
+        let mut back = g.release(3);
+        back.sort();
+        assert_eq!(back, [(0, 64, true), (1, 32, false)]);
+        assert!(g.release(3).is_empty(), "returned once");
+    }
 }

@@ -1,112 +1,14 @@
-//! THE list of hooked driver functions. One line per function: how it is hooked, its exported
-//! name (the exact ABI symbol, e.g. `cuMemAlloc_v2`), its parameters, and its handler.
-//!
-//! - `wrap`: the handler receives the real function first, then the arguments;
-//! - `count`: the handler (no arguments) runs first, then the real function is called;
-//! - `call`: not exported; only the real function is resolved, for the shim's own use.
-//!
-//! From this list the `hooks!` macro generates the exported `extern "C"` functions, the table of
-//! real entry points, `hook_ptr` (which `dlsym` and `cuGetProcAddress` return instead of the real
-//! pointer), and `HOOKED` (checked against `shim-headers` by a test). Everything not listed passes
-//! through untouched.
+//! The exported hooks, expanded from THE list (`list.rs`) by `hook_exports!`: one
+//! `extern "C"` function per `wrap` line, `hook_ptr` (which `dlsym` and `cuGetProcAddress` return
+//! instead of the real pointer) and `HOOKED` (checked against `shim-headers` by the tests
+//! below). Everything not listed passes through untouched.
 
 use std::ffi::{c_char, c_uint, c_void};
 
 use crate::types::*;
-use crate::{graph_mem, init, launch, memory, procaddr};
+use crate::{context, graph_mem, init, launch, memory, procaddr};
 
-crate::hooks! {
-    // Initialisation and entry-point lookup.
-    wrap cuInit(flags: c_uint) => init::cu_init;
-    wrap cuGetProcAddress(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) => procaddr::get_proc_address;
-    wrap cuGetProcAddress_v2(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) => procaddr::get_proc_address_v2;
-
-    // Launches (counted; the opportunistic rate gate will sit here).
-    count cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
-    count cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
-    count cuLaunchKernelEx(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
-    count cuLaunchKernelEx_ptsz(config: *const c_void, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::counted;
-    count cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::counted;
-    count cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::counted;
-    count cuGraphLaunch(exec: *mut c_void, stream: CUstream) => launch::counted;
-    count cuGraphLaunch_ptsz(exec: *mut c_void, stream: CUstream) => launch::counted;
-
-    // Contexts: the first one a process makes on a device is charged LIBSHARE_CONTEXT_OVERHEAD.
-    wrap cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => memory::primary_ctx_retain;
-    wrap cuDevicePrimaryCtxReset(dev: CUdevice) => memory::primary_ctx_reset;
-    wrap cuDevicePrimaryCtxReset_v2(dev: CUdevice) => memory::primary_ctx_reset;
-    wrap cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => memory::ctx_create_v2;
-    wrap cuCtxCreate_v3(pctx: *mut CUcontext, params: *mut c_void, n: i32, flags: c_uint, dev: CUdevice) => memory::ctx_create_v3;
-    wrap cuCtxDestroy(ctx: CUcontext) => memory::ctx_destroy;
-    wrap cuCtxDestroy_v2(ctx: CUcontext) => memory::ctx_destroy;
-    wrap cuCtxCreate_v4(pctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) => memory::ctx_create_v4;
-
-    // Current device per thread (so a launch is charged without a driver call).
-    wrap cuCtxSetCurrent(ctx: CUcontext) => launch::ctx_set_current;
-    wrap cuCtxPushCurrent(ctx: CUcontext) => launch::ctx_push;
-    wrap cuCtxPushCurrent_v2(ctx: CUcontext) => launch::ctx_push;
-    wrap cuCtxPopCurrent(ctx: *mut CUcontext) => launch::ctx_pop;
-    wrap cuCtxPopCurrent_v2(ctx: *mut CUcontext) => launch::ctx_pop;
-
-    // Allocation paths, all charged to the container's quota.
-    wrap cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) => memory::alloc;
-    wrap cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) => memory::alloc_pitch;
-    wrap cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) => memory::alloc_managed;
-    wrap cuMemFree_v2(ptr: CUdeviceptr) => memory::free;
-    wrap cuMemCreate(handle: *mut u64, size: usize, prop: *const MemAllocationProp, flags: u64) => memory::create;
-    wrap cuMemRelease(handle: u64) => memory::release;
-    wrap cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async;
-    wrap cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => memory::alloc_async_ptsz;
-    wrap cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool;
-    wrap cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: *mut c_void, stream: CUstream) => memory::alloc_from_pool_ptsz;
-    wrap cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream) => memory::free_async;
-    wrap cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) => memory::free_async_ptsz;
-
-    // CUDA arrays (texture and surface storage), charged at their dense size.
-    wrap cuArrayCreate_v2(ph: *mut *mut c_void, desc: *const ArrayDesc) => memory::array_create;
-    wrap cuArray3DCreate_v2(ph: *mut *mut c_void, desc: *const Array3DDesc) => memory::array3d_create;
-    wrap cuMipmappedArrayCreate(ph: *mut *mut c_void, desc: *const Array3DDesc, levels: c_uint) => memory::mipmapped_array_create;
-    wrap cuArrayDestroy(h: *mut c_void) => memory::array_destroy;
-    wrap cuMipmappedArrayDestroy(h: *mut c_void) => memory::array_destroy;
-
-    // CUDA-graph memory: charged from the allocation node until the last graph holding it goes.
-    wrap cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut MemAllocNodeParams) => graph_mem::add_mem_alloc_node;
-    wrap cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, dptr: CUdeviceptr) => graph_mem::add_mem_free_node;
-    wrap cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize, params: *mut GraphNodeParams) => graph_mem::add_node;
-    wrap cuGraphAddNode_v2(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => graph_mem::add_node_v2;
-    wrap cuGraphAddNode_v3(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, params: *mut GraphNodeParams) => graph_mem::add_node_v2;
-    wrap cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) => graph_mem::instantiate;
-    wrap cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) => graph_mem::instantiate;
-    wrap cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => graph_mem::instantiate_with_flags;
-    wrap cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph_mem::instantiate_with_params;
-    wrap cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph_mem::instantiate_with_params;
-    wrap cuGraphClone(out: *mut CUgraph, graph: CUgraph) => graph_mem::clone;
-    wrap cuGraphDestroy(graph: CUgraph) => graph_mem::destroy;
-    wrap cuGraphExecDestroy(exec: CUgraphExec) => graph_mem::destroy;
-
-    // What the job sees of the device's memory: the quota.
-    wrap cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => memory::get_info;
-    wrap cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) => memory::total_mem;
-
-    // Used by the shim itself.
-    call cuCtxGetDevice(dev: *mut CUdevice);
-    call cuDeviceGetCount(count: *mut i32);
-    call cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
-    call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
-    call cuCtxGetCurrent(ctx: *mut CUcontext);
-    call cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-    call cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_uint, value: *mut c_void);
-    call cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);
-    call cuEventCreate(event: *mut CUevent, flags: c_uint);
-    call cuEventRecord(event: CUevent, stream: CUstream);
-    call cuEventRecord_ptsz(event: CUevent, stream: CUstream);
-    call cuEventQuery(event: CUevent);
-    call cuEventSynchronize(event: CUevent);
-    call cuEventDestroy_v2(event: CUevent);
-    call cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
-    call cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
-    call cuStreamGetCaptureInfo_v2_ptsz(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
-}
+driver_hooks!(hook_exports);
 
 #[cfg(test)]
 mod tests {
@@ -115,7 +17,7 @@ mod tests {
 
     #[test]
     fn every_hook_matches_a_prototype_of_the_declaration_list() {
-        for (name, params, _) in HOOKED {
+        for (name, params, _, _) in HOOKED {
             let proto = prototype(name).unwrap_or_else(|| panic!("{name} is not a driver export"));
             assert_eq!(
                 param_count(proto),
@@ -133,7 +35,7 @@ mod tests {
         for e in PROC_TABLE.iter().filter(|e| {
             HOOKED
                 .iter()
-                .any(|(n, _, exported)| *exported && *n == e.export)
+                .any(|(n, _, exported, _)| *exported && *n == e.export)
         }) {
             assert_eq!(
                 resolve(e.name, e.version, e.per_thread).map(|r| r.export),
@@ -263,6 +165,31 @@ mod tests {
             false,
             Some("cuDevicePrimaryCtxReset"),
         ),
+        (
+            "cuDevicePrimaryCtxRelease",
+            7000,
+            false,
+            Some("cuDevicePrimaryCtxRelease"),
+        ),
+        ("cuDevicePrimaryCtxRelease", 6999, false, None),
+        (
+            "cuDevicePrimaryCtxRelease",
+            10999,
+            false,
+            Some("cuDevicePrimaryCtxRelease"),
+        ),
+        (
+            "cuDevicePrimaryCtxRelease",
+            11000,
+            false,
+            Some("cuDevicePrimaryCtxRelease_v2"),
+        ),
+        (
+            "cuDevicePrimaryCtxRelease",
+            13050,
+            false,
+            Some("cuDevicePrimaryCtxRelease_v2"),
+        ),
         ("cuCtxCreate", 3020, false, Some("cuCtxCreate_v2")),
         ("cuCtxCreate", 3019, false, Some("cuCtxCreate")),
         ("cuCtxCreate", 13050, false, Some("cuCtxCreate_v4")),
@@ -309,6 +236,12 @@ mod tests {
         ("cuMemCreate", 10019, false, None),
         ("cuMemCreate", 13050, false, Some("cuMemCreate")),
         ("cuMemRelease", 10020, false, Some("cuMemRelease")),
+        ("cuMemMap", 10020, false, Some("cuMemMap")),
+        ("cuMemMap", 10019, false, None),
+        ("cuMemMap", 13050, false, Some("cuMemMap")),
+        ("cuMemUnmap", 10020, false, Some("cuMemUnmap")),
+        ("cuMemUnmap", 10019, false, None),
+        ("cuMemUnmap", 13050, false, Some("cuMemUnmap")),
         ("cuMemRelease", 10019, false, None),
         ("cuMemRelease", 13050, false, Some("cuMemRelease")),
         ("cuMemAllocAsync", 11020, false, Some("cuMemAllocAsync")),
@@ -522,7 +455,7 @@ mod tests {
                 "cuGetProcAddress({name}, {version}, per_thread={per_thread})"
             );
         }
-        for (export, _, exported) in HOOKED.iter().filter(|h| h.2) {
+        for (export, _, exported, _) in HOOKED.iter().filter(|h| h.2) {
             assert!(
                 *exported && EXPECTED.iter().any(|r| r.3 == Some(*export)),
                 "{export} has no row in EXPECTED"

@@ -1,84 +1,70 @@
-//! Launch accounting: every launch path is counted per process and device, without a driver call,
-//! lock or allocation. The thread's current device is tracked by the context hooks.
+//! The launch hooks: every launch path passes the rate gate's seam (`rate.rs`) with its stream
+//! and grid, then the driver's launch runs.
 
-use std::cell::Cell;
-use std::sync::atomic::Ordering::Relaxed;
-
+use crate::boundary::{rc, In, Out, R};
+use crate::rate;
 use crate::types::*;
 
-thread_local! {
-    /// Device of this thread's current context (updated when it changes).
-    static DEVICE: Cell<u32> = const { Cell::new(0) };
+fn blocks(gx: u32, gy: u32, gz: u32) -> u64 {
+    gx as u64 * gy as u64 * gz as u64
 }
 
-/// Counts one launch on the current device. Hot path: an atomic load, a TLS read, an atomic add.
 #[inline(always)]
-pub fn counted() {
-    if let Some(s) = crate::state::get() {
-        let d = DEVICE.with(|d| d.get()) as usize;
-        s.launches()[d % libshare_abi::MAX_DEVICES].fetch_add(1, Relaxed);
-    }
+#[allow(clippy::too_many_arguments)]
+pub fn kernel(
+    call: impl FnOnce() -> CUresult,
+    _f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    _bx: u32,
+    _by: u32,
+    _bz: u32,
+    _smem: u32,
+    stream: CUstream,
+    _params: Out<*mut std::ffi::c_void>,
+    _extra: Out<*mut std::ffi::c_void>,
+) -> R {
+    rate::admit(stream, blocks(gx, gy, gz));
+    rc(call())
 }
 
-/// A context was created (and made current) or changed: track its device.
-pub fn context_changed(r: CUresult) {
-    if r == CUDA_SUCCESS {
-        refresh_device();
-    }
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn cooperative(
+    call: impl FnOnce() -> CUresult,
+    _f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    _bx: u32,
+    _by: u32,
+    _bz: u32,
+    _smem: u32,
+    stream: CUstream,
+    _params: Out<*mut std::ffi::c_void>,
+) -> R {
+    rate::admit(stream, blocks(gx, gy, gz));
+    rc(call())
 }
 
-fn refresh_device() {
-    if let Some(get) = crate::state::real().cuCtxGetDevice {
-        let mut d: CUdevice = 0;
-        // SAFETY: the driver's `cuCtxGetDevice`; `d` is a live local CUdevice to write.
-        if unsafe { get(&mut d) } == CUDA_SUCCESS && d >= 0 {
-            DEVICE.with(|c| c.set(d as u32));
-        }
-    }
+#[inline(always)]
+pub fn kernel_ex(
+    call: impl FnOnce() -> CUresult,
+    config: In<LaunchConfig>,
+    _f: CUfunction,
+    _params: Out<*mut std::ffi::c_void>,
+    _extra: Out<*mut std::ffi::c_void>,
+) -> R {
+    let (stream, grid) = config.get().map_or((std::ptr::null_mut(), 0), |c| {
+        (c.stream, blocks(c.grid[0], c.grid[1], c.grid[2]))
+    });
+    rate::admit(stream, grid);
+    rc(call())
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxSetCurrent`, `ctx` the caller's.
-pub unsafe fn ctx_set_current(
-    real: unsafe extern "C" fn(CUcontext) -> CUresult,
-    ctx: CUcontext,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's context handle.
-    let r = unsafe { real(ctx) };
-    if r == CUDA_SUCCESS && !ctx.is_null() {
-        refresh_device();
-    }
-    r
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxPushCurrent(_v2)`, `ctx` the caller's.
-pub unsafe fn ctx_push(
-    real: unsafe extern "C" fn(CUcontext) -> CUresult,
-    ctx: CUcontext,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's context handle.
-    let r = unsafe { real(ctx) };
-    if r == CUDA_SUCCESS {
-        refresh_device();
-    }
-    r
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxPopCurrent(_v2)`, `ctx` the caller's.
-pub unsafe fn ctx_pop(
-    real: unsafe extern "C" fn(*mut CUcontext) -> CUresult,
-    ctx: *mut CUcontext,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's out-pointer (which
-    // the API allows to be NULL).
-    let r = unsafe { real(ctx) };
-    if r == CUDA_SUCCESS {
-        refresh_device();
-    }
-    r
+#[inline(always)]
+pub fn graph(call: impl FnOnce() -> CUresult, _exec: CUgraphExec, stream: CUstream) -> R {
+    rate::admit(stream, 0);
+    rc(call())
 }

@@ -1,8 +1,8 @@
-//! `hooks!`: expands the declaration list in `hooks.rs`.
+//! Expansions of the hook list (`list.rs`): `real_table!` (in `driver.rs`) and `hook_exports!`
+//! (in `hooks.rs`).
 
-/// See `hooks.rs`.
-#[macro_export]
-macro_rules! hooks {
+/// The table of the real driver's entry points, one per listed function.
+macro_rules! real_table {
     ($($kind:ident $name:ident ($($a:ident : $t:ty),* $(,)?) $(=> $h:path)?;)*) => {
         /// The real driver's entry point for every listed function (None if the driver lacks it).
         #[allow(non_snake_case)]
@@ -14,8 +14,8 @@ macro_rules! hooks {
             /// Resolves every entry with `lookup` (the real driver's address of an export, or NULL).
             ///
             /// # Safety
-            /// `lookup` returns, for each listed name, NULL or the address of a function with the listed
-            /// prototype (the real driver's export of that name).
+            /// `lookup` returns, for each listed name, NULL or the address of a function with the
+            /// listed prototype (the real driver's export of that name).
             pub unsafe fn load(lookup: impl Fn(&std::ffi::CStr) -> *mut c_void) -> Real {
                 Real {
                     $($name: {
@@ -28,85 +28,76 @@ macro_rules! hooks {
                 }
             }
         }
+    };
+}
 
-        $($crate::hook_fn!($kind $name ($($a: $t),*) $(=> $h)?);)*
+/// The exported hooks, `hook_ptr` and `HOOKED`.
+macro_rules! hook_exports {
+    ($($kind:ident $name:ident ($($a:ident : $t:ty),* $(,)?) $(=> $h:path)?;)*) => {
+        $(hook_fn!($kind $name ($($a: $t),*) $(=> $h)?);)*
 
         /// The shim's replacement for the export `export`, if it hooks it.
         pub fn hook_ptr(export: &str) -> Option<*mut c_void> {
             match export {
-                $(stringify!($name) => $crate::hook_addr!($kind $name),)*
+                $(stringify!($name) => hook_addr!($kind $name),)*
                 _ => None,
             }
         }
 
-        /// (export, number of parameters, exported by the shim) for every listed function.
-        pub static HOOKED: &[(&str, usize, bool)] = &[
-            $((stringify!($name), <[&str]>::len(&[$(stringify!($a)),*]), $crate::hook_addr!($kind $name).is_some()),)*
+        /// (export, number of parameters, exported by the shim, parameter types as written)
+        /// for every listed function.
+        pub static HOOKED: &[(&str, usize, bool, &[&str])] = &[
+            $((stringify!($name), <[&str]>::len(&[$(stringify!($a)),*]), hook_addr!($kind $name).is_some(), &[$(stringify!($t)),*]),)*
         ];
     };
 }
 
-#[macro_export]
 macro_rules! hook_addr {
     (call $name:ident) => {
         None::<*mut c_void>
     };
-    ($kind:ident $name:ident) => {
+    (wrap $name:ident) => {
         Some($name as *const () as *mut c_void)
     };
 }
 
-/// Defines one exported hook.
+/// Defines one exported hook: the one place where the caller's raw arguments meet the shim.
 ///
-/// # Safety
+/// # Safety (the hook contract, stated once)
 ///
 /// Every generated function is an `unsafe extern "C"` CUDA driver entry point: its caller keeps
 /// the pointer contract the CUDA driver API documents for that function (out-pointers writable
 /// unless the API allows NULL, in-pointers readable and initialised, C strings NUL-terminated,
-/// handles ones the driver returned to this process). `real` is the real driver's function of
-/// the same name, resolved by `Real::load` with the prototype of the declaration list.
-///
-/// Together these are the *hook contract* every `wrap` handler's `# Safety` section refers to:
-/// the handler receives that `real` and the caller's arguments unchanged, so it may pass them to
-/// `real` and read or write through them as the API allows. Anything a handler relies on beyond
-/// that (a pointer it checked non-NULL, a value the driver wrote on success) is stated at its
-/// own `unsafe` block. (Hence the `macro_metavars_in_unsafe` allowance: `$h` and the arguments
-/// expand inside the one `unsafe` block that passes the hook contract on.)
-#[macro_export]
+/// handles ones the driver returned to this process), for the duration of the call. `real` is
+/// the real driver's function of the same name, resolved by `Real::load` with the prototype of
+/// the declaration list. Hence: `call` (the real function applied to the caller's unchanged
+/// arguments) is safe to run, and the arguments converted by `FromCuda` (`Out`/`In` over the
+/// caller's pointers, scoped to this call) are safe to read and write as the API allows.
+/// Handlers are safe functions.
 macro_rules! hook_fn {
     (wrap $name:ident ($($a:ident : $t:ty),*) => $h:path) => {
+        /// The CUDA driver API function of this name, through the shim (see `list.rs`).
+        ///
         /// # Safety
         ///
         /// The CUDA driver API's documented pointer contract for this function.
-        #[no_mangle]
+        #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            match $crate::state::real().$name {
-                Some(real) => $crate::guard(stringify!($name), || {
-                    // SAFETY: the hook contract (see `hook_fn!`): `real` is the driver's
-                    // `$name`, the arguments are this function's caller's, passed on unchanged.
-                    #[allow(clippy::macro_metavars_in_unsafe)]
-                    unsafe { $h(real, $($a),*) }
-                }),
-                None => CUDA_ERROR_NOT_SUPPORTED,
-            }
-        }
-    };
-    (count $name:ident ($($a:ident : $t:ty),*) => $h:path) => {
-        /// # Safety
-        ///
-        /// The CUDA driver API's documented pointer contract for this function.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            match $crate::state::real().$name {
-                Some(real) => {
-                    $h();
-                    // SAFETY: `real` is the driver's `$name` (prototype from the declaration
-                    // list), called with this function's caller's arguments, unchanged.
-                    #[allow(clippy::macro_metavars_in_unsafe)]
-                    unsafe { real($($a),*) }
-                }
-                None => CUDA_ERROR_NOT_SUPPORTED,
-            }
+            let Some(real) = $crate::driver::real().$name else {
+                return CUDA_ERROR_NOT_SUPPORTED;
+            };
+            $crate::guard(stringify!($name), || {
+                let scope = $crate::boundary::Scope;
+                // SAFETY: the hook contract (above): the driver's `$name` with the caller's
+                // arguments, unchanged.
+                #[allow(clippy::macro_metavars_in_unsafe)]
+                let call = || unsafe { real($($a),*) };
+                // SAFETY: the hook contract: the caller's arguments, valid as the API documents
+                // for this call, wrapped for its duration (`scope`).
+                #[allow(clippy::macro_metavars_in_unsafe, clippy::unused_unit)]
+                let ($($a,)*) = unsafe { ($($crate::boundary::FromCuda::at_boundary($a, &scope),)*) };
+                $crate::boundary::code($h(call, $($a),*))
+            })
         }
     };
     (call $name:ident ($($a:ident : $t:ty),*)) => {};

@@ -1,671 +1,348 @@
-//! Memory quota enforcement. Every allocation path reserves its bytes in the container's shared
-//! state with one atomic *before* calling the driver, releases them if the driver fails, and on
-//! free. Over quota → `CUDA_ERROR_OUT_OF_MEMORY`, exactly what the driver returns when a GPU is
-//! full, so PyTorch's caching allocator frees its cache, retries, and raises OutOfMemoryError.
+//! The allocation hooks: every path that takes device memory is charged to the container's
+//! quota before the driver is called (`ledger.rs`), and returned when the driver freed it. Over
+//! quota → `CUDA_ERROR_OUT_OF_MEMORY`, exactly what the driver returns when a GPU is full, so
+//! PyTorch's caching allocator frees its cache, retries, and raises OutOfMemoryError.
 //! `cuMemGetInfo` / `cuDeviceTotalMem` report the quota as the device's memory.
 
-use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering::*};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
 
-use crate::state::{shim, Allocations, Shim};
+use crate::boundary::{rc, In, Out, Word, R};
+use crate::context::current_device;
+use crate::graph_mem;
+use crate::ledger::{self, Entry, Kind, Ledger};
+use crate::ops::{DriverOps, Handle, REAL};
+use crate::per_process::PerProcess;
+use crate::pools;
+use crate::process::shim;
 use crate::types::*;
 
-static ALLOCS: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
-static HANDLES: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
-static ARRAYS: AtomicPtr<Allocations> = AtomicPtr::new(std::ptr::null_mut());
-
-fn table(slot: &AtomicPtr<Allocations>) -> &'static Allocations {
-    let p = slot.load(Acquire);
-    if !p.is_null() {
-        // SAFETY: only pointers from `Allocations::new` (leaked, never freed) are stored.
-        return unsafe { &*p };
-    }
-    let fresh = Allocations::new() as *const Allocations as *mut Allocations;
-    match slot.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
-        // SAFETY: `fresh` comes from `Allocations::new`: leaked, never freed.
-        Ok(_) => unsafe { &*fresh },
-        // SAFETY: another thread installed one first, also from `Allocations::new` (ours
-        // leaks: rare, small).
-        Err(other) => unsafe { &*other },
-    }
-}
-
-/// Live allocations by device pointer.
-fn allocs() -> &'static Allocations {
-    table(&ALLOCS)
-}
-
-/// Live VMM physical allocations by handle.
-fn handles() -> &'static Allocations {
-    table(&HANDLES)
-}
-
-/// Live CUDA arrays and mipmapped arrays by handle.
-fn arrays() -> &'static Allocations {
-    table(&ARRAYS)
-}
-
-/// In a forked child: the parent's allocations are not the child's. No allocation, no lock.
-pub fn forget_all_after_fork() {
-    ALLOCS.store(std::ptr::null_mut(), Release);
-    HANDLES.store(std::ptr::null_mut(), Release);
-    ARRAYS.store(std::ptr::null_mut(), Release);
-    CTX_CHARGED.store(0, Release);
-}
-
-/// Devices on which this process has been charged its context overhead (bit per device).
-static CTX_CHARGED: AtomicU32 = AtomicU32::new(0);
-
-/// Charges the context overhead on `dev` the first time this process makes a context there,
-/// then creates it. It stays charged until the process exits (when its slot is released).
-fn with_context_charge(dev: CUdevice, create: impl FnOnce() -> CUresult) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    let overhead = sh.cfg.context_overhead;
-    if overhead == 0 || dev < 0 || dev as usize >= libshare_abi::MAX_DEVICES {
-        return create();
-    }
-    let bit = 1u32 << dev;
-    if CTX_CHARGED.fetch_or(bit, AcqRel) & bit != 0 {
-        return create();
-    }
-    if !sh.charge(dev as usize, overhead) {
-        CTX_CHARGED.fetch_and(!bit, AcqRel);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let r = create();
-    if r != CUDA_SUCCESS {
-        sh.uncharge(dev as usize, overhead);
-        CTX_CHARGED.fetch_and(!bit, AcqRel);
-    }
-    r
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuDevicePrimaryCtxRetain`.
-pub unsafe fn primary_ctx_retain(
-    real: unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult,
-    pctx: *mut CUcontext,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    with_context_charge(dev, || unsafe { real(pctx, dev) })
-}
-
-/// cudaDeviceReset: the driver frees every allocation of the primary context, so the process's
-/// allocations and arrays on that device go back to the quota (cudart makes all its allocations
-/// there).
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuDevicePrimaryCtxReset(_v2)`.
-pub unsafe fn primary_ctx_reset(
-    real: unsafe extern "C" fn(CUdevice) -> CUresult,
-    dev: CUdevice,
-) -> CUresult {
-    crate::deferred::before_context_loss(None);
-    // SAFETY: the hook contract: the driver's function with the caller's device ordinal.
-    let r = unsafe { real(dev) };
-    if r == CUDA_SUCCESS && dev >= 0 {
-        if let Some(sh) = crate::state::get() {
-            let d = dev as usize % libshare_abi::MAX_DEVICES;
-            let freed = allocs().drain_device(d).into_iter();
-            for (_, (_, bytes)) in freed.chain(arrays().drain_device(d)) {
-                sh.uncharge(d, bytes);
-                sh.count_free(d);
-            }
-        }
-    }
-    r
-}
-
-/// Destroying a context frees its allocations: return them to the quota. Which tracked pointers
-/// belong to it is asked of the driver before the destroy (rare: no cost on allocation paths).
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxDestroy(_v2)`.
-pub unsafe fn ctx_destroy(
-    real: unsafe extern "C" fn(CUcontext) -> CUresult,
-    ctx: CUcontext,
-) -> CUresult {
-    crate::deferred::before_context_loss((!ctx.is_null()).then_some(ctx));
-    const CU_POINTER_ATTRIBUTE_CONTEXT: c_uint = 1;
-    let owned: Vec<u64> = match (crate::state::real().cuPointerGetAttribute, ctx.is_null()) {
-        (Some(attr), false) => allocs()
-            .keys()
-            .into_iter()
-            .filter(|p| {
-                let mut c: CUcontext = std::ptr::null_mut();
-                // SAFETY: the driver's `cuPointerGetAttribute`; CU_POINTER_ATTRIBUTE_CONTEXT
-                // writes one CUcontext, to the live local `c`; `*p` is a device pointer the
-                // driver returned to this process (an error if it is freed meanwhile).
-                (unsafe {
-                    attr(
-                        &mut c as *mut CUcontext as *mut c_void,
-                        CU_POINTER_ATTRIBUTE_CONTEXT,
-                        *p,
-                    )
-                }) == CUDA_SUCCESS
-                    && c == ctx
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    // SAFETY: the hook contract: the driver's function with the caller's context handle.
-    let r = unsafe { real(ctx) };
-    if r == CUDA_SUCCESS {
-        if let Some(sh) = crate::state::get() {
-            for p in owned {
-                if let Some((dev, bytes)) = allocs().remove(p) {
-                    sh.uncharge(dev, bytes);
-                    sh.count_free(dev);
-                }
-            }
-        }
-        crate::launch::context_changed(r);
-    }
-    r
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxCreate_v2`.
-pub unsafe fn ctx_create_v2(
-    real: unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult,
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = with_context_charge(dev, || unsafe { real(pctx, flags, dev) });
-    crate::launch::context_changed(r);
-    r
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxCreate_v3`.
-pub unsafe fn ctx_create_v3(
-    real: unsafe extern "C" fn(*mut CUcontext, *mut c_void, i32, c_uint, CUdevice) -> CUresult,
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    n: i32,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = with_context_charge(dev, || unsafe { real(pctx, params, n, flags, dev) });
-    crate::launch::context_changed(r);
-    r
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuCtxCreate_v4`.
-pub unsafe fn ctx_create_v4(
-    real: unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult,
-    pctx: *mut CUcontext,
-    params: *mut c_void,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = with_context_charge(dev, || unsafe { real(pctx, params, flags, dev) });
-    crate::launch::context_changed(r);
-    r
-}
-
-/// The device of the current context (allocation paths may afford the driver call).
-fn current_device() -> Option<usize> {
-    let get = crate::state::real().cuCtxGetDevice?;
-    let mut d: CUdevice = 0;
-    // SAFETY: the driver's `cuCtxGetDevice`; `d` is a live local CUdevice to write.
-    (unsafe { get(&mut d) } == CUDA_SUCCESS && d >= 0)
-        .then_some(d as usize % libshare_abi::MAX_DEVICES)
-}
-
-/// Charge `bytes`, run the driver's allocation, keep or return the charge.
-fn charged(
-    sh: &Shim,
-    dev: usize,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-    key: impl FnOnce() -> u64,
-    table: &Allocations,
-) -> CUresult {
-    charged_then(sh, dev, bytes, call, || table.insert(key(), dev, bytes))
-}
-
-/// Charge `bytes`, run the driver's allocation; on success `record` who holds the charge, else
-/// return it.
-pub(crate) fn charged_then(
-    sh: &Shim,
-    dev: usize,
-    bytes: u64,
-    call: impl FnOnce() -> CUresult,
-    record: impl FnOnce(),
-) -> CUresult {
-    if !sh.charge(dev, bytes) {
-        tracing::debug!(dev, bytes, "allocation refused: over quota");
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    let r = call();
-    if r == CUDA_SUCCESS {
-        record();
-        sh.count_alloc(dev);
-    } else {
-        sh.uncharge(dev, bytes);
-    }
-    r
-}
-
-/// Removes a tracked device allocation (its charge is now the caller's to hold or return).
-pub(crate) fn take_allocation(ptr: CUdeviceptr) -> Option<(usize, u64)> {
-    allocs().remove(ptr)
-}
-
-/// The driver freed `key` (a pointer or handle of `table`): return its bytes to the quota.
-fn returned(table: &Allocations, key: u64) {
-    if let (Some((dev, bytes)), Some(sh)) = (table.remove(key), crate::state::get()) {
-        sh.uncharge(dev, bytes);
-        sh.count_free(dev);
-    }
-}
-
 /// An allocation that writes its pointer to `dptr`: charged on the current device, recorded by
-/// pointer. Without a context (the driver will refuse anyway) or for size 0, passed through.
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for reading a `CUdeviceptr`, which `call` has written when it
-/// returns CUDA_SUCCESS.
-unsafe fn charged_alloc(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
+/// pointer. Without a context (the driver will refuse anyway), a NULL `dptr` or size 0, passed
+/// through.
+fn charged_alloc<T: Word>(call: impl FnOnce() -> CUresult, dptr: &Out<T>, size: u64) -> R {
+    let l = ledger::of(shim()?);
     match current_device() {
-        Some(dev) if !dptr.is_null() && size > 0 => {
-            // SAFETY: `dptr` is not NULL (checked), so readable by this function's contract,
-            // and read only after `call` succeeded and wrote the new pointer there.
-            charged(sh, dev, size as u64, call, || unsafe { *dptr }, allocs())
-        }
-        _ => call(),
+        Some(dev) if !dptr.is_null() && size > 0 => l.charged(Kind::Alloc, dev, size, call, || {
+            dptr.get().map_or(0, Word::to_u64)
+        }),
+        _ => rc(call()),
     }
 }
 
-type AllocFn = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAlloc_v2`.
-pub unsafe fn alloc(real: AllocFn, dptr: *mut CUdeviceptr, size: usize) -> CUresult {
-    // SAFETY: the hook contract: `dptr` is the caller's out-pointer (NULL or writable), which
-    // the driver's function, called with the caller's arguments, fills on success.
-    unsafe { charged_alloc(dptr, size, || real(dptr, size)) }
+pub fn alloc(call: impl FnOnce() -> CUresult, dptr: Out<CUdeviceptr>, size: usize) -> R {
+    charged_alloc(call, &dptr, size as u64)
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocManaged`.
-pub unsafe fn alloc_managed(
-    real: unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult,
-    dptr: *mut CUdeviceptr,
+/// `cuMemAlloc` of the CUDA 2.x ABI (32-bit pointer and size), as `cuGetProcAddress` hands out
+/// for old versions.
+pub fn alloc_v1(call: impl FnOnce() -> CUresult, dptr: Out<u32>, size: u32) -> R {
+    charged_alloc(call, &dptr, size as u64)
+}
+
+pub fn alloc_managed(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<CUdeviceptr>,
     size: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: as in `alloc`: the caller's out-pointer, filled by the driver on success.
-    unsafe { charged_alloc(dptr, size, || real(dptr, size, flags)) }
+    _flags: u32,
+) -> R {
+    charged_alloc(call, &dptr, size as u64)
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocPitch_v2`.
-pub unsafe fn alloc_pitch(
-    real: unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult,
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    elem: c_uint,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
+/// The pitch is known only afterwards: the width rounded up to 512 (what drivers use) × height
+/// is charged first, then the charge is corrected to pitch × height.
+fn pitched<T: Word, P: Word>(
+    call: impl FnOnce() -> CUresult,
+    dptr: &Out<T>,
+    pitch: &Out<P>,
+    width: u64,
+    height: u64,
+) -> R {
+    let sh = shim()?;
+    let l = ledger::of(sh);
     let Some(dev) = current_device().filter(|_| !dptr.is_null() && !pitch.is_null()) else {
-        // SAFETY: the hook contract: the driver's function with the caller's arguments.
-        return unsafe { real(dptr, pitch, width, height, elem) };
+        return rc(call());
     };
-    // The pitch is known only afterwards: charge the width rounded to 512 (what drivers use), then
-    // correct the charge to pitch × height.
-    let estimate = (width.div_ceil(512) * 512 * height) as u64;
-    if !sh.charge(dev, estimate) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    let estimate = width
+        .checked_next_multiple_of(512)
+        .and_then(|w| w.checked_mul(height))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if estimate == 0 {
+        return rc(call());
     }
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = unsafe { real(dptr, pitch, width, height, elem) };
-    if r != CUDA_SUCCESS {
-        sh.uncharge(dev, estimate);
-        return r;
-    }
-    // SAFETY: `dptr` and `pitch` were checked non-NULL above, so are the caller's valid
-    // out-pointers (hook contract), and the driver wrote both on success.
-    let (ptr, pitch) = unsafe { (*dptr, *pitch) };
-    let actual = (pitch * height) as u64;
-    if actual > estimate && !sh.charge(dev, actual - estimate) {
-        if let Some(free) = crate::state::real().cuMemFree_v2 {
-            // SAFETY: the driver's `cuMemFree_v2` on the allocation it just made.
-            unsafe { free(ptr) };
-        }
-        sh.uncharge(dev, estimate);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    let mut got = None;
+    l.charged_then(dev, estimate, call, |ctx, epoch| {
+        got = Some((ctx, epoch));
+    })?;
+    let (ctx, epoch) = got.unwrap_or((0, 0));
+    let ptr: u64 = dptr.get().map_or(0, Word::to_u64);
+    let actual = pitch
+        .get()
+        .map_or(estimate, Word::to_u64)
+        .saturating_mul(height);
+    if actual > estimate && !l.charge(dev, actual - estimate) {
+        l.ops.mem_free(ptr);
+        l.acc.uncharge(dev, estimate);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     if actual < estimate {
-        sh.uncharge(dev, estimate - actual);
+        l.acc.uncharge(dev, estimate - actual);
     }
-    allocs().insert(ptr, dev, actual);
-    sh.count_alloc(dev);
-    CUDA_SUCCESS
+    let e = Entry {
+        dev,
+        bytes: actual,
+        ctx,
+    };
+    l.record(Kind::Alloc, ptr, e, epoch);
+    Ok(())
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemFree_v2`.
-pub unsafe fn free(
-    real: unsafe extern "C" fn(CUdeviceptr) -> CUresult,
-    ptr: CUdeviceptr,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's device pointer.
-    let r = unsafe { real(ptr) };
-    if r == CUDA_SUCCESS && ptr != 0 {
-        match crate::pools::freed(ptr) {
-            Some((pool, dev)) => {
-                if let Some(sh) = crate::state::get() {
-                    sh.count_free(dev);
-                }
-                crate::pools::reconcile(pool);
+pub fn alloc_pitch(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<CUdeviceptr>,
+    pitch: Out<usize>,
+    width: usize,
+    height: usize,
+    _elem: u32,
+) -> R {
+    pitched(call, &dptr, &pitch, width as u64, height as u64)
+}
+
+pub fn alloc_pitch_v1(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<u32>,
+    pitch: Out<u32>,
+    width: u32,
+    height: u32,
+    _elem: u32,
+) -> R {
+    pitched(call, &dptr, &pitch, width as u64, height as u64)
+}
+
+/// `cuMemFree`: a stream-ordered allocation's charge follows its pool; any other's returns
+/// once the driver freed it.
+pub fn free(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr) -> R {
+    let Some(sh) = crate::process::get() else {
+        return rc(call());
+    };
+    let l = ledger::of(sh);
+    if ptr != 0 {
+        if let Some((pool, dev)) = l.pools.freed(ptr) {
+            let r = call();
+            if r == CUDA_SUCCESS {
+                l.acc.count_free(dev);
             }
-            None => returned(allocs(), ptr),
+            l.pools.reconcile(l.acc, l.ops, pool);
+            return rc(r);
         }
     }
-    r
+    l.freed(Kind::Alloc, ptr, call)
 }
 
-/// Stream-ordered allocation from `pool` (None: the device's current pool). Charged in full
-/// before the call; afterwards the pool's charge follows what it reserves (`pools`). During
-/// stream capture the allocation becomes a node of the captured graph, which holds the charge
-/// (see `graph_mem`).
-///
-/// # Safety
-///
-/// `dptr` is NULL or valid for reading a `CUdeviceptr`, which `call` has written when it
-/// returns CUDA_SUCCESS; `stream` is the stream `call` allocates on (a handle of this process,
-/// or a default stream).
-unsafe fn charged_async(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: Option<usize>,
-    stream: CUstream,
-    ptsz: bool,
+pub fn free_v1(call: impl FnOnce() -> CUresult, ptr: u32) -> R {
+    free(call, ptr as CUdeviceptr)
+}
+
+/// Stream-ordered allocation from `pool` (None: the device's current pool). During stream
+/// capture the allocation becomes a node of the captured graph, which holds the charge
+/// (`graph_mem`).
+fn charged_async(
     call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
+    dptr: &Out<CUdeviceptr>,
+    size: usize,
+    pool: Option<Handle>,
+    (stream, ptsz): (Handle, bool),
+) -> R {
+    let l = ledger::of(shim()?);
     let Some(dev) = current_device().filter(|_| !dptr.is_null() && size > 0) else {
-        return call();
+        return rc(call());
     };
     let bytes = size as u64;
-    if let Some(graph) = crate::graph_mem::capturing(stream, ptsz) {
-        return charged_then(sh, dev, bytes, call, || {
-            // SAFETY: `dptr` is not NULL (checked), so readable by this function's contract,
-            // and read only after `call` succeeded and wrote the new pointer there.
-            crate::graph_mem::adopt(graph, unsafe { *dptr }, dev, bytes)
+    if let Some(graph) = l.ops.capturing(stream, ptsz) {
+        return l.charged_then(dev, bytes, call, |_, _| {
+            graph_mem::adopt(graph, dptr.get().unwrap_or(0), dev, bytes)
         });
     }
-    match pool.or_else(|| crate::pools::current_pool(dev)) {
-        // SAFETY: `dptr` checked non-NULL above; `dptr`, `stream` and `call` as this
-        // function's own contract has them.
-        Some(pool) => unsafe { pool_alloc(sh, dev, bytes, pool, dptr, (stream, ptsz), call) },
-        // SAFETY: as for the graph above: non-NULL, read after `call` succeeded.
-        None => charged(sh, dev, bytes, call, || unsafe { *dptr }, allocs()),
+    match pool.or_else(|| l.ops.current_pool(dev)) {
+        Some(pool) => pool_alloc(&l, dev, bytes, pool, dptr, (stream, ptsz), call),
+        None => l.charged(Kind::Alloc, dev, bytes, call, || dptr.get().unwrap_or(0)),
     }
 }
 
-/// A stream-ordered allocation of `bytes` from `pool`. Charged in full if that fits; if not,
-/// the pool may serve it from blocks it keeps (already charged), so only what those cannot
-/// cover is charged; failing that, the pools are trimmed. After the call the pool's charge
-/// follows what it reserves; should that leave the container over its quota (the kept blocks
-/// did not fit the request), the pools are trimmed, and if that is not enough the allocation
-/// is freed again and refused.
-///
-/// # Safety
-///
-/// `dptr` is valid for reading a `CUdeviceptr`, which `call` (an allocation from `pool` on
-/// `stream`) has written when it returns CUDA_SUCCESS; `stream` is a stream handle of this
-/// process or a default stream, per-thread if `ptsz`.
-unsafe fn pool_alloc(
-    sh: &Shim,
+/// A stream-ordered allocation of `bytes` from `pool`: charged in full (`pools::precharge`)
+/// before the call, whatever the pool keeps; the pool takes the charge over after it. Should
+/// the pool have grown beyond that (a coarser granularity than assumed), the pools are
+/// trimmed, and if that is not enough the allocation is freed again and refused.
+fn pool_alloc(
+    l: &Ledger,
     dev: usize,
     bytes: u64,
-    pool: usize,
-    dptr: *mut CUdeviceptr,
-    (stream, ptsz): (CUstream, bool),
+    pool: Handle,
+    dptr: &Out<CUdeviceptr>,
+    (stream, ptsz): (Handle, bool),
     call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let pre = if sh.charge_keeping_pools(dev, bytes) {
-        bytes
-    } else {
-        let kept = crate::pools::kept(pool);
-        let rest = bytes.saturating_sub(kept);
-        if kept > 0 && (rest == 0 || sh.charge_keeping_pools(dev, rest)) {
-            rest
-        } else if sh.charge(dev, bytes) {
-            bytes
-        } else {
-            tracing::debug!(dev, bytes, "allocation refused: over quota");
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    };
+) -> R {
+    let pre = pools::precharge(bytes);
+    if !l.charge(dev, pre) {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     let r = call();
     if r != CUDA_SUCCESS {
-        sh.uncharge(dev, pre);
-        return r;
+        l.acc.uncharge(dev, pre);
+        return Err(r);
     }
-    sh.count_alloc(dev);
-    // SAFETY: readable by this function's contract, and written by `call`, which succeeded.
-    let ptr = unsafe { *dptr };
-    crate::pools::allocated(pool, dev, ptr, pre);
-    if sh.over_quota(dev) {
-        crate::pools::trim_all();
+    l.acc.count_alloc(dev);
+    let ptr = dptr.get().unwrap_or(0);
+    l.pools.allocated(l.acc, l.ops, pool, dev, ptr, pre);
+    if l.acc.over_quota(dev) {
+        l.pools.trim_all(l.acc, l.ops);
     }
-    if sh.over_quota(dev) {
-        let r = crate::state::real();
-        if let Some(free) = if ptsz {
-            r.cuMemFreeAsync_ptsz
-        } else {
-            r.cuMemFreeAsync
-        } {
-            // SAFETY: the driver's `cuMemFreeAsync(_ptsz)` (matching the allocation's), on the
-            // allocation it just made, on the caller's stream it was made on.
-            unsafe { free(ptr, stream) };
-            crate::pools::freed(ptr);
-            crate::deferred::defer(dev, 0, Some(pool), stream, ptsz);
-            crate::pools::reconcile(pool);
-            sh.count_refusal(dev);
-            return CUDA_ERROR_OUT_OF_MEMORY;
+    if l.acc.over_quota(dev) {
+        l.ops.mem_free_async(ptr, stream, ptsz);
+        l.pools.freed(ptr);
+        if !l
+            .deferred
+            .defer(l.acc, l.ops, l.pools, (dev, 0, Some(pool)), stream, ptsz)
+        {
+            l.pools.reconcile(l.acc, l.ops, pool);
         }
+        l.acc.count_refusal(dev);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    r
+    Ok(())
 }
 
-/// Makes room when an allocation does not fit the quota: returns this process's stream-ordered
-/// frees the streams have reached (with `wait`, after waiting for all of them), brings its pools'
-/// charges to what they reserve, and (with `trim`) trims the pools. Called before refusing an
-/// allocation.
-pub fn make_room(wait: bool, trim: bool) {
-    crate::deferred::settle(wait);
-    crate::pools::reconcile_all();
-    if trim {
-        crate::pools::trim_all();
-    }
-}
-
-type AllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-type AllocPoolFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, *mut c_void, CUstream) -> CUresult;
-type FreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocAsync`.
-pub unsafe fn alloc_async(
-    real: AllocAsyncFn,
-    dptr: *mut CUdeviceptr,
+pub fn alloc_async(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<CUdeviceptr>,
     size: usize,
     stream: CUstream,
-) -> CUresult {
-    // SAFETY: the hook contract: the caller's out-pointer and stream, which the driver's
-    // function, called with the caller's arguments, uses (and fills `dptr`) on success.
-    unsafe { charged_async(dptr, size, None, stream, false, || real(dptr, size, stream)) }
+) -> R {
+    charged_async(call, &dptr, size, None, (stream as Handle, false))
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocAsync_ptsz`.
-pub unsafe fn alloc_async_ptsz(
-    real: AllocAsyncFn,
-    dptr: *mut CUdeviceptr,
+pub fn alloc_async_ptsz(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<CUdeviceptr>,
     size: usize,
     stream: CUstream,
-) -> CUresult {
-    // SAFETY: the hook contract: the caller's out-pointer and stream, which the driver's
-    // function, called with the caller's arguments, uses (and fills `dptr`) on success.
-    unsafe { charged_async(dptr, size, None, stream, true, || real(dptr, size, stream)) }
+) -> R {
+    charged_async(call, &dptr, size, None, (stream as Handle, true))
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocFromPoolAsync`.
-pub unsafe fn alloc_from_pool(
-    real: AllocPoolFn,
-    dptr: *mut CUdeviceptr,
+pub fn alloc_from_pool(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<CUdeviceptr>,
     size: usize,
-    pool: *mut c_void,
+    pool: CUmemoryPool,
     stream: CUstream,
-) -> CUresult {
-    // SAFETY: as in `alloc_async`; `pool` is the caller's, passed on unchanged.
-    unsafe {
-        charged_async(dptr, size, Some(pool as usize), stream, false, || {
-            real(dptr, size, pool, stream)
-        })
-    }
+) -> R {
+    charged_async(
+        call,
+        &dptr,
+        size,
+        Some(pool as Handle),
+        (stream as Handle, false),
+    )
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemAllocFromPoolAsync_ptsz`.
-pub unsafe fn alloc_from_pool_ptsz(
-    real: AllocPoolFn,
-    dptr: *mut CUdeviceptr,
+pub fn alloc_from_pool_ptsz(
+    call: impl FnOnce() -> CUresult,
+    dptr: Out<CUdeviceptr>,
     size: usize,
-    pool: *mut c_void,
+    pool: CUmemoryPool,
     stream: CUstream,
-) -> CUresult {
-    // SAFETY: as in `alloc_async`; `pool` is the caller's, passed on unchanged.
-    unsafe {
-        charged_async(dptr, size, Some(pool as usize), stream, true, || {
-            real(dptr, size, pool, stream)
-        })
-    }
+) -> R {
+    charged_async(
+        call,
+        &dptr,
+        size,
+        Some(pool as Handle),
+        (stream as Handle, true),
+    )
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemFreeAsync`.
-pub unsafe fn free_async(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    freed_async(ptr, stream, false, || unsafe { real(ptr, stream) })
+pub fn free_async(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, stream: CUstream) -> R {
+    freed_async(call, ptr, stream as Handle, false)
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemFreeAsync_ptsz`.
-pub unsafe fn free_async_ptsz(real: FreeAsyncFn, ptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    freed_async(ptr, stream, true, || unsafe { real(ptr, stream) })
+pub fn free_async_ptsz(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, stream: CUstream) -> R {
+    freed_async(call, ptr, stream as Handle, true)
 }
 
 /// Stream-ordered free: the memory is freed when the stream reaches the free. A pool
 /// allocation's charge then follows its pool (an event after the free says when to look); any
 /// other's is returned then (`deferred`), not when the free is issued. Freed during stream
 /// capture, a tracked allocation passes to the captured graph, which holds the charge.
-fn freed_async(
-    ptr: CUdeviceptr,
-    stream: CUstream,
-    ptsz: bool,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let graph = crate::graph_mem::capturing(stream, ptsz);
+fn freed_async(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, stream: Handle, ptsz: bool) -> R {
+    let Some(sh) = crate::process::get() else {
+        return rc(call());
+    };
+    let l = ledger::of(sh);
+    let graph = l.ops.capturing(stream, ptsz);
+    // Out of the table before the driver may reuse the address.
+    let pooled = if graph.is_none() {
+        l.pools.freed(ptr)
+    } else {
+        None
+    };
+    let entry = if pooled.is_none() {
+        l.take(Kind::Alloc, ptr)
+    } else {
+        None
+    };
     let r = call();
     if r != CUDA_SUCCESS {
-        return r;
+        if let Some(e) = entry {
+            l.record(Kind::Alloc, ptr, e, 0);
+        }
+        if let Some((pool, dev)) = pooled {
+            l.pools.allocated(l.acc, l.ops, pool, dev, ptr, 0);
+        }
+        return Err(r);
     }
-    let Some(sh) = crate::state::get() else {
-        return r;
-    };
-    if let Some((pool, dev)) = crate::pools::freed(ptr) {
-        sh.count_free(dev);
+    if let Some((pool, dev)) = pooled {
+        l.acc.count_free(dev);
         // The stream has not reached the free yet: the pool is reconciled when it has (the
         // event's settlement), not now — unless there is no event to tell.
-        if graph.is_none() && !crate::deferred::defer(dev, 0, Some(pool), stream, ptsz) {
-            crate::pools::reconcile(pool);
+        if !l
+            .deferred
+            .defer(l.acc, l.ops, l.pools, (dev, 0, Some(pool)), stream, ptsz)
+        {
+            l.pools.reconcile(l.acc, l.ops, pool);
         }
-        return r;
+        return Ok(());
     }
-    let Some((dev, bytes)) = allocs().remove(ptr) else {
-        return r; // not ours (or graph memory: its graph holds the charge)
+    let Some(e) = entry else {
+        // Not ours, a pool allocation freed during capture, or graph memory (its graph holds
+        // the charge).
+        return Ok(());
     };
-    sh.count_free(dev);
+    l.acc.count_free(e.dev);
     match graph {
-        Some(g) => crate::graph_mem::adopt(g, ptr, dev, bytes),
+        Some(g) => graph_mem::adopt(g, ptr, e.dev, e.bytes),
         None => {
-            if !crate::deferred::defer(dev, bytes, None, stream, ptsz) {
-                sh.uncharge(dev, bytes);
+            if !l
+                .deferred
+                .defer(l.acc, l.ops, l.pools, (e.dev, e.bytes, None), stream, ptsz)
+            {
+                l.acc.uncharge(e.dev, e.bytes);
             }
         }
     }
-    r
+    Ok(())
 }
 
 /// `cuMemCreate` on a device location is charged; host locations are not device memory.
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemCreate`.
-pub unsafe fn create(
-    real: unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CUresult,
-    handle: *mut u64,
+pub fn create(
+    call: impl FnOnce() -> CUresult,
+    handle: Out<u64>,
     size: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
-    // SAFETY: the hook contract: `prop` is the caller's, NULL or a readable, initialised
-    // CUmemAllocationProp (the driver reads it too).
-    match unsafe { prop.as_ref() } {
+    prop: In<MemAllocationProp>,
+    _flags: u64,
+) -> R {
+    let l = ledger::of(shim()?);
+    match prop.get() {
         Some(p)
             if p.location.kind == CU_MEM_LOCATION_TYPE_DEVICE
                 && p.location.id >= 0
@@ -673,239 +350,279 @@ pub unsafe fn create(
                 && size > 0 =>
         {
             let dev = p.location.id as usize % libshare_abi::MAX_DEVICES;
-            // SAFETY: the hook contract: the driver's function with the caller's arguments;
-            // `handle` is not NULL (checked) and read only after the driver wrote it.
-            unsafe {
-                charged(
-                    sh,
-                    dev,
-                    size as u64,
-                    || real(handle, size, prop, flags),
-                    || *handle,
-                    handles(),
-                )
+            l.charged(Kind::Handle, dev, size as u64, call, || {
+                handle.get().unwrap_or(0)
+            })
+        }
+        _ => rc(call()),
+    }
+}
+
+/// Where VMM physical allocations are mapped: a handle released while mapped keeps its memory
+/// (and its charge) until its last `cuMemUnmap`, as CUDA documents.
+#[derive(Default)]
+struct Mappings {
+    /// Mapped range start → (handle, size).
+    ranges: BTreeMap<CUdeviceptr, (u64, usize)>,
+    /// Handle → how many ranges map it.
+    count: HashMap<u64, u32>,
+    /// Handles released while mapped.
+    released: HashSet<u64>,
+}
+
+static MAPPINGS: PerProcess<Mutex<Mappings>> = PerProcess::new();
+
+pub fn release(call: impl FnOnce() -> CUresult, handle: u64) -> R {
+    let Some(sh) = crate::process::get() else {
+        return rc(call());
+    };
+    if MAPPINGS.lock().count.contains_key(&handle) {
+        rc(call())?;
+        MAPPINGS.lock().released.insert(handle);
+        return Ok(());
+    }
+    ledger::of(sh).freed(Kind::Handle, handle, call)
+}
+
+pub fn map(
+    call: impl FnOnce() -> CUresult,
+    ptr: CUdeviceptr,
+    size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> R {
+    rc(call())?;
+    let mut m = MAPPINGS.lock();
+    m.ranges.insert(ptr, (handle, size));
+    *m.count.entry(handle).or_default() += 1;
+    Ok(())
+}
+
+/// Unmapping the last range of a released handle frees its memory: its charge returns.
+pub fn unmap(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> R {
+    rc(call())?;
+    let freed: Vec<u64> = {
+        let mut m = MAPPINGS.lock();
+        let end = ptr.saturating_add(size as u64);
+        let starts: Vec<CUdeviceptr> = m.ranges.range(ptr..end).map(|(s, _)| *s).collect();
+        let mut freed = Vec::new();
+        for s in starts {
+            let Some((h, _)) = m.ranges.remove(&s) else {
+                continue;
+            };
+            let last = match m.count.get_mut(&h) {
+                Some(c) => {
+                    *c -= 1;
+                    *c == 0
+                }
+                None => false,
+            };
+            if last {
+                m.count.remove(&h);
+                if m.released.remove(&h) {
+                    freed.push(h);
+                }
             }
         }
-        // SAFETY: the hook contract: the driver's function with the caller's arguments.
-        _ => unsafe { real(handle, size, prop, flags) },
-    }
-}
-
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemRelease`.
-pub unsafe fn release(real: unsafe extern "C" fn(u64) -> CUresult, handle: u64) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's handle.
-    let r = unsafe { real(handle) };
-    if r == CUDA_SUCCESS {
-        returned(handles(), handle);
-    }
-    r
-}
-
-/// A CUDA array (texture/surface storage) of `bytes`, charged on the current device and
-/// recorded by handle. Charged at its dense size (`Array3DDesc::dense_bytes`): a GPU pads and
-/// tiles arrays, so this is what the array takes at least. Arrays of formats without a fixed
-/// element size are passed through uncharged.
-///
-/// # Safety
-///
-/// `ph` is NULL or valid for reading a handle, which `call` has written when it returns
-/// CUDA_SUCCESS.
-unsafe fn charged_array(
-    ph: *mut *mut c_void,
-    bytes: Option<u64>,
-    call: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let sh = match shim() {
-        Ok(s) => s,
-        Err(e) => return e,
+        freed
     };
-    match (current_device(), bytes) {
-        (Some(dev), Some(b)) if !ph.is_null() && b > 0 => {
-            // SAFETY: `ph` is not NULL (checked), so readable by this function's contract, and
-            // read only after `call` succeeded and wrote the new handle there.
-            charged(sh, dev, b, call, || unsafe { *ph } as u64, arrays())
+    if let Some(sh) = crate::process::get() {
+        let l = ledger::of(sh);
+        for h in freed {
+            l.freed(Kind::Handle, h, || CUDA_SUCCESS)?;
         }
-        _ => call(),
+    }
+    Ok(())
+}
+
+/// Bytes a CUDA array of `desc` takes at least: its dense size for formats with a fixed
+/// element size; 4×4 blocks of 8 or 16 bytes for block-compressed formats; for any other
+/// format (planar video, formats newer than this list) 16 bytes per element, the largest
+/// element any format has — never less than the array takes. None: the size overflows (the
+/// driver refuses such an array; so does the shim).
+pub fn array_bytes(desc: &Array3DDesc) -> Option<u64> {
+    if let Some(b) = desc.dense_bytes() {
+        return Some(b);
+    }
+    let (w, h) = (desc.width as u64, (desc.height as u64).max(1));
+    let d = (desc.depth as u64).max(1);
+    let block = match desc.format {
+        // BC1 and BC4 (UNORM, SRGB / SNORM): 8 bytes per 4×4 block.
+        0x91 | 0x92 | 0x97 | 0x98 => Some(8),
+        // BC2, BC3, BC5, BC6H, BC7: 16 bytes per block.
+        0x93..=0x96 | 0x99..=0x9e => Some(16),
+        _ => None,
+    };
+    match block {
+        Some(b) => w
+            .div_ceil(4)
+            .checked_mul(h.div_ceil(4))?
+            .checked_mul(d)?
+            .checked_mul(b),
+        None => w.checked_mul(h)?.checked_mul(d)?.checked_mul(16),
     }
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuArrayCreate_v2`.
-pub unsafe fn array_create(
-    real: unsafe extern "C" fn(*mut *mut c_void, *const ArrayDesc) -> CUresult,
-    ph: *mut *mut c_void,
-    desc: *const ArrayDesc,
-) -> CUresult {
-    // SAFETY: the hook contract: `desc` is NULL or a readable CUDA_ARRAY_DESCRIPTOR.
-    let bytes = unsafe { desc.as_ref() }.and_then(|d| Array3DDesc::from(d).dense_bytes());
-    // SAFETY: the hook contract: the caller's out-pointer `ph`, filled by the driver's
-    // function, called with the caller's arguments, on success.
-    unsafe { charged_array(ph, bytes, || real(ph, desc)) }
+/// A CUDA array (texture/surface storage) of `bytes` (None: refused, its size overflows),
+/// charged on the current device and recorded by handle.
+fn charged_array(
+    call: impl FnOnce() -> CUresult,
+    ph: &Out<*mut std::ffi::c_void>,
+    bytes: Option<u64>,
+) -> R {
+    let l = ledger::of(shim()?);
+    let Some(bytes) = bytes else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    match current_device() {
+        Some(dev) if !ph.is_null() && bytes > 0 => l.charged(Kind::Array, dev, bytes, call, || {
+            ph.get().map_or(0, |h| h as u64)
+        }),
+        _ => rc(call()),
+    }
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuArray3DCreate_v2`.
-pub unsafe fn array3d_create(
-    real: unsafe extern "C" fn(*mut *mut c_void, *const Array3DDesc) -> CUresult,
-    ph: *mut *mut c_void,
-    desc: *const Array3DDesc,
-) -> CUresult {
-    // SAFETY: the hook contract: `desc` is NULL or a readable CUDA_ARRAY3D_DESCRIPTOR.
-    let bytes = unsafe { desc.as_ref() }.and_then(|d| d.dense_bytes());
-    // SAFETY: as in `array_create`: the caller's out-pointer, filled by the driver on success.
-    unsafe { charged_array(ph, bytes, || real(ph, desc)) }
+pub fn array_create(
+    call: impl FnOnce() -> CUresult,
+    ph: Out<*mut std::ffi::c_void>,
+    desc: In<ArrayDesc>,
+) -> R {
+    match desc.get() {
+        Some(d) => charged_array(call, &ph, array_bytes(&Array3DDesc::from(&d))),
+        None => rc(call()),
+    }
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMipmappedArrayCreate`.
-pub unsafe fn mipmapped_array_create(
-    real: unsafe extern "C" fn(*mut *mut c_void, *const Array3DDesc, c_uint) -> CUresult,
-    ph: *mut *mut c_void,
-    desc: *const Array3DDesc,
-    levels: c_uint,
-) -> CUresult {
-    // SAFETY: the hook contract: `desc` is NULL or a readable CUDA_ARRAY3D_DESCRIPTOR.
-    let bytes = unsafe { desc.as_ref() }.and_then(|d| {
-        (0..levels.min(64)).try_fold(0u64, |sum, i| {
-            sum.checked_add(d.mip_level(i).dense_bytes()?)
-        })
+pub fn array_create_v1(
+    call: impl FnOnce() -> CUresult,
+    ph: Out<*mut std::ffi::c_void>,
+    desc: In<ArrayDescV1>,
+) -> R {
+    match desc.get() {
+        Some(d) => charged_array(call, &ph, array_bytes(&Array3DDesc::from(&d))),
+        None => rc(call()),
+    }
+}
+
+pub fn array3d_create(
+    call: impl FnOnce() -> CUresult,
+    ph: Out<*mut std::ffi::c_void>,
+    desc: In<Array3DDesc>,
+) -> R {
+    match desc.get() {
+        Some(d) => charged_array(call, &ph, array_bytes(&d)),
+        None => rc(call()),
+    }
+}
+
+pub fn array3d_create_v1(
+    call: impl FnOnce() -> CUresult,
+    ph: Out<*mut std::ffi::c_void>,
+    desc: In<Array3DDescV1>,
+) -> R {
+    match desc.get() {
+        Some(d) => charged_array(call, &ph, array_bytes(&Array3DDesc::from(&d))),
+        None => rc(call()),
+    }
+}
+
+pub fn mipmapped_array_create(
+    call: impl FnOnce() -> CUresult,
+    ph: Out<*mut std::ffi::c_void>,
+    desc: In<Array3DDesc>,
+    levels: u32,
+) -> R {
+    let Some(d) = desc.get() else {
+        return rc(call());
+    };
+    let bytes = (0..levels.clamp(1, 64)).try_fold(0u64, |sum, i| {
+        sum.checked_add(array_bytes(&d.mip_level(i))?)
     });
-    // SAFETY: as in `array_create`: the caller's out-pointer, filled by the driver on success.
-    unsafe { charged_array(ph, bytes, || real(ph, desc, levels)) }
+    charged_array(call, &ph, bytes)
 }
 
 /// cuArrayDestroy and cuMipmappedArrayDestroy.
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuArrayDestroy / cuMipmappedArrayDestroy`.
-pub unsafe fn array_destroy(
-    real: unsafe extern "C" fn(*mut c_void) -> CUresult,
-    h: *mut c_void,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's array handle.
-    let r = unsafe { real(h) };
-    if r == CUDA_SUCCESS {
-        returned(arrays(), h as u64);
-    }
-    r
-}
-
-/// (total, free) as the job must see them on `dev`: the quota as total, quota − used as free,
-/// never more than the device really has. Without a quota, the driver's figures.
-pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
-    let (quota, used) = match crate::state::get() {
-        Some(sh) => {
-            sh.reclaim_now_and_then();
-            sh.quota(dev)
-        }
-        None => quota_without_cuda(dev),
-    };
-    if quota == 0 {
-        return (real_free, real_total);
-    }
-    let total = quota.min(real_total);
-    (total.saturating_sub(used).min(real_free), total)
-}
-
-/// (quota, used) on `dev` for a process that has not initialised CUDA (an NVML-only monitoring
-/// tool in the container, `nvidia-smi`-like): read from the container's state file through a
-/// read-only view (`State::open_view`) if a CUDA process made it, else the limit from the
-/// environment with nothing used. An invalid configuration shows the device as it is (the
-/// error is reported to CUDA jobs at cuInit).
-fn quota_without_cuda(dev: usize) -> (u64, u64) {
-    use std::sync::atomic::Ordering::Acquire;
-    use std::sync::OnceLock;
-    static VIEW: OnceLock<Option<(crate::config::Config, Option<libshare_abi::State>)>> =
-        OnceLock::new();
-    let Some((cfg, state)) = VIEW
-        .get_or_init(|| {
-            let cfg = crate::config::Config::from_env().ok()?;
-            let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
-            let state = libshare_abi::State::open_view(&path).ok();
-            Some((cfg, state))
-        })
-        .as_ref()
-    else {
-        return (0, 0);
-    };
-    if dev >= libshare_abi::MAX_DEVICES {
-        return (0, 0);
-    }
-    let from_file = state.as_ref().map(|s| {
-        (
-            s.device(dev).quota.load(Acquire),
-            s.device(dev).used.load(Acquire),
-        )
-    });
-    match from_file {
-        Some((q, used)) if q > 0 => (q, used),
-        _ => (
-            cfg.memory_limit[dev].unwrap_or(0),
-            from_file.map_or(0, |f| f.1),
-        ),
+pub fn array_destroy(call: impl FnOnce() -> CUresult, h: *mut std::ffi::c_void) -> R {
+    match crate::process::get() {
+        Some(sh) => ledger::of(sh).freed(Kind::Array, h as u64, call),
+        None => rc(call()),
     }
 }
 
-/// NULL-safe: either output may be NULL.
-///
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuMemGetInfo_v2`.
-pub unsafe fn get_info(
-    real: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult,
-    free: *mut usize,
-    total: *mut usize,
-) -> CUresult {
-    crate::deferred::settle(false);
-    crate::pools::reconcile_all();
-    let (mut f, mut t) = (0usize, 0usize);
-    // SAFETY: the driver's `cuMemGetInfo_v2` (hook contract), with live locals to write.
-    let r = unsafe { real(&mut f, &mut t) };
-    if r != CUDA_SUCCESS {
-        return r;
+/// What the job is told of the device's memory: the quota as total, quota − used as free.
+/// NULL-safe (either output may be NULL, as without the shim); the driver is asked with locals.
+fn info<T: Word>(free: Out<T>, total: Out<T>) -> R {
+    if let Some(sh) = crate::process::get() {
+        ledger::of(sh).refresh();
     }
+    let (f, t) = REAL.mem_info()?;
     let dev = current_device().unwrap_or(0);
-    let (vf, vt) = visible(dev, f as u64, t as u64);
-    // SAFETY: each is written only if not NULL, when it is the caller's writable out-pointer
-    // (hook contract).
-    unsafe {
-        if !free.is_null() {
-            *free = vf as usize;
-        }
-        if !total.is_null() {
-            *total = vt as usize;
-        }
-    }
-    CUDA_SUCCESS
+    let (vf, vt) = ledger::visible(dev, f, t);
+    free.set(T::saturating_from(vf));
+    total.set(T::saturating_from(vt));
+    Ok(())
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuDeviceTotalMem_v2`.
-pub unsafe fn total_mem(
-    real: unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult,
-    bytes: *mut usize,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = unsafe { real(bytes, dev) };
-    if r == CUDA_SUCCESS && !bytes.is_null() && dev >= 0 {
-        // SAFETY: `bytes` is not NULL (checked), so the caller's writable out-pointer (hook
-        // contract), and the driver wrote the device's memory there.
-        let real_total = unsafe { *bytes };
-        let (_, t) = visible(
-            dev as usize % libshare_abi::MAX_DEVICES,
-            u64::MAX,
-            real_total as u64,
-        );
-        // SAFETY: as above.
-        unsafe { *bytes = t as usize };
+pub fn get_info(_call: impl FnOnce() -> CUresult, free: Out<usize>, total: Out<usize>) -> R {
+    info(free, total)
+}
+
+pub fn get_info_v1(_call: impl FnOnce() -> CUresult, free: Out<u32>, total: Out<u32>) -> R {
+    info(free, total)
+}
+
+fn total<T: Word>(call: impl FnOnce() -> CUresult, bytes: Out<T>, dev: CUdevice) -> R {
+    rc(call())?;
+    if let (Some(real_total), true) = (bytes.get(), dev >= 0) {
+        let d = dev as usize % libshare_abi::MAX_DEVICES;
+        let (_, t) = ledger::visible(d, u64::MAX, real_total.to_u64());
+        bytes.set(T::saturating_from(t));
     }
-    r
+    Ok(())
+}
+
+pub fn total_mem(call: impl FnOnce() -> CUresult, bytes: Out<usize>, dev: CUdevice) -> R {
+    total(call, bytes, dev)
+}
+
+pub fn total_mem_v1(call: impl FnOnce() -> CUresult, bytes: Out<u32>, dev: CUdevice) -> R {
+    total(call, bytes, dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(width: usize, height: usize, depth: usize, format: u32, channels: u32) -> Array3DDesc {
+        Array3DDesc {
+            width,
+            height,
+            depth,
+            format,
+            channels,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn arrays_are_charged_at_least_their_size() {
+        assert_eq!(
+            array_bytes(&desc(64, 20, 0, 0x20, 4)),
+            Some(64 * 20 * 16),
+            "float4"
+        );
+        // BC1: 8 bytes per 4×4 block; BC7: 16; partial blocks count whole.
+        assert_eq!(array_bytes(&desc(64, 64, 0, 0x91, 4)), Some(16 * 16 * 8));
+        assert_eq!(array_bytes(&desc(65, 1, 0, 0x9d, 4)), Some(17 * 16));
+        // NV12 (planar, 1.5 bytes a pixel) and unknown formats: 16 bytes an element.
+        assert_eq!(
+            array_bytes(&desc(1920, 1080, 0, 0xb0, 3)),
+            Some(1920 * 1080 * 16)
+        );
+        assert!(array_bytes(&desc(1920, 1080, 0, 0xb0, 3)).unwrap() >= 1920 * 1080 * 3 / 2);
+        // Sizes that overflow are refused, never charged as nothing.
+        assert_eq!(array_bytes(&desc(1 << 40, 1 << 40, 0, 0x20, 4)), None);
+        assert_eq!(array_bytes(&desc(1 << 40, 1 << 40, 0, 0xb0, 1)), None);
+    }
 }

@@ -4,12 +4,11 @@
 
 use std::ffi::c_void;
 
-use crate::types::{CUuuid, CUDA_SUCCESS};
+use crate::types::{
+    CUuuid, NvmlReturn, CUDA_SUCCESS, NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
+};
+use shim_headers::{format_uuid, guard};
 use std::sync::OnceLock;
-
-type NvmlReturn = u32;
-const NVML_SUCCESS: NvmlReturn = 0;
-const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 
 /// `nvmlMemory_t`.
 #[repr(C)]
@@ -42,13 +41,13 @@ fn nvml() -> &'static Nvml {
     N.get_or_init(|| {
         let path =
             std::env::var("LIBSHARE_REAL_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".into());
-        let h = crate::interpose::dlopen_local(&path);
+        let h = crate::loader::dlopen_local(&path);
         let sym = |n: &std::ffi::CStr| {
             if h.is_null() {
                 std::ptr::null_mut()
             } else {
                 // SAFETY: `h` is a non-NULL handle from `dlopen`; `n` a NUL-terminated name.
-                unsafe { crate::interpose::real_dlsym(h, n.as_ptr()) }
+                unsafe { crate::loader::real_dlsym(h, n.as_ptr()) }
             }
         };
         let (a, b, c) = (
@@ -61,7 +60,7 @@ fn nvml() -> &'static Nvml {
         // name, whose prototype (nvml.h) is the field's type.
         unsafe {
             Nvml {
-                base: crate::interpose::object_base(a),
+                base: crate::loader::object_base(a),
                 get_info: (!a.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(a)),
                 get_info_v2: (!b.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(b)),
                 get_index: (!c.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(c)),
@@ -124,7 +123,7 @@ unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
     let nvml_uuid = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
         .to_str()
         .ok()?;
-    let r = crate::state::real();
+    let r = crate::driver::real();
     let (count, uuid_of) = (r.cuDeviceGetCount?, r.cuDeviceGetUuid?);
     let mut n = 0;
     // SAFETY: the driver's `cuDeviceGetCount` with a live local.
@@ -143,19 +142,6 @@ unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
     )
 }
 
-/// A UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-fn format_uuid(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
 /// (free, total) of an NVML device as the job sees it: the quota of the CUDA device it is, or the
 /// real figures for a device CUDA does not see.
 ///
@@ -164,11 +150,14 @@ fn format_uuid(u: &[u8; 16]) -> String {
 unsafe fn as_job_sees(device: *mut c_void, free: u64, total: u64) -> (u64, u64) {
     // SAFETY: `device` under this function's contract.
     match unsafe { cuda_ordinal(device) } {
-        Some(d) => crate::memory::visible(d, free, total),
+        Some(d) => crate::ledger::visible(d, free, total),
         None => (free, total),
     }
 }
 
+/// Memory info of the real NVML, with free and total as the job sees them (the quota); `used`
+/// follows and never wraps.
+///
 /// # Safety
 /// NVML's contract: `device` is an NVML handle, `mem` NULL or writable.
 #[no_mangle]
@@ -176,27 +165,35 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: *mut c_void,
     mem: *mut Memory,
 ) -> NvmlReturn {
-    let Some(real) = nvml().get_info else {
-        return NVML_ERROR_UNINITIALIZED;
-    };
-    // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo` with the caller's arguments (NVML's
-    // contract, this function's).
-    let r = unsafe { real(device, mem) };
-    if r == NVML_SUCCESS && !mem.is_null() {
-        // SAFETY: `mem` is not NULL (checked), so writable by NVML's contract, and NVML filled
-        // it.
-        let m = unsafe { &mut *mem };
-        // SAFETY: `device` is the caller's NVML handle (NVML's contract, this function's).
-        let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
-        *m = Memory {
-            total,
-            free,
-            used: total - free,
-        };
-    }
-    r
+    guard(
+        "libshare nvmlDeviceGetMemoryInfo",
+        NVML_ERROR_UNKNOWN,
+        || {
+            let Some(real) = nvml().get_info else {
+                return NVML_ERROR_UNINITIALIZED;
+            };
+            // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo` with the caller's arguments (NVML's
+            // contract, this function's).
+            let r = unsafe { real(device, mem) };
+            if r == NVML_SUCCESS && !mem.is_null() {
+                // SAFETY: `mem` is not NULL (checked), so writable by NVML's contract, and NVML
+                // filled it.
+                let m = unsafe { &mut *mem };
+                // SAFETY: `device` is the caller's NVML handle (NVML's contract, this function's).
+                let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
+                *m = Memory {
+                    total,
+                    free,
+                    used: total.saturating_sub(free),
+                };
+            }
+            r
+        },
+    )
 }
 
+/// As `nvmlDeviceGetMemoryInfo`, for `nvmlMemory_v2_t` (`used` excludes `reserved`).
+///
 /// # Safety
 /// As for `nvmlDeviceGetMemoryInfo`.
 #[no_mangle]
@@ -204,33 +201,25 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: *mut c_void,
     mem: *mut MemoryV2,
 ) -> NvmlReturn {
-    let Some(real) = nvml().get_info_v2 else {
-        return NVML_ERROR_UNINITIALIZED;
-    };
-    // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo_v2` with the caller's arguments.
-    let r = unsafe { real(device, mem) };
-    if r == NVML_SUCCESS && !mem.is_null() {
-        // SAFETY: as in `nvmlDeviceGetMemoryInfo`: not NULL, writable, filled by NVML.
-        let m = unsafe { &mut *mem };
-        // SAFETY: `device` is the caller's NVML handle.
-        let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
-        m.total = total;
-        m.free = free;
-        m.used = total.saturating_sub(free).saturating_sub(m.reserved);
-    }
-    r
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn uuid_format_matches_nvml() {
-        let u = [
-            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0, 1, 2, 3, 4, 5, 6, 7,
-        ];
-        assert_eq!(
-            super::format_uuid(&u),
-            "GPU-12345678-9abc-def0-0001-020304050607"
-        );
-    }
+    guard(
+        "libshare nvmlDeviceGetMemoryInfo_v2",
+        NVML_ERROR_UNKNOWN,
+        || {
+            let Some(real) = nvml().get_info_v2 else {
+                return NVML_ERROR_UNINITIALIZED;
+            };
+            // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo_v2` with the caller's arguments.
+            let r = unsafe { real(device, mem) };
+            if r == NVML_SUCCESS && !mem.is_null() {
+                // SAFETY: as in `nvmlDeviceGetMemoryInfo`: not NULL, writable, filled by NVML.
+                let m = unsafe { &mut *mem };
+                // SAFETY: `device` is the caller's NVML handle.
+                let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
+                m.total = total;
+                m.free = free;
+                m.used = total.saturating_sub(free).saturating_sub(m.reserved);
+            }
+            r
+        },
+    )
 }

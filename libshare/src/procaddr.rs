@@ -5,45 +5,33 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
+use crate::boundary::{rc, Out, R};
 use crate::types::*;
 use shim_headers::{resolve, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, DECLARED_UP_TO};
 
-type GetProcV1 = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult;
-type GetProcV2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult;
-
-/// Replaces `*pfn` with the hook for (symbol, version, flags), if the shim hooks that ABI entry.
-/// `same_abi(entry_version)` says whether the driver answers the request with the same function
-/// as it does at `entry_version`; it is asked only for requests newer than the declaration list,
-/// where a newer driver may have added an ABI version the list does not know (that function is
-/// then passed through unhooked, never replaced by a hook with another prototype).
-///
-/// # Safety
-/// `sym` is NULL or a NUL-terminated C string; `pfn` is NULL or valid for reading and writing a
-/// function pointer (the driver's answer).
-pub unsafe fn substitute(
-    sym: *const c_char,
-    pfn: *mut *mut c_void,
+/// Replaces the driver's answer in `pfn` with the hook for (symbol, version, flags), if the shim
+/// hooks that ABI entry. `same_abi(entry_version)` says whether the driver answers the request
+/// with the same function as it does at `entry_version`; it is asked only for requests newer than
+/// the declaration list, where a newer driver may have added an ABI version the list does not
+/// know (that function is then passed through unhooked, never replaced by a hook with another
+/// prototype).
+pub fn substitute(
+    name: &str,
+    pfn: &Out<*mut c_void>,
     version: i32,
     flags: u64,
     same_abi: impl FnOnce(u32) -> bool,
 ) {
-    // SAFETY: `pfn` is read only if not NULL, when it is valid by this function's contract.
-    if sym.is_null() || pfn.is_null() || unsafe { (*pfn).is_null() } {
+    if pfn.get().is_none_or(|p| p.is_null()) {
         return;
     }
-    // SAFETY: not NULL (checked), so a NUL-terminated C string by this function's contract.
-    let Ok(name) = unsafe { CStr::from_ptr(sym) }.to_str() else {
-        return;
-    };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let version = version.max(0) as u32;
     if let Ok(entry) = resolve(name, version, per_thread) {
         if let Some(h) = crate::hooks::hook_ptr(entry.export) {
             if version <= DECLARED_UP_TO || same_abi(entry.version) {
-                // SAFETY: not NULL (checked above), writable by this function's contract; `h`
-                // has the prototype of the driver's answer (same export, same ABI version).
-                unsafe { *pfn = h };
+                // `h` has the prototype of the driver's answer (same export, same ABI version).
+                pfn.set(h);
             } else {
                 tracing::warn!(
                     name,
@@ -55,59 +43,64 @@ pub unsafe fn substitute(
     }
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGetProcAddress`.
-pub unsafe fn get_proc_address(
-    real: GetProcV1,
-    sym: *const c_char,
-    pfn: *mut *mut c_void,
-    version: i32,
-    flags: u64,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = unsafe { real(sym, pfn, version, flags) };
-    if r == CUDA_SUCCESS && !pfn.is_null() {
-        // SAFETY: `pfn` is not NULL (checked), so the caller's valid out-pointer (hook
-        // contract), holding the driver's answer; `sym` is the caller's C string, which the
-        // driver accepted. The closure asks the driver again with the same `sym` and a live
-        // local out-pointer.
-        unsafe {
-            let answer = *pfn;
-            substitute(sym, pfn, version, flags, |v| {
-                let mut p = std::ptr::null_mut();
-                real(sym, &mut p, v as i32, flags) == CUDA_SUCCESS && p == answer
-            });
-        }
+/// The caller's symbol name (None: NULL or not UTF-8).
+fn symbol<'a>(sym: *const c_char) -> Option<&'a str> {
+    if sym.is_null() {
+        return None;
     }
-    r
+    // SAFETY: not NULL, so a NUL-terminated C string by `cuGetProcAddress`'s contract (the hook
+    // contract), which the driver has just read too; it outlives this call.
+    unsafe { CStr::from_ptr(sym) }.to_str().ok()
 }
 
-/// # Safety
-///
-/// The hook contract (`hook_fn!`): `real` is the driver's `cuGetProcAddress_v2`.
-pub unsafe fn get_proc_address_v2(
-    real: GetProcV2,
+// `sym` is the caller's C string, valid for the call (the hook contract): passed back to the
+// driver, never kept.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn get_proc_address(
+    call: impl FnOnce() -> CUresult,
     sym: *const c_char,
-    pfn: *mut *mut c_void,
+    pfn: Out<*mut c_void>,
     version: i32,
     flags: u64,
-    status: *mut i32,
-) -> CUresult {
-    // SAFETY: the hook contract: the driver's function with the caller's arguments.
-    let r = unsafe { real(sym, pfn, version, flags, status) };
-    if r == CUDA_SUCCESS && !pfn.is_null() {
-        // SAFETY: as in `get_proc_address`; the closure's status out-pointer is a live local.
-        unsafe {
-            let answer = *pfn;
-            substitute(sym, pfn, version, flags, |v| {
-                let mut p = std::ptr::null_mut();
-                let mut st = 0;
-                real(sym, &mut p, v as i32, flags, &mut st) == CUDA_SUCCESS && p == answer
-            });
-        }
-    }
-    r
+) -> R {
+    rc(call())?;
+    let (Some(name), Some(answer)) = (symbol(sym), pfn.get()) else {
+        return Ok(());
+    };
+    substitute(name, &pfn, version, flags, |v| {
+        let Some(real) = crate::driver::real().cuGetProcAddress else {
+            return false;
+        };
+        let mut p = std::ptr::null_mut();
+        // SAFETY: the driver's `cuGetProcAddress`, asked again for the caller's symbol (a C
+        // string it accepted) at another version, into a live local.
+        (unsafe { real(sym, &mut p, v as i32, flags) }) == CUDA_SUCCESS && p == answer
+    });
+    Ok(())
+}
+
+#[allow(clippy::not_unsafe_ptr_arg_deref)] // as `get_proc_address`
+pub fn get_proc_address_v2(
+    call: impl FnOnce() -> CUresult,
+    sym: *const c_char,
+    pfn: Out<*mut c_void>,
+    version: i32,
+    flags: u64,
+    _status: Out<i32>,
+) -> R {
+    rc(call())?;
+    let (Some(name), Some(answer)) = (symbol(sym), pfn.get()) else {
+        return Ok(());
+    };
+    substitute(name, &pfn, version, flags, |v| {
+        let Some(real) = crate::driver::real().cuGetProcAddress_v2 else {
+            return false;
+        };
+        let (mut p, mut st) = (std::ptr::null_mut(), 0);
+        // SAFETY: as in `get_proc_address`, with a live local status.
+        (unsafe { real(sym, &mut p, v as i32, flags, &mut st) }) == CUDA_SUCCESS && p == answer
+    });
+    Ok(())
 }
 
 #[cfg(test)]
@@ -118,8 +111,10 @@ mod tests {
     fn answer(version: i32, same_abi: bool) -> *mut c_void {
         let driver_answer = 0x1000 as *mut c_void;
         let mut pfn = driver_answer;
-        // SAFETY: a C string literal and a live local function-pointer slot.
-        unsafe { substitute(c"cuMemAlloc".as_ptr(), &mut pfn, version, 0, |_| same_abi) };
+        let scope = crate::boundary::Scope;
+        // SAFETY: a live local function-pointer slot, used within `scope`.
+        let out = unsafe { crate::boundary::FromCuda::at_boundary(&raw mut pfn, &scope) };
+        substitute("cuMemAlloc", &out, version, 0, |_| same_abi);
         pfn
     }
 

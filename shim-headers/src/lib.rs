@@ -23,6 +23,9 @@ include!(concat!(env!("OUT_DIR"), "/tables.rs"));
 
 pub mod types;
 
+mod prototypes;
+pub use prototypes::{check_params, param_types, rust_type_matches, ParamMismatch, RUST_STRUCTS};
+
 /// The newest CUDA version whose header the declaration list was generated from (13.5): for a
 /// request up to this version [`resolve`] is authoritative; beyond it a newer driver may have
 /// added an ABI version the list does not know.
@@ -86,18 +89,41 @@ pub fn prototype(export: &str) -> Option<&'static str> {
         .map(|i| EXPORTS[i].1)
 }
 
+/// Runs `f`, the body of a function exported to C (a driver or NVML entry point, a hook): a panic
+/// becomes `unknown` (`CUDA_ERROR_UNKNOWN`, `NVML_ERROR_UNKNOWN`) and one line on stderr naming
+/// `name`, never an unwind into C. The line is written without panicking (stderr may be closed).
+#[inline]
+pub fn guard<T: Copy + std::fmt::Display>(name: &str, unknown: T, f: impl FnOnce() -> T) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{name}: internal error (panic, above); returned error {unknown} — please report it"
+            );
+            unknown
+        }
+    }
+}
+
+/// A device UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(uuid: &[u8; 16]) -> String {
+    let mut out = String::with_capacity(40);
+    out.push_str("GPU-");
+    for (i, byte) in uuid.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
+        out.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0'));
+    }
+    out
+}
+
 /// Number of parameters in a C parameter list such as `(CUdeviceptr_v2 *dptr, size_t bytesize)`.
 pub fn param_count(proto: &str) -> usize {
-    let inner = proto
-        .trim()
-        .trim_start_matches('(')
-        .trim_end_matches(')')
-        .trim();
-    if inner.is_empty() || inner == "void" {
-        0
-    } else {
-        inner.split(',').count()
-    }
+    param_types(proto).len()
 }
 
 #[cfg(test)]
@@ -157,6 +183,24 @@ mod tests {
             Some(LookupError::VersionNotSufficient)
         );
         assert_eq!(resolve("", 0, false).err(), Some(LookupError::NotFound));
+    }
+
+    #[test]
+    fn guard_turns_a_panic_into_the_error_code() {
+        assert_eq!(guard("ok", 999u32, || 7), 7);
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let r = guard("boom", types::CUDA_ERROR_UNKNOWN, || panic!("inside"));
+        std::panic::set_hook(prev);
+        assert_eq!(r, 999);
+    }
+
+    #[test]
+    fn uuid_format_matches_nvml() {
+        let u = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0, 1, 2, 3, 4, 5, 6, 7,
+        ];
+        assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0001-020304050607");
     }
 
     #[test]

@@ -38,6 +38,27 @@ pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
 pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_ARRAY_IS_MAPPED: CUresult = 207;
+pub const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
+pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// `nvmlReturn_t` (values from NVIDIA's `nvml.h`).
+pub type NvmlReturn = u32;
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
+pub const NVML_ERROR_ALREADY_INITIALIZED: NvmlReturn = 5;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
 /// Special stream handles.
 pub const CU_STREAM_LEGACY: usize = 0x1;
@@ -45,6 +66,14 @@ pub const CU_STREAM_PER_THREAD: usize = 0x2;
 pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 
 pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// `CUstreamCaptureStatus` / `CUstreamCaptureMode`.
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: u32 = 2;
+
+/// `CUmemPool_attribute`.
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: u32 = 5;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
 
 pub const CU_MEMORYTYPE_HOST: u32 = 1;
 pub const CU_MEMORYTYPE_DEVICE: u32 = 2;
@@ -113,6 +142,7 @@ pub struct Memcpy3D {
 
 /// `CUlaunchConfig` (attributes are read but only the grid/block/stream matter here).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct LaunchConfig {
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -153,6 +183,7 @@ pub struct MemAccessDesc {
 
 /// `CUmemPoolProps` (only the location matters here).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemPoolProps {
     pub alloc_type: u32,
     pub handle_types: u32,
@@ -165,6 +196,7 @@ pub struct MemPoolProps {
 
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share this layout).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemAllocNodeParams {
     pub pool_props: MemPoolProps,
     pub access_descs: *const MemAccessDesc,
@@ -180,6 +212,7 @@ pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
 /// `CUgraphNodeParams` (cuGraphAddNode): the node type, then a 232-byte union of which only the
 /// memory-node members are named here.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct GraphNodeParams {
     pub kind: u32,
     pub reserved0: [i32; 3],
@@ -208,6 +241,54 @@ pub struct ArrayDesc {
     pub height: usize,
     pub format: u32,
     pub channels: u32,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (the CUDA 2.x ABI of `cuArrayCreate`: 32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayDescV1 {
+    pub width: u32,
+    pub height: u32,
+    pub format: u32,
+    pub channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (the CUDA 2.x ABI of `cuArray3DCreate`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Array3DDescV1 {
+    pub width: u32,
+    pub height: u32,
+    pub depth: u32,
+    pub format: u32,
+    pub channels: u32,
+    pub flags: u32,
+}
+
+impl From<&Array3DDescV1> for Array3DDesc {
+    fn from(d: &Array3DDescV1) -> Array3DDesc {
+        Array3DDesc {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: d.depth as usize,
+            format: d.format,
+            channels: d.channels,
+            flags: d.flags,
+        }
+    }
+}
+
+impl From<&ArrayDescV1> for Array3DDesc {
+    fn from(d: &ArrayDescV1) -> Array3DDesc {
+        Array3DDesc {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: 0,
+            format: d.format,
+            channels: d.channels,
+            flags: 0,
+        }
+    }
 }
 
 /// `CUDA_ARRAY3D_DESCRIPTOR`.

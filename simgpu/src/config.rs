@@ -259,17 +259,8 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     Some(uuid)
 }
 
-/// Formats a UUID the way NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(uuid: &[u8; 16]) -> String {
-    let mut out = String::from("GPU-");
-    for (i, byte) in uuid.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out.push('-');
-        }
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
-}
+/// Formats a UUID the way NVML prints it (one definition, shared with libshare).
+pub use shim_headers::format_uuid;
 
 // ---------------------------------------------------------------------------------------------
 // Settings: how each value is parsed and what the error says is accepted.

@@ -24,6 +24,11 @@ use crate::shared::{now_ns, Shared};
 
 pub type StreamId = u64;
 
+thread_local! {
+    /// Set on the engine thread: operation effects run there and must never wait for the engine.
+    static ON_ENGINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Which engine of which device an operation occupies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resource {
@@ -268,8 +273,28 @@ impl Engine {
         }
     }
 
+    /// Blocks until every operation submitted so far to any stream of the process has completed
+    /// (what `cuMemFree` and the other freeing calls wait for before memory goes away). Returns
+    /// at once on the engine thread itself, where the caller is an operation that is running.
+    pub fn drain(&self) {
+        if ON_ENGINE.with(|e| e.get()) {
+            return;
+        }
+        let targets: Vec<_> = {
+            let st = self.st.lock();
+            st.streams
+                .iter()
+                .map(|(id, q)| (*id, q.submitted))
+                .collect()
+        };
+        for (id, seq) in targets {
+            self.wait(id, seq);
+        }
+    }
+
     /// The engine thread.
     fn run(&'static self) {
+        ON_ENGINE.with(|e| e.set(true));
         let sim = crate::sim::get();
         let wake = self.wake_word();
         let mut st = self.st.lock();

@@ -229,8 +229,8 @@ pub unsafe extern "C" fn cuGetExportTable(out: *mut *const c_void, id: *const CU
 
 /// Export-table functions are called by NVIDIA's libraries at any time, exit included: a panic
 /// must become an error code, never an abort.
-fn guarded(f: impl FnOnce() -> CUresult) -> CUresult {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(999)
+fn guarded(name: &str, f: impl FnOnce() -> CUresult) -> CUresult {
+    shim_headers::guard(name, CUDA_ERROR_UNKNOWN, f)
 }
 
 extern "C" fn unknown_slot() -> usize {
@@ -288,7 +288,7 @@ unsafe extern "C" fn cls_put(
     value: *mut c_void,
     dtor: *mut c_void,
 ) -> CUresult {
-    guarded(|| match ctx_from(ctx) {
+    guarded("cls_put", || match ctx_from(ctx) {
         Ok(c) => {
             c.local_storage
                 .lock()
@@ -299,7 +299,7 @@ unsafe extern "C" fn cls_put(
     })
 }
 unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
-    guarded(|| match ctx_from(ctx) {
+    guarded("cls_delete", || match ctx_from(ctx) {
         Ok(c) => match c.local_storage.lock().remove(&(key as usize)) {
             Some(_) => CUDA_SUCCESS,
             None => CUDA_ERROR_INVALID_HANDLE,
@@ -312,7 +312,7 @@ unsafe extern "C" fn cls_get(
     ctx: CUcontext,
     key: *mut c_void,
 ) -> CUresult {
-    guarded(|| {
+    guarded("cls_get", || {
         let c = if ctx.is_null() {
             current_ctx_opt().ok_or(CUDA_ERROR_INVALID_CONTEXT)
         } else {
@@ -351,7 +351,7 @@ unsafe extern "C" fn integrity_check(
     unix_seconds: u64,
     out: *mut [u64; 2],
 ) -> CUresult {
-    guarded(|| {
+    guarded("integrity_check", || {
         if out.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }

@@ -44,22 +44,16 @@ use std::sync::OnceLock;
 use crate::config::{format_uuid, ConfigError, DeviceConfig, SimConfig};
 use crate::shared::{now_ns, Shared};
 
-pub type NvmlReturn = c_uint;
 /// `nvmlDevice_t`: an opaque pointer.
 pub type NvmlDevice = *mut c_void;
 
-pub const NVML_SUCCESS: NvmlReturn = 0;
-pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
-pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
-pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
-pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
-pub const NVML_ERROR_ALREADY_INITIALIZED: NvmlReturn = 5;
-pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
-pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
-pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
-pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
-pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
-pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+/// Return codes: the one table in `shim_headers::types`, shared with libshare.
+pub use shim_headers::types::{
+    NvmlReturn, NVML_ERROR_ALREADY_INITIALIZED, NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_INSUFFICIENT_SIZE,
+    NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_NO_PERMISSION, NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
+};
 
 /// `nvmlTemperatureSensors_t`
 pub const NVML_TEMPERATURE_GPU: c_uint = 0;
@@ -272,40 +266,77 @@ fn dev(h: NvmlDevice) -> Result<(&'static Nvml, &'static Device), NvmlReturn> {
     Ok((s, s.device(h)?))
 }
 
-/// Runs an export's body: a panic becomes NVML_ERROR_UNKNOWN, never an unwind into C.
-fn run(name: &str, f: impl FnOnce() -> R) -> NvmlReturn {
+/// Runs an export's body (`nvml!`): a panic becomes NVML_ERROR_UNKNOWN (`shim_headers::guard`),
+/// never an unwind into C.
+pub fn run(name: &str, f: impl FnOnce() -> R) -> NvmlReturn {
     crate::debug!("{name}");
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(())) => NVML_SUCCESS,
-        Ok(Err(e)) => {
+    shim_headers::guard(name, NVML_ERROR_UNKNOWN, || match f() {
+        Ok(()) => NVML_SUCCESS,
+        Err(e) => {
             crate::debug!("{name} -> {e}");
             e
         }
-        Err(_) => {
-            crate::warn!("{name}: internal error (panic), returning NVML_ERROR_UNKNOWN");
-            NVML_ERROR_UNKNOWN
-        }
-    }
+    })
 }
 
-fn out<T>(p: *mut T, v: T) -> R {
+/// Defines exported NVML functions whose body returns `R`, each run by [`run`] under its own
+/// name.
+///
+/// # Safety
+///
+/// Every generated function is an `unsafe extern "C"` NVML entry point: its caller keeps the
+/// pointer contracts `nvml.h` documents for it (out-pointers NULL or writable for the documented
+/// type, buffers of the length passed, C strings NUL-terminated, device handles from this
+/// library). As in `driver!`, the body runs in one `unsafe` block covering exactly "read or write
+/// through an argument under that contract" (`out`, `out_str`, `out_list`, `in_str`); anything
+/// beyond it gets its own `unsafe fn` or `// SAFETY:` comment.
+macro_rules! nvml {
+    ($(#[$m:meta])* fn $name:ident ($($a:ident : $t:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        ///
+        /// NVML's documented pointer contract for this function.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> NvmlReturn {
+            run(stringify!($name), || -> R {
+                // SAFETY: the arguments come from an NVML caller, which keeps the pointer
+                // contracts nvml.h documents for this function (see the macro's doc).
+                #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+                unsafe { $body }
+            })
+        }
+    };
+}
+
+/// Writes `v` through an out-pointer, or fails with NVML_ERROR_INVALID_ARGUMENT if it is NULL.
+///
+/// # Safety
+///
+/// `p` is NULL or valid for writing one `T` (alignment not required; the old value is not
+/// dropped).
+unsafe fn out<T>(p: *mut T, v: T) -> R {
     if p.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    // SAFETY: the caller passed a pointer to a T (NVML's contract); not NULL.
+    // SAFETY: not NULL (checked), so writable by this fn's contract.
     unsafe { p.write_unaligned(v) };
     Ok(())
 }
 
 /// Copies `s` and a NUL into `buf` of `len` bytes.
-fn out_str(buf: *mut c_char, len: c_uint, s: &str) -> R {
+///
+/// # Safety
+///
+/// `buf` is NULL or valid for writing `len` bytes.
+unsafe fn out_str(buf: *mut c_char, len: c_uint, s: &str) -> R {
     if buf.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     if (len as usize) < s.len() + 1 {
         return Err(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    // SAFETY: buf holds at least len >= s.len() + 1 bytes.
+    // SAFETY: not NULL (checked) and writable for len >= s.len() + 1 bytes (this fn's contract).
     unsafe {
         std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, s.len());
         *buf.add(s.len()) = 0;
@@ -313,11 +344,16 @@ fn out_str(buf: *mut c_char, len: c_uint, s: &str) -> R {
     Ok(())
 }
 
-fn in_str(p: *const c_char) -> Result<String, NvmlReturn> {
+/// The C string `p` as UTF-8.
+///
+/// # Safety
+///
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn in_str(p: *const c_char) -> Result<String, NvmlReturn> {
     if p.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    // SAFETY: NUL-terminated string from the caller.
+    // SAFETY: not NULL (checked), so NUL-terminated by this fn's contract.
     let s = unsafe { CStr::from_ptr(p) };
     s.to_str()
         .map(str::to_owned)
@@ -327,15 +363,18 @@ fn in_str(p: *const c_char) -> Result<String, NvmlReturn> {
 /// NVML's size protocol for lists: `*count` is the capacity of `out` in, the number of entries
 /// out. Too small (including a NULL `out` with `*count == 0`) → INSUFFICIENT_SIZE with the
 /// number needed. An empty list is SUCCESS with `*count = 0`.
-fn out_list<T: Copy>(items: &[T], count: *mut c_uint, out: *mut T) -> R {
+///
+/// # Safety
+///
+/// `count` is NULL or valid for reading and writing; `out` is NULL or valid for writing `*count`
+/// (as passed in) entries.
+unsafe fn out_list<T: Copy>(items: &[T], count: *mut c_uint, out: *mut T) -> R {
     if count.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    // SAFETY: count is a valid pointer (checked).
-    let capacity = unsafe { *count } as usize;
+    // SAFETY: not NULL (checked), so readable and writable by this fn's contract.
+    let capacity = unsafe { count.replace(items.len() as c_uint) } as usize;
     let n = items.len();
-    // SAFETY: as above.
-    unsafe { *count = n as c_uint };
     if n == 0 {
         return Ok(());
     }
@@ -345,7 +384,7 @@ fn out_list<T: Copy>(items: &[T], count: *mut c_uint, out: *mut T) -> R {
     if out.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    // SAFETY: out holds capacity >= n entries.
+    // SAFETY: `out` is not NULL (checked) and holds capacity >= n entries (this fn's contract).
     unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), out, n) };
     Ok(())
 }
@@ -481,12 +520,13 @@ fn gpu_utilisation(s: &Nvml, d: &Device) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // Exports: initialisation and system queries
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlInit_v2() -> NvmlReturn {
-    run("nvmlInit_v2", || match init_with(SimConfig::from_env) {
-        NVML_SUCCESS => Ok(()),
-        e => Err(e),
-    })
+nvml! {
+    fn nvmlInit_v2() {
+        match init_with(SimConfig::from_env) {
+            NVML_SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    }
 }
 
 #[no_mangle]
@@ -502,13 +542,12 @@ pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
     unsafe { nvmlInit_v2() }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlShutdown() -> NvmlReturn {
-    run("nvmlShutdown", || {
+nvml! {
+    fn nvmlShutdown() {
         REFS.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1))
             .map(|_| ())
             .map_err(|_| NVML_ERROR_UNINITIALIZED)
-    })
+    }
 }
 
 /// A static description of `result`; valid without nvmlInit.
@@ -550,28 +589,20 @@ pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
     s.as_ptr()
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
-    version: *mut c_char,
-    length: c_uint,
-) -> NvmlReturn {
-    run("nvmlSystemGetDriverVersion", || {
+nvml! {
+    fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) {
         let s = state()?;
         out_str(
             version,
             length,
             &driver_version_string(s.cfg.driver_version),
         )
-    })
+    }
 }
 
-/// `<CUDA major>.<driver version>`, e.g. `13.580.00`.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
-    version: *mut c_char,
-    length: c_uint,
-) -> NvmlReturn {
-    run("nvmlSystemGetNVMLVersion", || {
+nvml! {
+    /// `<CUDA major>.<driver version>`, e.g. `13.580.00`.
+    fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) {
         let s = state()?;
         let v = s.cfg.driver_version;
         out_str(
@@ -579,31 +610,28 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
             length,
             &format!("{}.{}", v / 1000, driver_version_string(v)),
         )
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> NvmlReturn {
-    run("nvmlSystemGetCudaDriverVersion", || {
+nvml! {
+    fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) {
         out(version, state()?.cfg.driver_version)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> NvmlReturn {
-    run("nvmlSystemGetCudaDriverVersion_v2", || {
+nvml! {
+    fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) {
         out(version, state()?.cfg.driver_version)
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Exports: devices and handles
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
-    run("nvmlDeviceGetCount_v2", || {
+nvml! {
+    fn nvmlDeviceGetCount_v2(count: *mut c_uint) {
         out(count, state()?.devices.len() as c_uint)
-    })
+    }
 }
 
 #[no_mangle]
@@ -612,18 +640,14 @@ pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
     unsafe { nvmlDeviceGetCount_v2(count) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
-    index: c_uint,
-    device: *mut NvmlDevice,
-) -> NvmlReturn {
-    run("nvmlDeviceGetHandleByIndex_v2", || {
+nvml! {
+    fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut NvmlDevice) {
         let s = state()?;
         if index as usize >= s.devices.len() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         out(device, s.handle(index as usize))
-    })
+    }
 }
 
 #[no_mangle]
@@ -635,12 +659,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
     unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
-    uuid: *const c_char,
-    device: *mut NvmlDevice,
-) -> NvmlReturn {
-    run("nvmlDeviceGetHandleByUUID", || {
+nvml! {
+    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut NvmlDevice) {
         let s = state()?;
         let want = in_str(uuid)?;
         if device.is_null() {
@@ -652,15 +672,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .position(|d| format_uuid(&d.cfg.uuid).eq_ignore_ascii_case(want.trim()))
             .ok_or(NVML_ERROR_NOT_FOUND)?;
         out(device, s.handle(i))
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
-    pci_bus_id: *const c_char,
-    device: *mut NvmlDevice,
-) -> NvmlReturn {
-    run("nvmlDeviceGetHandleByPciBusId_v2", || {
+nvml! {
+    fn nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id: *const c_char, device: *mut NvmlDevice) {
         let s = state()?;
         let want = parse_bus_id(&in_str(pci_bus_id)?).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         if device.is_null() {
@@ -672,7 +688,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
             .position(|d| want == (d.cfg.pci_domain, d.cfg.pci_bus, d.cfg.pci_device, 0))
             .ok_or(NVML_ERROR_NOT_FOUND)?;
         out(device, s.handle(i))
-    })
+    }
 }
 
 #[no_mangle]
@@ -684,52 +700,33 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
     unsafe { nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id, device) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
-    run("nvmlDeviceGetIndex", || {
+nvml! {
+    fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) {
         out(index, dev(device)?.1.index as c_uint)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
-    device: NvmlDevice,
-    minor: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetMinorNumber", || {
+nvml! {
+    fn nvmlDeviceGetMinorNumber(device: NvmlDevice, minor: *mut c_uint) {
         out(minor, dev(device)?.1.index as c_uint)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetName(
-    device: NvmlDevice,
-    name: *mut c_char,
-    length: c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetName", || {
+nvml! {
+    fn nvmlDeviceGetName(device: NvmlDevice, name: *mut c_char, length: c_uint) {
         out_str(name, length, &dev(device)?.1.cfg.name)
-    })
+    }
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`: the bytes `cuDeviceGetUuid` returns.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(
-    device: NvmlDevice,
-    uuid: *mut c_char,
-    length: c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetUUID", || {
+nvml! {
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`: the bytes `cuDeviceGetUuid` returns.
+    fn nvmlDeviceGetUUID(device: NvmlDevice, uuid: *mut c_char, length: c_uint) {
         out_str(uuid, length, &format_uuid(&dev(device)?.1.cfg.uuid))
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
-    device: NvmlDevice,
-    pci: *mut NvmlPciInfo,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPciInfo_v3", || {
+nvml! {
+    fn nvmlDeviceGetPciInfo_v3(device: NvmlDevice, pci: *mut NvmlPciInfo) {
         let d = &dev(device)?.1.cfg;
         out(
             pci,
@@ -743,15 +740,11 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
                 bus_id: fill_c(&bus_id(d)),
             },
         )
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
-    device: NvmlDevice,
-    pci: *mut NvmlPciInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPciInfo_v2", || {
+nvml! {
+    fn nvmlDeviceGetPciInfo_v2(device: NvmlDevice, pci: *mut NvmlPciInfoV2) {
         let d = &dev(device)?.1.cfg;
         out(
             pci,
@@ -765,16 +758,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v2(
                 reserved: [0; 4],
             },
         )
-    })
+    }
 }
 
-/// The oldest layout: only the first 36 bytes of [`NvmlPciInfoV2`] (no reserved words) are written.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo(
-    device: NvmlDevice,
-    pci: *mut NvmlPciInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPciInfo", || {
+nvml! {
+    /// The oldest layout: only the first 36 bytes of [`NvmlPciInfoV2`] (no reserved words) are written.
+    fn nvmlDeviceGetPciInfo(device: NvmlDevice, pci: *mut NvmlPciInfoV2) {
         let d = &dev(device)?.1.cfg;
         if pci.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
@@ -794,117 +783,76 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo(
             std::ptr::copy_nonoverlapping(words.as_ptr() as *const u8, p.add(16), 20);
         }
         Ok(())
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
-    device: NvmlDevice,
-    major: *mut c_int,
-    minor: *mut c_int,
-) -> NvmlReturn {
-    run("nvmlDeviceGetCudaComputeCapability", || {
+nvml! {
+    fn nvmlDeviceGetCudaComputeCapability(device: NvmlDevice, major: *mut c_int, minor: *mut c_int) {
         let (ma, mi) = dev(device)?.1.cfg.compute_capability;
         if major.is_null() || minor.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         out(major, ma as c_int)?;
         out(minor, mi as c_int)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
-    device: NvmlDevice,
-    mode: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetComputeMode", || {
+nvml! {
+    fn nvmlDeviceGetComputeMode(device: NvmlDevice, mode: *mut c_uint) {
         dev(device)?;
         out(mode, NVML_COMPUTEMODE_DEFAULT)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMultiGpuBoard(
-    device: NvmlDevice,
-    multi_gpu: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetMultiGpuBoard", || {
+nvml! {
+    fn nvmlDeviceGetMultiGpuBoard(device: NvmlDevice, multi_gpu: *mut c_uint) {
         dev(device)?;
         out(multi_gpu, 0)
-    })
+    }
 }
 
-/// What NCCL's NVML wrapper loads (and calls without checking) when it builds its topology: a
-/// PCIe Gen4 x16 device with no NVLink, no field values, not in confidential-computing mode.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
-    device: NvmlDevice,
-    gen: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetCurrPcieLinkGeneration", || {
+nvml! {
+    /// What NCCL's NVML wrapper loads (and calls without checking) when it builds its topology: a
+    /// PCIe Gen4 x16 device with no NVLink, no field values, not in confidential-computing mode.
+    fn nvmlDeviceGetCurrPcieLinkGeneration(device: NvmlDevice, gen: *mut c_uint) {
         dev(device)?;
         out(gen, 4)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
-    device: NvmlDevice,
-    width: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetCurrPcieLinkWidth", || {
+nvml! {
+    fn nvmlDeviceGetCurrPcieLinkWidth(device: NvmlDevice, width: *mut c_uint) {
         dev(device)?;
         out(width, 16)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPcieLinkMaxSpeed(
-    device: NvmlDevice,
-    mbps: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPcieLinkMaxSpeed", || {
+nvml! {
+    fn nvmlDeviceGetPcieLinkMaxSpeed(device: NvmlDevice, mbps: *mut c_uint) {
         dev(device)?;
         out(mbps, 16000) // NVML_PCIE_LINK_MAX_SPEED_16000MBPS (Gen4)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
-    device: NvmlDevice,
-    _link: c_uint,
-    _active: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetNvLinkState", || {
+nvml! {
+    fn nvmlDeviceGetNvLinkState(device: NvmlDevice, _link: c_uint, _active: *mut c_uint) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
-    device: NvmlDevice,
-    _link: c_uint,
-    _cap: c_uint,
-    _result: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetNvLinkCapability", || {
+nvml! {
+    fn nvmlDeviceGetNvLinkCapability(device: NvmlDevice, _link: c_uint, _cap: c_uint, _result: *mut c_uint) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(
-    device: NvmlDevice,
-    _link: c_uint,
-    _pci: *mut c_void,
-) -> NvmlReturn {
-    run("nvmlDeviceGetNvLinkRemotePciInfo", || {
+nvml! {
+    fn nvmlDeviceGetNvLinkRemotePciInfo(device: NvmlDevice, _link: c_uint, _pci: *mut c_void) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
 /// `nvmlFieldValue_t`.
@@ -919,14 +867,9 @@ pub struct NvmlFieldValue {
     pub value: u64,
 }
 
-/// Every field is answered "not supported" (the call itself succeeds, as NVML does).
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
-    device: NvmlDevice,
-    count: c_int,
-    values: *mut NvmlFieldValue,
-) -> NvmlReturn {
-    run("nvmlDeviceGetFieldValues", || {
+nvml! {
+    /// Every field is answered "not supported" (the call itself succeeds, as NVML does).
+    fn nvmlDeviceGetFieldValues(device: NvmlDevice, count: c_int, values: *mut NvmlFieldValue) {
         dev(device)?;
         if values.is_null() || count < 0 {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
@@ -938,7 +881,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             v.value = 0;
         }
         Ok(())
-    })
+    }
 }
 
 /// `nvmlPciInfoExt_t` (v1).
@@ -955,12 +898,8 @@ pub struct NvmlPciInfoExt {
     pub bus_id: [c_char; 32],
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
-    device: NvmlDevice,
-    pci: *mut NvmlPciInfoExt,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPciInfoExt", || {
+nvml! {
+    fn nvmlDeviceGetPciInfoExt(device: NvmlDevice, pci: *mut NvmlPciInfoExt) {
         let d = &dev(device)?.1.cfg;
         // SAFETY: `pci` is NULL or a writable nvmlPciInfoExt_t (NVML's contract; a caller of
         // another struct version would make this reference too long before `version` is
@@ -978,125 +917,88 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
         p.sub_class = 2; // 3D controller
         p.bus_id = fill_c(&bus_id(d));
         Ok(())
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPlatformInfo(
-    device: NvmlDevice,
-    _info: *mut c_void,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPlatformInfo", || {
+nvml! {
+    fn nvmlDeviceGetPlatformInfo(device: NvmlDevice, _info: *mut c_void) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
-/// Confidential computing is off (`nvmlConfComputeSystemState_t`: environment, feature, dev tools).
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetConfComputeState(state_out: *mut [c_uint; 3]) -> NvmlReturn {
-    run("nvmlSystemGetConfComputeState", || {
+nvml! {
+    /// Confidential computing is off (`nvmlConfComputeSystemState_t`: environment, feature, dev tools).
+    fn nvmlSystemGetConfComputeState(state_out: *mut [c_uint; 3]) {
         state()?;
         out(state_out, [0; 3])
-    })
+    }
 }
 
-/// `nvmlSystemConfComputeSettings_t`: version, then environment, feature, dev tools, multi-GPU
-/// mode — all off.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlSystemGetConfComputeSettings(
-    settings: *mut [c_uint; 5],
-) -> NvmlReturn {
-    run("nvmlSystemGetConfComputeSettings", || {
+nvml! {
+    /// `nvmlSystemConfComputeSettings_t`: version, then environment, feature, dev tools, multi-GPU
+    /// mode — all off.
+    fn nvmlSystemGetConfComputeSettings(settings: *mut [c_uint; 5]) {
         state()?;
         // SAFETY: `settings` is NULL or a writable nvmlSystemConfComputeSettings_t (NVML's
         // contract).
         let s = unsafe { settings.as_mut() }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         s[1..].fill(0);
         Ok(())
-    })
+    }
 }
 
-/// One GPU, no NVLink, no fabric: PyTorch's c10 loads these (and asserts they exist) on its
-/// out-of-memory path; they answer as a PCIe-only node does.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
-    device1: NvmlDevice,
-    device2: NvmlDevice,
-    _index: c_uint,
-    status: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetP2PStatus", || {
+nvml! {
+    /// One GPU, no NVLink, no fabric: PyTorch's c10 loads these (and asserts they exist) on its
+    /// out-of-memory path; they answer as a PCIe-only node does.
+    fn nvmlDeviceGetP2PStatus(device1: NvmlDevice, device2: NvmlDevice, _index: c_uint, status: *mut c_uint) {
         dev(device1)?;
         dev(device2)?;
         out(status, 5) // NVML_P2P_STATUS_NOT_SUPPORTED
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
-    device: NvmlDevice,
-    _link: c_uint,
-    _kind: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetNvLinkRemoteDeviceType", || {
+nvml! {
+    fn nvmlDeviceGetNvLinkRemoteDeviceType(device: NvmlDevice, _link: c_uint, _kind: *mut c_uint) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
-    device: NvmlDevice,
-    _link: c_uint,
-    _pci: *mut c_void,
-) -> NvmlReturn {
-    run("nvmlDeviceGetNvLinkRemotePciInfo_v2", || {
+nvml! {
+    fn nvmlDeviceGetNvLinkRemotePciInfo_v2(device: NvmlDevice, _link: c_uint, _pci: *mut c_void) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
-    device: NvmlDevice,
-    _info: *mut c_void,
-) -> NvmlReturn {
-    run("nvmlDeviceGetGpuFabricInfoV", || {
+nvml! {
+    fn nvmlDeviceGetGpuFabricInfoV(device: NvmlDevice, _info: *mut c_void) {
         dev(device)?;
         Err(NVML_ERROR_NOT_SUPPORTED)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetTemperature(
-    device: NvmlDevice,
-    sensor: c_uint,
-    temp: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetTemperature", || {
+nvml! {
+    fn nvmlDeviceGetTemperature(device: NvmlDevice, sensor: c_uint, temp: *mut c_uint) {
         dev(device)?;
         if sensor != NVML_TEMPERATURE_GPU {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         out(temp, TEMPERATURE_C)
-    })
+    }
 }
 
-/// Milliwatts: 55 W idle to 400 W at full utilisation.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
-    device: NvmlDevice,
-    power: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetPowerUsage", || {
+nvml! {
+    /// Milliwatts: 55 W idle to 400 W at full utilisation.
+    fn nvmlDeviceGetPowerUsage(device: NvmlDevice, power: *mut c_uint) {
         let (s, d) = dev(device)?;
         let u = gpu_utilisation(s, d);
         out(
             power,
             (IDLE_POWER_MW + u * (MAX_POWER_MW - IDLE_POWER_MW)) as c_uint,
         )
-    })
+    }
 }
 
 /// `nvmlClockType_t`: graphics, SM, memory, video; MHz.
@@ -1109,41 +1011,27 @@ fn clock_mhz(kind: c_uint) -> Result<c_uint, NvmlReturn> {
     }
 }
 
-/// The current clock of one domain (MHz); the simulated GPU always runs at its maximum clocks.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
-    device: NvmlDevice,
-    kind: c_uint,
-    clock: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetClockInfo", || {
+nvml! {
+    /// The current clock of one domain (MHz); the simulated GPU always runs at its maximum clocks.
+    fn nvmlDeviceGetClockInfo(device: NvmlDevice, kind: c_uint, clock: *mut c_uint) {
         dev(device)?;
         out(clock, clock_mhz(kind)?)
-    })
+    }
 }
 
-/// The maximum clock of one domain (MHz).
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
-    device: NvmlDevice,
-    kind: c_uint,
-    clock: *mut c_uint,
-) -> NvmlReturn {
-    run("nvmlDeviceGetMaxClockInfo", || {
+nvml! {
+    /// The maximum clock of one domain (MHz).
+    fn nvmlDeviceGetMaxClockInfo(device: NvmlDevice, kind: c_uint, clock: *mut c_uint) {
         dev(device)?;
         out(clock, clock_mhz(kind)?)
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Exports: memory and utilisation
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
-    device: NvmlDevice,
-    memory_out: *mut NvmlMemory,
-) -> NvmlReturn {
-    run("nvmlDeviceGetMemoryInfo", || {
+nvml! {
+    fn nvmlDeviceGetMemoryInfo(device: NvmlDevice, memory_out: *mut NvmlMemory) {
         let (s, d) = dev(device)?;
         if memory_out.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
@@ -1157,16 +1045,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
                 used,
             },
         )
-    })
+    }
 }
 
-/// Requires `version == nvmlMemory_v2` (else NVML_ERROR_ARGUMENT_VERSION_MISMATCH); reserved is 0.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
-    device: NvmlDevice,
-    memory_out: *mut NvmlMemoryV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetMemoryInfo_v2", || {
+nvml! {
+    /// Requires `version == nvmlMemory_v2` (else NVML_ERROR_ARGUMENT_VERSION_MISMATCH); reserved is 0.
+    fn nvmlDeviceGetMemoryInfo_v2(device: NvmlDevice, memory_out: *mut NvmlMemoryV2) {
         let (s, d) = dev(device)?;
         if memory_out.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
@@ -1187,15 +1071,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                 used,
             },
         )
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
-    device: NvmlDevice,
-    utilization: *mut NvmlUtilization,
-) -> NvmlReturn {
-    run("nvmlDeviceGetUtilizationRates", || {
+nvml! {
+    fn nvmlDeviceGetUtilizationRates(device: NvmlDevice, utilization: *mut NvmlUtilization) {
         let (s, d) = dev(device)?;
         out(
             utilization,
@@ -1204,13 +1084,16 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
                 memory: 0,
             },
         )
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Exports: processes
 
-fn compute_processes<T: Copy>(
+/// # Safety
+///
+/// As for [`out_list`]: `count` and `infos` under NVML's list contract.
+unsafe fn compute_processes<T: Copy>(
     device: NvmlDevice,
     count: *mut c_uint,
     infos: *mut T,
@@ -1221,7 +1104,8 @@ fn compute_processes<T: Copy>(
         .into_iter()
         .map(|(_, pid, mem)| make(pid, mem))
         .collect();
-    out_list(&list, count, infos)
+    // SAFETY: `count` and `infos` under this fn's contract, which is out_list's.
+    unsafe { out_list(&list, count, infos) }
 }
 
 fn info_v2(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV2 {
@@ -1240,100 +1124,64 @@ fn info_v1(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV1 {
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV1,
-) -> NvmlReturn {
-    run("nvmlDeviceGetComputeRunningProcesses", || {
+nvml! {
+    fn nvmlDeviceGetComputeRunningProcesses(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV1) {
         compute_processes(device, count, infos, info_v1)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetComputeRunningProcesses_v2", || {
+nvml! {
+    fn nvmlDeviceGetComputeRunningProcesses_v2(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV2) {
         compute_processes(device, count, infos, info_v2)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetComputeRunningProcesses_v3", || {
+nvml! {
+    fn nvmlDeviceGetComputeRunningProcesses_v3(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV2) {
         compute_processes(device, count, infos, info_v2)
-    })
+    }
 }
 
 /// No graphics (or MPS) processes run on the simulated GPU.
-fn no_processes<T: Copy>(device: NvmlDevice, count: *mut c_uint, infos: *mut T) -> R {
+///
+/// # Safety
+///
+/// As for [`out_list`]: `count` and `infos` under NVML's list contract.
+unsafe fn no_processes<T: Copy>(device: NvmlDevice, count: *mut c_uint, infos: *mut T) -> R {
     dev(device)?;
-    out_list::<T>(&[], count, infos)
+    // SAFETY: `count` and `infos` under this fn's contract, which is out_list's.
+    unsafe { out_list::<T>(&[], count, infos) }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV1,
-) -> NvmlReturn {
-    run("nvmlDeviceGetGraphicsRunningProcesses", || {
+nvml! {
+    fn nvmlDeviceGetGraphicsRunningProcesses(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV1) {
         no_processes(device, count, infos)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetGraphicsRunningProcesses_v2", || {
+nvml! {
+    fn nvmlDeviceGetGraphicsRunningProcesses_v2(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV2) {
         no_processes(device, count, infos)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetGraphicsRunningProcesses_v3", || {
+nvml! {
+    fn nvmlDeviceGetGraphicsRunningProcesses_v3(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV2) {
         no_processes(device, count, infos)
-    })
+    }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
-    device: NvmlDevice,
-    count: *mut c_uint,
-    infos: *mut NvmlProcessInfoV2,
-) -> NvmlReturn {
-    run("nvmlDeviceGetMPSComputeRunningProcesses_v3", || {
+nvml! {
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(device: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV2) {
         no_processes(device, count, infos)
-    })
+    }
 }
 
-/// One sample per process using the device (see the module doc). With `utilization` NULL,
-/// `*count` returns the number of samples and the result is INSUFFICIENT_SIZE; with no samples
-/// (no processes, or `last_seen` not in the past) it is NOT_FOUND.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
-    device: NvmlDevice,
-    utilization: *mut NvmlProcessUtilizationSample,
-    count: *mut c_uint,
-    last_seen: c_ulonglong,
-) -> NvmlReturn {
-    run("nvmlDeviceGetProcessUtilization", || {
+nvml! {
+    /// One sample per process using the device (see the module doc). With `utilization` NULL,
+    /// `*count` returns the number of samples and the result is INSUFFICIENT_SIZE; with no samples
+    /// (no processes, or `last_seen` not in the past) it is NOT_FOUND.
+    fn nvmlDeviceGetProcessUtilization(device: NvmlDevice, utilization: *mut NvmlProcessUtilizationSample, count: *mut c_uint, last_seen: c_ulonglong) {
         let (s, d) = dev(device)?;
         if count.is_null() {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
@@ -1355,7 +1203,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             return Err(NVML_ERROR_INSUFFICIENT_SIZE);
         }
         out_list(&samples, count, utilization)
-    })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1415,39 +1263,49 @@ mod tests {
         assert_eq!(driver_version_string(12090), "575.00");
     }
 
+    /// `out_list` on a test's own locals.
+    fn list(items: &[NvmlProcessInfoV1], count: *mut c_uint, out: *mut NvmlProcessInfoV1) -> R {
+        // SAFETY: the tests pass NULL or pointers to their live locals; `out` has room for the
+        // `*count` entries passed in.
+        unsafe { out_list(items, count, out) }
+    }
+
+    /// `out_str` on a test's own buffer.
+    fn string(buf: *mut c_char, len: c_uint, s: &str) -> R {
+        // SAFETY: the tests pass NULL or their live buffer of at least `len` bytes.
+        unsafe { out_str(buf, len, s) }
+    }
+
     #[test]
     fn list_size_protocol() {
         let items = [info_v1(1, 10), info_v1(2, 20)];
         let mut count = 0;
         assert_eq!(
-            out_list(&items, &mut count, null_mut()),
+            list(&items, &mut count, null_mut()),
             Err(NVML_ERROR_INSUFFICIENT_SIZE)
         );
         assert_eq!(count, 2);
         let mut buf = [NvmlProcessInfoV1::default(); 1];
         count = 1;
         assert_eq!(
-            out_list(&items, &mut count, buf.as_mut_ptr()),
+            list(&items, &mut count, buf.as_mut_ptr()),
             Err(NVML_ERROR_INSUFFICIENT_SIZE)
         );
         assert_eq!(count, 2);
         let mut buf = [NvmlProcessInfoV1::default(); 5];
         count = 5;
-        assert_eq!(out_list(&items, &mut count, buf.as_mut_ptr()), Ok(()));
+        assert_eq!(list(&items, &mut count, buf.as_mut_ptr()), Ok(()));
         assert_eq!((count, &buf[..2]), (2, &items[..]));
         count = 5;
         assert_eq!(
-            out_list(&items, &mut count, null_mut()),
+            list(&items, &mut count, null_mut()),
             Err(NVML_ERROR_INVALID_ARGUMENT)
         );
         count = 0;
-        assert_eq!(
-            out_list::<NvmlProcessInfoV1>(&[], &mut count, null_mut()),
-            Ok(())
-        );
+        assert_eq!(list(&[], &mut count, null_mut()), Ok(()));
         assert_eq!(count, 0);
         assert_eq!(
-            out_list(&items, null_mut(), buf.as_mut_ptr()),
+            list(&items, null_mut(), buf.as_mut_ptr()),
             Err(NVML_ERROR_INVALID_ARGUMENT)
         );
     }
@@ -1456,13 +1314,13 @@ mod tests {
     fn strings_need_room_for_the_nul() {
         let mut buf = [1 as c_char; 8];
         assert_eq!(
-            out_str(buf.as_mut_ptr(), 4, "abcd"),
+            string(buf.as_mut_ptr(), 4, "abcd"),
             Err(NVML_ERROR_INSUFFICIENT_SIZE)
         );
-        assert_eq!(out_str(buf.as_mut_ptr(), 5, "abcd"), Ok(()));
+        assert_eq!(string(buf.as_mut_ptr(), 5, "abcd"), Ok(()));
         assert_eq!(buf[..6], [97, 98, 99, 100, 0, 1]);
         assert_eq!(
-            out_str(null_mut(), 5, "abcd"),
+            string(null_mut(), 5, "abcd"),
             Err(NVML_ERROR_INVALID_ARGUMENT)
         );
     }

@@ -579,6 +579,7 @@ mod tests {
         assert_eq!(align(std::mem::size_of::<Header>()), 64);
         assert_eq!(align(std::mem::size_of::<DevState>()), 1216);
         assert_eq!(std::mem::offset_of!(DevState, mem_total), 6 * 8);
+        assert_eq!(std::mem::offset_of!(DevState, mem_used), 7 * 8);
         assert_eq!(std::mem::offset_of!(DevState, mem_peak), 8 * 8);
     }
 

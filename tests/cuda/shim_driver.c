@@ -622,8 +622,10 @@ static int async_window(void) {
 
 /* A memory pool that keeps freed blocks (release threshold at the maximum, as PyTorch's
  * cudaMallocAsync backend sets it) keeps them charged to the container: under a 256 MiB quota,
- * 200 MiB freed into the pool stay charged, reusing them adds nothing, and a 100 MiB cuMemAlloc
- * makes the shim trim the pool instead of exceeding the quota. */
+ * 200 MiB freed into the pool stay charged; a 50 MiB allocation served from them adds nothing
+ * once the pool is reconciled; a 150 MiB one, which does not fit beside what the pool keeps, is
+ * charged in full (the pool may not serve it from kept blocks) so the shim trims the pool
+ * first; and a 200 MiB cuMemAlloc trims it again instead of exceeding the quota. */
 static int pool_retention(void) {
     resolver("dlsym");
     setup();
@@ -653,17 +655,25 @@ static int pool_retention(void) {
            CHARGED_MIB());
     EXPECT(CHARGED_MIB() == 200, "memory the pool keeps is not charged");
 
-    CHECK(alloc_async(&b, 150 * MIB, s)); /* served from the kept block */
+    CHECK(alloc_async(&b, 50 * MIB, s)); /* fits beside the kept block; served from it */
     printf("reuse_charged_mib=%llu\n", CHARGED_MIB());
     EXPECT(CHARGED_MIB() == 200, "reusing kept memory charged it twice");
     CHECK(free_async(b, s));
     CHECK(stream_sync(s));
 
-    CHECK(api.mem_alloc(&c, 100 * MIB)); /* at the quota: the shim trims the pool */
+    CHECK(alloc_async(&b, 150 * MIB, s)); /* does not fit beside it: charged in full */
+    CHECK(get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+    printf("full_charge_reserved_mib=%llu\nfull_charge_charged_mib=%llu\n",
+           (unsigned long long)(reserved / MIB), CHARGED_MIB());
+    EXPECT(reserved / MIB == 150 && CHARGED_MIB() == 150, "the pool was not trimmed for a full charge");
+    CHECK(free_async(b, s));
+    CHECK(stream_sync(s));
+
+    CHECK(api.mem_alloc(&c, 200 * MIB)); /* at the quota: the shim trims the pool */
     CHECK(get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
     printf("after_trim_reserved_mib=%llu\nafter_trim_charged_mib=%llu\n",
            (unsigned long long)(reserved / MIB), CHARGED_MIB());
-    EXPECT(reserved == 0 && CHARGED_MIB() == 100, "the pool was not trimmed");
+    EXPECT(reserved == 0 && CHARGED_MIB() == 200, "the pool was not trimmed");
     CHECK(api.mem_free(c));
     EXPECT(CHARGED_MIB() == 0, "charged %llu MiB at the end", CHARGED_MIB());
     printf("OK\n");

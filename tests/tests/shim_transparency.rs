@@ -307,5 +307,6 @@ fn shim_memory_a_pool_keeps_is_charged_and_trimmed_at_the_quota() {
     assert!(out.contains("pool_reserved_mib=200\n"), "{out}");
     assert!(out.contains("kept_charged_mib=200\n"), "{out}");
     assert!(out.contains("reuse_charged_mib=200\n"), "{out}");
-    assert!(out.contains("after_trim_charged_mib=100\n"), "{out}");
+    assert!(out.contains("full_charge_charged_mib=150\n"), "{out}");
+    assert!(out.contains("after_trim_charged_mib=200\n"), "{out}");
 }

@@ -4,7 +4,7 @@
 //! M1/M2): each function does the least that keeps its caller going — no device, no logging, no
 //! lock, no allocation — so that timing a call through `libshare.so` against a direct call
 //! measures what the shim adds and nothing else. It exports exactly what the shim needs to
-//! initialise (`cuInit`, device count and memory, current device) and what the benchmarks time
+//! initialise (`cuInit`, device count and memory, current device and context) and what the benchmarks time
 //! (`cuLaunchKernel`, `cuMemAlloc_v2`/`cuMemFree_v2`), plus `cuGetProcAddress`/`_v2` answering
 //! from its own table, as the real driver does for CUDA ≥ 11.3 runtimes.
 
@@ -68,6 +68,15 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
         return CUDA_ERROR_INVALID_VALUE;
     }
     *dev = 0;
+    CUDA_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut *mut c_void) -> CUresult {
+    if ctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *ctx = 0x1 as *mut c_void;
     CUDA_SUCCESS
 }
 
@@ -162,13 +171,14 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 }
 
 /// Every function this driver exports: (API name, ABI entry).
-fn exports() -> [(&'static [u8], *mut c_void); 11] {
+fn exports() -> [(&'static [u8], *mut c_void); 12] {
     [
         (b"cuInit", cuInit as *mut c_void),
         (b"cuDriverGetVersion", cuDriverGetVersion as *mut c_void),
         (b"cuDeviceGetCount", cuDeviceGetCount as *mut c_void),
         (b"cuDeviceTotalMem", cuDeviceTotalMem_v2 as *mut c_void),
         (b"cuCtxGetDevice", cuCtxGetDevice as *mut c_void),
+        (b"cuCtxGetCurrent", cuCtxGetCurrent as *mut c_void),
         (b"cuCtxSetCurrent", cuCtxSetCurrent as *mut c_void),
         (b"cuLaunchKernel", cuLaunchKernel as *mut c_void),
         (b"cuMemAlloc", cuMemAlloc_v2 as *mut c_void),

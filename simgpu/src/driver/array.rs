@@ -137,7 +137,56 @@ fn check_desc(d: &Array3DDesc) -> Result<u64, CUresult> {
     } else if !layered && d.depth > 0 && d.height == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE); // a 3D array needs a height
     }
+    if !within_limits(d) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     Ok(elem)
+}
+
+/// The extents `cuArray3DCreate` documents as valid for each kind of array, from the device's
+/// maximum texture (and, with CUDA_ARRAY3D_SURFACE_LDST, surface) dimensions — the values
+/// `cuDeviceGetAttribute` reports (`device.rs`). Larger extents are CUDA_ERROR_INVALID_VALUE.
+fn within_limits(d: &Array3DDesc) -> bool {
+    let (w, h, depth) = (d.width, d.height, d.depth);
+    let surface = d.flags & ARRAY3D_SURFACE_LDST != 0;
+    let layered = d.flags & ARRAY3D_LAYERED != 0;
+    // (max width, max height, max depth or layers) for textures, then surfaces.
+    let (tex, surf): ((usize, usize, usize), (usize, usize, usize)) =
+        if d.flags & ARRAY3D_CUBEMAP != 0 {
+            if layered {
+                ((32768, 32768, 2046), (32768, 32768, 2046))
+            } else {
+                ((32768, 32768, 6), (32768, 32768, 6))
+            }
+        } else if layered && h == 0 {
+            ((32768, 0, 2048), (32768, 0, 2048)) // 1D layered
+        } else if layered {
+            ((32768, 32768, 2048), (32768, 32768, 2048)) // 2D layered
+        } else if depth > 0 {
+            // 3D; a texture may also use the alternate 3D extents (8192 × 8192 × 32768).
+            let alt = w <= 8192 && h <= 8192 && depth <= 32768;
+            let t = if alt {
+                (8192, 8192, 32768)
+            } else {
+                (16384, 16384, 16384)
+            };
+            (t, (16384, 16384, 16384))
+        } else if h > 0 {
+            ((131072, 65536, 0), (131072, 65536, 0)) // 2D
+        } else {
+            ((131072, 0, 0), (32768, 0, 0)) // 1D
+        };
+    let fits = |(mw, mh, md): (usize, usize, usize)| w <= mw && h <= mh && depth <= md;
+    fits(tex) && (!surface || fits(surf))
+}
+
+/// The bytes of an array with this descriptor (elements stored densely), or None if the
+/// product does not fit in 64 bits.
+fn checked_size(d: &Array3DDesc, elem: u64) -> Option<u64> {
+    (d.width as u64)
+        .checked_mul(elem)?
+        .checked_mul((d.height as u64).max(1))?
+        .checked_mul((d.depth as u64).max(1))
 }
 
 /// Creates an array on the current context's device.
@@ -152,7 +201,10 @@ fn create(d: Array3DDesc, mip_level: bool) -> Result<usize, CUresult> {
         device: ctx.device,
         mip_level,
     };
-    let size = a.size();
+    // Within the limits the size fits easily; checked all the same. More than the device has
+    // is refused by `charge` with CUDA_ERROR_OUT_OF_MEMORY, as by the driver.
+    let size = checked_size(&d, elem).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    debug_assert_eq!(size, a.size());
     charge(s, ctx.device, size)?;
     a.base = match map_anon(size) {
         Ok(b) => b,
@@ -161,31 +213,51 @@ fn create(d: Array3DDesc, mip_level: bool) -> Result<usize, CUresult> {
             return Err(e);
         }
     };
-    // In the allocation table as array memory: copies see it as device memory, cuMemFree and
-    // context teardown do not free it.
-    s.mem.lock().insert(
-        a.base,
-        Alloc {
-            size,
-            kind: Kind::Array,
-            device: ctx.device,
-            charged: size,
-            ctx: 0,
-            pool: 0,
-            id: 0,
-            host_flags: 0,
-        },
-    );
-    Ok(arrays().insert(Arc::new(a)))
+    // Registered before it enters the allocation table, where a context destroy finds it.
+    let base = a.base;
+    let h = arrays().insert(Arc::new(a));
+    // In the allocation table as array memory: copies see it as device memory; cuMemFree does
+    // not free it, the destruction of its context does.
+    let entry = Alloc {
+        size,
+        kind: Kind::Array,
+        device: ctx.device,
+        charged: size,
+        ctx: Arc::as_ptr(&ctx) as usize,
+        pool: 0,
+        id: 0,
+        host_flags: 0,
+    };
+    if let Err(e) = super::memory::insert_live(s, base, entry) {
+        arrays().remove(h);
+        uncharge(s, ctx.device, size);
+        unmap(base, size);
+        return Err(e);
+    }
+    Ok(h)
 }
 
+/// Destroys array `h` once the work that may use it has completed (cuArrayDestroy
+/// synchronises like cuMemFree).
 fn destroy(h: usize) {
+    let Some(s) = crate::sim::get() else { return };
+    super::memory::wait_for_users(s);
     let Some(a) = arrays().remove(h) else { return };
-    if let Some(s) = crate::sim::get() {
-        s.mem.lock().map.remove(&a.base);
+    if s.mem.lock().map.remove(&a.base).is_some() {
         uncharge(s, a.device, a.size());
+        unmap(a.base, a.size());
     }
-    unmap(a.base, a.size());
+}
+
+/// Destroys the array whose storage starts at `base` (context teardown). Returns whether there
+/// was one.
+pub fn destroy_at(base: u64) -> bool {
+    let h = arrays()
+        .values()
+        .into_iter()
+        .find(|a| a.base == base)
+        .map(|a| Arc::as_ptr(&a) as usize);
+    h.inspect(|h| destroy(*h)).is_some()
 }
 
 /// Reads a `T` at byte `off` of a descriptor.

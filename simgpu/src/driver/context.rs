@@ -28,6 +28,25 @@ fn reset(ctx: &Arc<Context>) -> R {
     Ok(())
 }
 
+/// Serialises retain, release and reset of primary contexts, so that a retain racing the last
+/// release finds either the old context (not yet reset) or a fresh one.
+static PRIMARY_LOCK: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// cuDevicePrimaryCtxRelease: the last release resets the context (CUDA destroys it then, with
+/// its memory). Releasing a context that is not retained is CUDA_ERROR_INVALID_CONTEXT.
+fn release(dev: CUdevice) -> R {
+    let c = primary(dev)?;
+    let _g = PRIMARY_LOCK.lock();
+    let before = c
+        .refs
+        .fetch_update(AcqRel, Acquire, |r| r.checked_sub(1))
+        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+    if before == 1 {
+        reset(c)?;
+    }
+    Ok(())
+}
+
 fn set_current(ctx: Option<Arc<Context>>) {
     with_ctx_stack(|st| {
         st.pop();
@@ -51,16 +70,23 @@ unsafe fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> R {
 
 unsafe fn destroy(ctx: CUcontext) -> R {
     let s = sim()?;
-    let c = s
-        .contexts
-        .get(ctx as usize)
-        .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-    if c.primary {
-        return Err(CUDA_ERROR_INVALID_CONTEXT);
-    }
+    // The context leaves the registry and its allocations are listed under the allocation
+    // table's lock, where allocations are entered: one racing this call in another thread
+    // either is listed here and freed, or finds the context gone and fails.
+    let (c, allocations) = {
+        let t = s.mem.lock();
+        let c = s
+            .contexts
+            .get(ctx as usize)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if c.primary {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        s.contexts.remove(ctx as usize);
+        (c, super::memory::context_allocations(&t, ctx as usize))
+    };
     sync_ctx(&c)?;
-    super::memory::free_context_allocations(Arc::as_ptr(&c) as usize);
-    s.contexts.remove(ctx as usize);
+    super::memory::free_allocations(s, &allocations);
     with_ctx_stack(|st| st.retain(|x| !Arc::ptr_eq(x, &c)));
     Ok(())
 }
@@ -68,20 +94,20 @@ unsafe fn destroy(ctx: CUcontext) -> R {
 driver! {
     fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) {
         let c = primary(dev)?;
+        if pctx.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let _g = PRIMARY_LOCK.lock();
         c.refs.fetch_add(1, AcqRel);
         out(pctx, c.handle())
     }
 
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) {
-        let c = primary(dev)?;
-        let _ = c.refs.fetch_update(AcqRel, Acquire, |r| r.checked_sub(1));
-        Ok(())
+        release(dev)
     }
 
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) {
-        let c = primary(dev)?;
-        let _ = c.refs.fetch_update(AcqRel, Acquire, |r| r.checked_sub(1));
-        Ok(())
+        release(dev)
     }
 
     fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut u32, active: *mut i32) {
@@ -101,11 +127,15 @@ driver! {
     }
 
     fn cuDevicePrimaryCtxReset(dev: CUdevice) {
-        reset(primary(dev)?)
+        let c = primary(dev)?;
+        let _g = PRIMARY_LOCK.lock();
+        reset(c)
     }
 
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) {
-        reset(primary(dev)?)
+        let c = primary(dev)?;
+        let _g = PRIMARY_LOCK.lock();
+        reset(c)
     }
 
     fn cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: CUdevice) {

@@ -260,6 +260,33 @@ pub struct HostNodeParams {
     pub user_data: *mut c_void,
 }
 
+/// `CUgraphEdgeData`: simgpu's edges are all default ones (all zero).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct GraphEdgeData {
+    pub from_port: u8,
+    pub to_port: u8,
+    pub kind: u8,
+    pub reserved: [u8; 5],
+}
+
+/// `CUgraphExecUpdateResultInfo`.
+#[repr(C)]
+pub struct GraphExecUpdateResultInfo {
+    pub result: u32,
+    pub error_node: *mut c_void,
+    pub error_from_node: *mut c_void,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+pub struct GraphInstantiateParams {
+    pub flags: u64,
+    pub upload_stream: CUstream,
+    pub err_node_out: *mut c_void,
+    pub result_out: u32,
+}
+
 #[derive(Clone, Copy)]
 pub struct HostCall(pub usize, pub usize);
 // SAFETY: a function and its argument as addresses, given to us to call from whichever thread
@@ -559,14 +586,19 @@ unsafe fn capture_info(
 }
 
 /// Safety: `deps`, `edges` and `n` are NULL or writable.
-unsafe fn clear_deps(deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) {
+unsafe fn clear_deps(
+    deps: *mut *const *mut c_void,
+    edges: *mut *const GraphEdgeData,
+    n: *mut usize,
+) {
     // SAFETY: each pointer is written only when not NULL, and then it is writable (this fn's
     // contract).
     unsafe {
-        for p in [deps, edges] {
-            if !p.is_null() {
-                *p = std::ptr::null();
-            }
+        if !deps.is_null() {
+            *deps = std::ptr::null();
+        }
+        if !edges.is_null() {
+            *edges = std::ptr::null();
         }
         if !n.is_null() {
             *n = 0;
@@ -927,7 +959,12 @@ fn set_exec_node(e: *mut c_void, h: *mut c_void, node_type: u32, (b, p): (Builde
 ///
 /// Safety: `n` is NULL or readable and writable; a non-NULL `list` (and `edges`) has room for
 /// `*n` entries (the Get functions' contract).
-unsafe fn write_nodes(v: &[usize], list: *mut *mut c_void, edges: *mut u64, n: *mut usize) -> R {
+unsafe fn write_nodes(
+    v: &[usize],
+    list: *mut *mut c_void,
+    edges: *mut GraphEdgeData,
+    n: *mut usize,
+) -> R {
     if n.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -938,7 +975,7 @@ unsafe fn write_nodes(v: &[usize], list: *mut *mut c_void, edges: *mut u64, n: *
             for i in 0..*n {
                 *list.add(i) = v.get(i).map_or(std::ptr::null_mut(), |h| *h as *mut c_void);
                 if !edges.is_null() {
-                    *edges.add(i) = 0; // CUgraphEdgeData: default edge
+                    *edges.add(i) = GraphEdgeData::default();
                 }
             }
         }
@@ -953,7 +990,7 @@ unsafe fn get_edges(
     g: *mut c_void,
     from: *mut *mut c_void,
     to: *mut *mut c_void,
-    edata: *mut u64,
+    edata: *mut GraphEdgeData,
     n: *mut usize,
 ) -> R {
     let e = graph(g)?.edges();
@@ -969,7 +1006,7 @@ unsafe fn get_edges(
                 *from.add(i) = f as *mut c_void;
                 *to.add(i) = t as *mut c_void;
                 if !edata.is_null() {
-                    *edata.add(i) = 0;
+                    *edata.add(i) = GraphEdgeData::default();
                 }
             }
         }
@@ -1156,20 +1193,20 @@ driver! {
         let d = node(h)?.deps.lock().clone();
         write_nodes(&d, deps, std::ptr::null_mut(), n)
     }
-    fn cuGraphNodeGetDependencies_v2(h: *mut c_void, deps: *mut *mut c_void, edges: *mut u64, n: *mut usize) {
+    fn cuGraphNodeGetDependencies_v2(h: *mut c_void, deps: *mut *mut c_void, edges: *mut GraphEdgeData, n: *mut usize) {
         let d = node(h)?.deps.lock().clone();
         write_nodes(&d, deps, edges, n)
     }
     fn cuGraphNodeGetDependentNodes(h: *mut c_void, list: *mut *mut c_void, n: *mut usize) {
         write_nodes(&dependents(h)?, list, std::ptr::null_mut(), n)
     }
-    fn cuGraphNodeGetDependentNodes_v2(h: *mut c_void, list: *mut *mut c_void, edges: *mut u64, n: *mut usize) {
+    fn cuGraphNodeGetDependentNodes_v2(h: *mut c_void, list: *mut *mut c_void, edges: *mut GraphEdgeData, n: *mut usize) {
         write_nodes(&dependents(h)?, list, edges, n)
     }
     fn cuGraphGetEdges(g: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, n: *mut usize) {
         get_edges(g, from, to, std::ptr::null_mut(), n)
     }
-    fn cuGraphGetEdges_v2(g: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, edata: *mut u64, n: *mut usize) {
+    fn cuGraphGetEdges_v2(g: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, edata: *mut GraphEdgeData, n: *mut usize) {
         get_edges(g, from, to, edata, n)
     }
     fn cuGraphGetRootNodes(g: *mut c_void, list: *mut *mut c_void, n: *mut usize) {
@@ -1296,14 +1333,15 @@ driver! {
         }
         if code == CUDA_SUCCESS { Ok(()) } else { Err(code) }
     }
-    fn cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut usize) {
-        // CUgraphExecUpdateResultInfo: result, errorNode, errorFromNode.
+    fn cuGraphExecUpdate_v2(e: *mut c_void, g: *mut c_void, info: *mut GraphExecUpdateResultInfo) {
         let r = exec_update(e, g);
         let (code, why, at) = match r { Ok(()) => (CUDA_SUCCESS, 0, 0), Err(x) => x };
         if !info.is_null() {
-            *(info as *mut u32) = why;
-            *info.add(1) = at;
-            *info.add(2) = 0;
+            *info = GraphExecUpdateResultInfo {
+                result: why,
+                error_node: at as *mut c_void,
+                error_from_node: std::ptr::null_mut(),
+            };
         }
         if code == CUDA_SUCCESS { Ok(()) } else { Err(code) }
     }
@@ -1435,13 +1473,13 @@ driver_ptds! {
         capture_info(h, ptds, status, id, std::ptr::null_mut())
     }
     fn cuStreamGetCaptureInfo_v2 / cuStreamGetCaptureInfo_v2_ptsz(h: CUstream, status: *mut u32, id: *mut u64,
-        graph: *mut *mut c_void, deps: *mut *const c_void, n: *mut usize) |ptds| {
+        graph: *mut *mut c_void, deps: *mut *const *mut c_void, n: *mut usize) |ptds| {
         capture_info(h, ptds, status, id, graph)?;
         clear_deps(deps, std::ptr::null_mut(), n);
         Ok(())
     }
     fn cuStreamGetCaptureInfo_v3 / cuStreamGetCaptureInfo_v3_ptsz(h: CUstream, status: *mut u32, id: *mut u64,
-        graph: *mut *mut c_void, deps: *mut *const c_void, edges: *mut *const c_void, n: *mut usize) |ptds| {
+        graph: *mut *mut c_void, deps: *mut *const *mut c_void, edges: *mut *const GraphEdgeData, n: *mut usize) |ptds| {
         capture_info(h, ptds, status, id, graph)?;
         clear_deps(deps, edges, n);
         Ok(())
@@ -1465,13 +1503,12 @@ driver_ptds! {
         execs().get(e as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         stream_ref(h, ptds).map(|_| ())
     }
-    fn cuGraphInstantiateWithParams / cuGraphInstantiateWithParams_ptsz(pexec: *mut *mut c_void, g: *mut c_void, p: *mut u64) |ptds| {
+    fn cuGraphInstantiateWithParams / cuGraphInstantiateWithParams_ptsz(pexec: *mut *mut c_void, g: *mut c_void, p: *mut GraphInstantiateParams) |ptds| {
         let _ = ptds;
         instantiate(pexec, g)?;
-        // CUDA_GRAPH_INSTANTIATE_PARAMS: flags, hUploadStream, hErrNode_out, result_out.
         if !p.is_null() {
-            *p.add(2) = 0;
-            *(p.add(3) as *mut u32) = 0; // CUDA_GRAPH_INSTANTIATE_SUCCESS
+            (*p).err_node_out = std::ptr::null_mut();
+            (*p).result_out = 0; // CUDA_GRAPH_INSTANTIATE_SUCCESS
         }
         Ok(())
     }

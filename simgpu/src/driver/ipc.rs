@@ -117,9 +117,11 @@ driver! {
         let fd = match map.get(&base) {
             Some(fd) => *fd,
             None => {
+                // No queued work may write the allocation while its bytes move to the file.
+                super::memory::wait_for_users(s);
                 // SAFETY: (base, size) is a device allocation found in `s.mem`, made by
-                // `map_anon` and not imported (checked above). Not guaranteed: that no
-                // stream work writes it during the remap (see `share`).
+                // `map_anon` and not imported (checked above), and no queued work uses it any
+                // more (waited for above; new work from other threads is not excluded).
                 let fd = unsafe { share(base, size)? };
                 map.insert(base, fd);
                 fd
@@ -144,6 +146,10 @@ driver! {
 
     fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
         let s = sim()?;
+        if !IMPORTED.lock().as_ref().is_some_and(|m| m.contains_key(&dptr)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        super::memory::wait_for_users(s); // queued copies may still use the mapping
         let size = IMPORTED.lock().as_mut().and_then(|m| m.remove(&dptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         s.mem.lock().map.remove(&dptr);
         // SAFETY: (dptr, size) was removed from IMPORTED above, so it is a mapping `open` made

@@ -108,33 +108,33 @@ pub fn synthesize(kernels: &[KernelInfo], globals: &[GlobalInfo]) -> String {
 }
 
 driver! {
-    fn cuLinkCreate(_n: u32, _o: *mut c_void, _v: *mut *mut c_void, out_state: *mut *mut c_void) {
+    fn cuLinkCreate(_n: u32, _o: *mut u32, _v: *mut *mut c_void, out_state: *mut *mut c_void) {
         sim()?;
         out(out_state, links().insert(Arc::new(Mutex::new(LinkState::default()))) as *mut c_void)
     }
-    fn cuLinkCreate_v2(_n: u32, _o: *mut c_void, _v: *mut *mut c_void, out_state: *mut *mut c_void) {
+    fn cuLinkCreate_v2(_n: u32, _o: *mut u32, _v: *mut *mut c_void, out_state: *mut *mut c_void) {
         sim()?;
         out(out_state, links().insert(Arc::new(Mutex::new(LinkState::default()))) as *mut c_void)
     }
     fn cuLinkAddData(h: *mut c_void, kind: u32, data: *mut c_void, size: usize, _name: *const c_char,
-                     _n: u32, _o: *mut c_void, _v: *mut *mut c_void) {
+                     _n: u32, _o: *mut u32, _v: *mut *mut c_void) {
         if data.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         add(h, kind, std::slice::from_raw_parts(data as *const u8, size))
     }
     fn cuLinkAddData_v2(h: *mut c_void, kind: u32, data: *mut c_void, size: usize, _name: *const c_char,
-                        _n: u32, _o: *mut c_void, _v: *mut *mut c_void) {
+                        _n: u32, _o: *mut u32, _v: *mut *mut c_void) {
         if data.is_null() || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         add(h, kind, std::slice::from_raw_parts(data as *const u8, size))
     }
-    fn cuLinkAddFile(h: *mut c_void, kind: u32, path: *const c_char, _n: u32, _o: *mut c_void, _v: *mut *mut c_void) {
+    fn cuLinkAddFile(h: *mut c_void, kind: u32, path: *const c_char, _n: u32, _o: *mut u32, _v: *mut *mut c_void) {
         let data = std::fs::read(cstr(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
         add(h, kind, &data)
     }
-    fn cuLinkAddFile_v2(h: *mut c_void, kind: u32, path: *const c_char, _n: u32, _o: *mut c_void, _v: *mut *mut c_void) {
+    fn cuLinkAddFile_v2(h: *mut c_void, kind: u32, path: *const c_char, _n: u32, _o: *mut u32, _v: *mut *mut c_void) {
         let data = std::fs::read(cstr(path)?).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
         add(h, kind, &data)
     }

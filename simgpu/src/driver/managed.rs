@@ -448,15 +448,21 @@ driver! {
         let ctx = current_ctx()?;
         s.api_allocs.fetch_add(1, AcqRel);
         let base = map_anon(size as u64)?;
-        s.mem.lock().insert(base, Alloc {
-            size: size as u64, kind: Kind::Managed, device: ctx.device, charged: 0,
-            ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0, host_flags: 0,
-        });
         let chunks = vec![(u32::MAX, 0); (size as u64).div_ceil(CHUNK) as usize];
         STATE.lock().insert(base, Managed {
             size: size as u64, dev: ctx.device, prefer_cpu: false, read_mostly: false,
             preferred: None, accessed_by: Vec::new(), last_prefetch: None, chunks,
         });
+        // Last, so that a context destroy that lists it finds its residency state too.
+        let a = Alloc {
+            size: size as u64, kind: Kind::Managed, device: ctx.device, charged: 0,
+            ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0, host_flags: 0,
+        };
+        if let Err(e) = super::memory::insert_live(s, base, a) {
+            STATE.lock().remove(&base);
+            super::memory::unmap(base, size as u64);
+            return Err(e);
+        }
         s.shared.slot(s.slot).dev[ctx.device].allocs.fetch_add(1, AcqRel);
         s.shared.dev(ctx.device).allocs.fetch_add(1, AcqRel);
         out(dptr, base)

@@ -174,8 +174,33 @@ pub fn alloc_on(dev: usize, ctx: usize, size: u64, pool: usize) -> Result<u64, C
         id: 0,
         host_flags: 0,
     };
-    s.mem.lock().insert(base, a);
+    if let Err(e) = insert_live(s, base, a) {
+        uncharge(s, dev, size);
+        unmap(base, size);
+        return Err(e);
+    }
     Ok(base)
+}
+
+/// Enters an allocation of context `a.ctx` (0: of no context) in the allocation table, unless
+/// that context has been destroyed (CUDA_ERROR_CONTEXT_IS_DESTROYED; the caller undoes the
+/// allocation). Under the table's lock, like `cuCtxDestroy`'s removal of the context and its
+/// allocations: an allocation racing a destroy either fails or is freed with the context.
+pub fn insert_live(s: &Sim, base: u64, a: Alloc) -> R {
+    let mut t = s.mem.lock();
+    if a.ctx != 0 && s.contexts.get(a.ctx).is_none() {
+        return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    }
+    t.insert(base, a);
+    Ok(())
+}
+
+/// Waits for the device work the process has queued, as the freeing calls of the driver do
+/// (`cuMemFree`, `cuArrayDestroy`, `cuMemUnmap`, `cuMemFreeHost`, context teardown): memory
+/// never goes away under an operation that may still use it. On the engine thread (a free
+/// reached in stream order) the preceding work is already done and nothing is waited for.
+pub fn wait_for_users(s: &Sim) {
+    s.engine.drain();
 }
 
 /// Frees a device or managed allocation by its base address.
@@ -187,11 +212,20 @@ pub fn free_device(p: u64) -> R {
     if super::ipc::is_imported(p) {
         return Err(CUDA_ERROR_INVALID_VALUE); // imported memory is closed, not freed
     }
+    let pool = match s.mem.lock().map.get(&p) {
+        Some(a) if matches!(a.kind, Kind::Device | Kind::Managed) => a.pool,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    // cuMemFree synchronises, except for a pool allocation: then the caller must have made sure
+    // that nothing uses it any more (CUDA's documented contract).
+    if pool == 0 {
+        wait_for_users(s);
+    }
     let a = {
         let mut t = s.mem.lock();
         match t.map.get(&p) {
             Some(a) if matches!(a.kind, Kind::Device | Kind::Managed) => t.map.remove(&p).unwrap(),
-            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE), // freed by another thread meanwhile
         }
     };
     super::ipc::forget_export(p);
@@ -206,19 +240,36 @@ pub fn free_device(p: u64) -> R {
     Ok(())
 }
 
-/// Frees every device and managed allocation made in the context `ctx` (a context reset or
-/// destroy releases them, as the driver does). Returns how many were freed.
+/// The device and managed allocations and the arrays of context `ctx`, by base address.
+pub fn context_allocations(t: &MemTable, ctx: usize) -> Vec<(u64, Kind)> {
+    t.map
+        .iter()
+        .filter(|(_, a)| {
+            a.ctx == ctx && matches!(a.kind, Kind::Device | Kind::Managed | Kind::Array)
+        })
+        .map(|(p, a)| (*p, a.kind))
+        .collect()
+}
+
+/// Frees allocations listed by `context_allocations` (a context reset or destroy releases them,
+/// as the driver does), once the work that may use them has completed. Returns how many were
+/// freed.
+pub fn free_allocations(s: &Sim, list: &[(u64, Kind)]) -> usize {
+    wait_for_users(s);
+    list.iter()
+        .filter(|(p, kind)| match kind {
+            Kind::Array => super::array::destroy_at(*p),
+            _ => free_device(*p).is_ok(),
+        })
+        .count()
+}
+
+/// Frees every device and managed allocation and every array made in the context `ctx`.
+/// Returns how many were freed.
 pub fn free_context_allocations(ctx: usize) -> usize {
     let Some(s) = crate::sim::get() else { return 0 };
-    let ptrs: Vec<u64> = s
-        .mem
-        .lock()
-        .map
-        .iter()
-        .filter(|(_, a)| a.ctx == ctx && matches!(a.kind, Kind::Device | Kind::Managed))
-        .map(|(p, _)| *p)
-        .collect();
-    ptrs.iter().filter(|p| free_device(**p).is_ok()).count()
+    let list = context_allocations(&s.mem.lock(), ctx);
+    free_allocations(s, &list)
 }
 
 /// Is [p, p+len) inside one device-accessible allocation (device, managed, mapped VMM, pinned)?
@@ -401,7 +452,9 @@ fn copy_side(
         // A CUDA array: its own pitch and height; the region must lie inside it.
         let a = super::array::array(array)?;
         let (ap, rows) = (a.pitch(), a.rows());
-        if x + w > ap || y + h > rows || z + depth > a.slices() {
+        let inside =
+            |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|e| e <= limit);
+        if !inside(x, w, ap) || !inside(y, h, rows) || !inside(z, depth, a.slices()) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         return Ok((a.base + z * ap * rows + y * ap + x, ap, ap * rows));
@@ -651,6 +704,11 @@ driver! {
 
     fn cuMemFreeHost(p: *mut c_void) {
         let s = sim()?;
+        match s.mem.lock().map.get(&(p as u64)) {
+            Some(a) if a.kind == Kind::Host => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        wait_for_users(s); // queued copies may still read or write it
         let a = {
             let mut t = s.mem.lock();
             match t.map.get(&(p as u64)) {
@@ -722,7 +780,7 @@ driver! {
         write_attr(data, attr, p, b, a)
     }
 
-    fn cuPointerGetAttributes(n: u32, attrs: *const u32, data: *mut *mut c_void, p: CUdeviceptr) {
+    fn cuPointerGetAttributes(n: u32, attrs: *mut u32, data: *mut *mut c_void, p: CUdeviceptr) {
         if attrs.is_null() || data.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }

@@ -46,20 +46,17 @@ pub use vmm::*;
 
 pub type R = Result<(), CUresult>;
 
-/// Runs a driver function body: panics become CUDA_ERROR_UNKNOWN, never an abort of the job.
+/// Runs a driver function body: panics become CUDA_ERROR_UNKNOWN (`shim_headers::guard`), never
+/// an abort of the job.
 pub fn run(name: &str, f: impl FnOnce() -> R) -> CUresult {
     crate::debug!("{name}");
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(())) => CUDA_SUCCESS,
-        Ok(Err(e)) => {
+    shim_headers::guard(name, CUDA_ERROR_UNKNOWN, || match f() {
+        Ok(()) => CUDA_SUCCESS,
+        Err(e) => {
             crate::debug!("{name} -> {e}");
             e
         }
-        Err(_) => {
-            crate::warn!("{name}: internal error (panic), returning CUDA_ERROR_UNKNOWN");
-            999
-        }
-    }
+    })
 }
 
 /// Defines exported driver functions whose body returns `R`.

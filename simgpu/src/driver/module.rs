@@ -262,7 +262,7 @@ driver! {
     fn cuModuleLoadData(pm: *mut *mut c_void, image: *const c_void) {
         load(pm, image)
     }
-    fn cuModuleLoadDataEx(pm: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut c_void, _vals: *mut *mut c_void) {
+    fn cuModuleLoadDataEx(pm: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut u32, _vals: *mut *mut c_void) {
         load(pm, image)
     }
     fn cuModuleLoadFatBinary(pm: *mut *mut c_void, image: *const c_void) {
@@ -284,12 +284,12 @@ driver! {
         let m = sim()?.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         out(count, m.info.kernels.len() as u32)
     }
-    fn cuLibraryLoadData(pl: *mut *mut c_void, code: *const c_void, _jo: *mut c_void, _jv: *mut *mut c_void, _nj: u32,
-                         _lo: *mut c_void, _lv: *mut *mut c_void, _nl: u32) {
+    fn cuLibraryLoadData(pl: *mut *mut c_void, code: *const c_void, _jo: *mut u32, _jv: *mut *mut c_void, _nj: u32,
+                         _lo: *mut u32, _lv: *mut *mut c_void, _nl: u32) {
         load(pl, code)
     }
-    fn cuLibraryLoadFromFile(pl: *mut *mut c_void, path: *const c_char, _jo: *mut c_void, _jv: *mut *mut c_void, _nj: u32,
-                             _lo: *mut c_void, _lv: *mut *mut c_void, _nl: u32) {
+    fn cuLibraryLoadFromFile(pl: *mut *mut c_void, path: *const c_char, _jo: *mut u32, _jv: *mut *mut c_void, _nj: u32,
+                             _lo: *mut u32, _lv: *mut *mut c_void, _nl: u32) {
         load_file(pl, path)
     }
     fn cuLibraryUnload(h: *mut c_void) {

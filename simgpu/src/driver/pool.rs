@@ -2,7 +2,10 @@
 //! back to the pool, which keeps it (still device memory, counted as in use by the device) for
 //! reuse by later allocations from the pool, as long as the pool's reserved memory stays within
 //! its release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, default 0: nothing is kept);
-//! `cuMemPoolTrimTo` releases kept blocks. Reserved = in use + kept.
+//! `cuMemPoolTrimTo` releases kept blocks. Reserved = in use + kept, kept as its own figure that
+//! changes only when memory enters or leaves the pool (as a driver's does): a block moving
+//! between in use and kept never makes it dip, so a reader (the shim reconciling its charge)
+//! never sees the pool hold less than the device gave it.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -10,7 +13,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
-use super::memory::{alloc_device, free_device, Alloc, Kind};
+use super::memory::{alloc_device, free_device, insert_live, Alloc, Kind};
 use super::{current_ctx, out, stream_ref, submit, R};
 use crate::engine::Op;
 use crate::sim::sim;
@@ -25,18 +28,24 @@ pub struct Pool {
     /// Freed blocks kept for reuse: (base, size), still mapped and charged to the device.
     cache: Mutex<Vec<(u64, u64)>>,
     cached: AtomicU64,
+    /// Memory mapped for the pool: in use + kept.
+    reserved: AtomicU64,
     reserved_high: AtomicU64,
 }
 
 impl Pool {
     fn reserved(&self) -> u64 {
-        self.used.load(Acquire) + self.cached.load(Acquire)
+        self.reserved.load(Acquire)
     }
 
-    fn note_use(&self, bytes: u64) {
+    /// A block of `bytes` in use: a kept one, or (`grown`) one the pool just took from the device.
+    fn note_use(&self, bytes: u64, grown: bool) {
         let u = self.used.fetch_add(bytes, AcqRel) + bytes;
         self.used_high.fetch_max(u, AcqRel);
-        self.reserved_high.fetch_max(self.reserved(), AcqRel);
+        if grown {
+            let r = self.reserved.fetch_add(bytes, AcqRel) + bytes;
+            self.reserved_high.fetch_max(r, AcqRel);
+        }
     }
 
     /// The smallest kept block of at least `size` bytes, taken out of the cache.
@@ -58,6 +67,7 @@ impl Pool {
         while self.reserved() > keep {
             let Some((base, size)) = c.pop() else { break };
             self.cached.fetch_sub(size, AcqRel);
+            crate::shared::sub_saturating(&self.reserved, size);
             if let Some(s) = s {
                 super::memory::uncharge(s, self.dev, size);
             }
@@ -68,9 +78,14 @@ impl Pool {
     /// A freed block of this pool, reached in stream order: kept or released.
     fn give_back(&self, base: u64, size: u64) {
         crate::shared::sub_saturating(&self.used, size);
+        self.keep(base, size);
+        self.release_down_to(self.release_threshold.load(Acquire));
+    }
+
+    /// Puts a block (mapped and charged) into the cache of kept blocks.
+    fn keep(&self, base: u64, size: u64) {
         self.cache.lock().push((base, size));
         self.cached.fetch_add(size, AcqRel);
-        self.release_down_to(self.release_threshold.load(Acquire));
     }
 }
 
@@ -87,6 +102,7 @@ fn new_pool(dev: usize) -> usize {
         release_threshold: AtomicU64::new(0),
         cache: Mutex::new(Vec::new()),
         cached: AtomicU64::new(0),
+        reserved: AtomicU64::new(0),
         reserved_high: AtomicU64::new(0),
     });
     let h = Arc::as_ptr(&p) as usize;
@@ -107,10 +123,11 @@ fn device_pool(dev: usize) -> usize {
 }
 
 /// A block of pool `ph` was freed outside stream order (`cuMemFree`, a context teardown): it is
-/// no longer in use, and not kept either.
+/// no longer in use, and not kept either (it leaves the pool).
 pub fn released(ph: usize, bytes: u64) {
     if let Ok(p) = pool(ph as *mut c_void) {
         crate::shared::sub_saturating(&p.used, bytes);
+        crate::shared::sub_saturating(&p.reserved, bytes);
     }
 }
 
@@ -143,30 +160,31 @@ unsafe fn alloc_async(
         unsafe { *dptr = ptr };
         return Ok(());
     }
-    let (ptr, block) = match p.take_cached(size as u64) {
+    let (ptr, block, grown) = match p.take_cached(size as u64) {
         Some((base, block)) => {
             // A kept block: already mapped and charged to the device.
             let s = sim()?;
             let ctx = current_ctx()?;
             s.api_allocs.fetch_add(1, AcqRel);
-            s.mem.lock().insert(
-                base,
-                Alloc {
-                    size: block,
-                    kind: Kind::Device,
-                    device: p.dev,
-                    charged: block,
-                    ctx: Arc::as_ptr(&ctx) as usize,
-                    pool: ph,
-                    id: 0,
-                    host_flags: 0,
-                },
-            );
-            (base, block)
+            let a = Alloc {
+                size: block,
+                kind: Kind::Device,
+                device: p.dev,
+                charged: block,
+                ctx: Arc::as_ptr(&ctx) as usize,
+                pool: ph,
+                id: 0,
+                host_flags: 0,
+            };
+            if let Err(e) = insert_live(s, base, a) {
+                p.keep(base, block); // the context is gone: the block stays the pool's
+                return Err(e);
+            }
+            (base, block, false)
         }
-        None => (alloc_device(size as u64, ph)?, size as u64),
+        None => (alloc_device(size as u64, ph)?, size as u64, true),
     };
-    p.note_use(block);
+    p.note_use(block, grown);
     // SAFETY: not NULL (checked above), so writable (this fn's contract).
     unsafe { *dptr = ptr };
     Ok(())
@@ -186,26 +204,27 @@ driver! {
         pool(p)?;
         Ok(())
     }
-    fn cuMemGetDefaultMemPool(pool_out: *mut *mut c_void, loc: *const MemLocation, _kind: u32) {
+    fn cuMemGetDefaultMemPool(pool_out: *mut *mut c_void, loc: *mut MemLocation, _kind: u32) {
         let loc = loc.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(loc.id)?;
         out(pool_out, device_pool(d) as *mut c_void)
     }
-    fn cuMemGetMemPool(pool_out: *mut *mut c_void, loc: *const MemLocation, _kind: u32) {
+    fn cuMemGetMemPool(pool_out: *mut *mut c_void, loc: *mut MemLocation, _kind: u32) {
         let loc = loc.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(loc.id)?;
         out(pool_out, device_pool(d) as *mut c_void)
     }
-    fn cuMemSetMemPool(_loc: *const MemLocation, _kind: u32, p: *mut c_void) {
+    fn cuMemSetMemPool(_loc: *mut MemLocation, _kind: u32, p: *mut c_void) {
         pool(p)?;
         Ok(())
     }
-    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, _attr: u32, value: *mut u64) {
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, _attr: u32, value: *mut c_void) {
         // Graph memory nodes are not simulated: no graph-owned memory, current or high-water.
+        // Every CUgraphMem_attribute's value is a cuuint64_t.
         sim()?.device(dev)?;
-        out(value, 0)
+        out(value.cast::<u64>(), 0)
     }
-    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, _attr: u32, _value: *mut u64) {
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, _attr: u32, _value: *mut c_void) {
         sim()?.device(dev)?;
         Ok(())
     }
@@ -262,7 +281,7 @@ driver! {
         pool(p)?;
         Ok(())
     }
-    fn cuMemPoolGetAccess(flags: *mut u32, p: *mut c_void, _loc: *const MemLocation) {
+    fn cuMemPoolGetAccess(flags: *mut u32, p: *mut c_void, _loc: *mut MemLocation) {
         pool(p)?;
         out(flags, 3)
     }

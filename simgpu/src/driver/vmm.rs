@@ -43,6 +43,24 @@ pub fn is_mapped(p: u64, len: u64) -> bool {
     }
     true
 }
+/// Frees physical allocation `h` once it has neither handle references nor mappings left: as
+/// in CUDA, `cuMemRelease` of a mapped allocation frees nothing until its last `cuMemUnmap`.
+fn free_if_unused(s: &crate::sim::Sim, phys: &mut BTreeMap<usize, Phys>, h: usize) {
+    let unused =
+        phys.get(&h).is_some_and(|p| p.refs == 0) && !MAPS.lock().values().any(|(_, mh)| *mh == h);
+    if !unused {
+        return;
+    }
+    let p = phys.remove(&h).expect("present");
+    if p.fd >= 0 {
+        // SAFETY: our own descriptor, closed once (the entry is gone).
+        unsafe { libc::close(p.fd) };
+    }
+    if p.charged {
+        uncharge(s, p.dev, p.size);
+    }
+}
+
 static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0x1000);
 
 driver! {
@@ -66,6 +84,11 @@ driver! {
     }
     fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) {
         let s = sim()?;
+        match s.mem.lock().map.get(&ptr) {
+            Some(a) if a.kind == Kind::Reserved => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        super::memory::wait_for_users(s);
         let a = s.mem.lock().map.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         libc::munmap(ptr as *mut c_void, a.size.max(size as u64) as usize);
         Ok(())
@@ -99,27 +122,17 @@ driver! {
     }
     fn cuMemRelease(handle: u64) {
         let s = sim()?;
-        let p = {
-            let mut phys = PHYS.lock();
-            let p = phys.get_mut(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            p.refs -= 1;
-            if p.refs > 0 {
-                return Ok(());
-            }
-            phys.remove(&(handle as usize)).expect("present")
-        };
-        if p.fd >= 0 {
-            libc::close(p.fd);
-        }
-        if p.charged {
-            uncharge(s, p.dev, p.size);
-        }
+        let mut phys = PHYS.lock();
+        let p = phys.get_mut(&(handle as usize)).filter(|p| p.refs > 0).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        p.refs -= 1;
+        free_if_unused(s, &mut phys, handle as usize);
         Ok(())
     }
     fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: u64, _flags: u64) {
         let s = sim()?;
         let phys = PHYS.lock();
-        let p = phys.get(&(handle as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        // A released handle no longer names the memory (its mappings keep it alive).
+        let p = phys.get(&(handle as usize)).filter(|p| p.refs > 0).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if p.fd < 0 {
             return Err(CUDA_ERROR_NOT_SUPPORTED); // a handle of cuMemAlloc memory: not remappable
         }
@@ -140,11 +153,18 @@ driver! {
         Ok(())
     }
     fn cuMemUnmap(ptr: CUdeviceptr, size: usize) {
-        sim()?;
-        MAPS.lock().remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let s = sim()?;
+        if !MAPS.lock().contains_key(&ptr) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // Synchronous, like cuMemFree: queued work may still use the range.
+        super::memory::wait_for_users(s);
+        let mut phys = PHYS.lock();
+        let (_, h) = MAPS.lock().remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: turning our own mapped range back into a PROT_NONE reservation.
         libc::mmap(ptr as *mut c_void, size, libc::PROT_NONE,
                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED, -1, 0);
+        free_if_unused(s, &mut phys, h);
         Ok(())
     }
     fn cuMemSetAccess(ptr: CUdeviceptr, _size: usize, desc: *const MemAccessDesc, count: usize) {
@@ -163,11 +183,15 @@ driver! {
     fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
         let s = sim()?;
         let a = addr as u64;
-        if let Some((_, (_, h))) = MAPS.lock().range(..=a).next_back().filter(|(b, (sz, _))| a < *b + sz) {
-            if let Some(p) = PHYS.lock().get_mut(h) {
-                p.refs += 1;
+        {
+            let mut phys = PHYS.lock(); // PHYS before MAPS, as everywhere
+            let mapped = MAPS.lock().range(..=a).next_back().filter(|(b, (sz, _))| a < *b + sz).map(|(_, (_, h))| *h);
+            if let Some(h) = mapped {
+                if let Some(p) = phys.get_mut(&h) {
+                    p.refs += 1;
+                }
+                return out(handle, h as u64);
             }
-            return out(handle, *h as u64);
         }
         // cuMemAlloc memory: current drivers build it on VMM, so it has an allocation handle too.
         // This one describes the allocation (properties, size) but cannot be mapped elsewhere.
