@@ -44,6 +44,11 @@ pub struct CostModel {
     pub copy_base_ns: u64,
     /// Cost of one managed-memory page-fault group (one 2 MiB chunk), on top of its transfer, ns.
     pub fault_ns: u64,
+    /// Time slice of a context on the compute engine while another context waits, ns; it
+    /// includes the context switch into it (`crate::sched`).
+    pub timeslice_ns: u64,
+    /// Cost of switching the compute engine to another context, ns (less than the time slice).
+    pub ctx_switch_ns: u64,
 }
 
 /// Fault injection (reliability tests).
@@ -98,6 +103,9 @@ pub const KNOWN_VARS: &[&str] = &[
     "SIMGPU_KERNEL_TIME",
     "SIMGPU_PCIE_BW",
     "SIMGPU_HBM_BW",
+    "SIMGPU_TIMESLICE",
+    "SIMGPU_CTX_SWITCH",
+    "SIMGPU_KERNEL_TRACE",
     "SIMGPU_FAIL_ALLOC_NTH",
     "SIMGPU_LAUNCH_ERROR",
     "SIMGPU_STALL_STREAM_AFTER",
@@ -141,6 +149,15 @@ impl SimConfig {
             load_file(&mut cfg, path)?;
         }
         apply_env(&mut cfg, vars)?;
+        let c = &cfg.cost;
+        if c.timeslice_ns == 0 || c.ctx_switch_ns >= c.timeslice_ns {
+            return Err(ConfigError(format!(
+                "simgpu: invalid time slice {} ns with context switch {} ns: the time slice \
+                 (SIMGPU_TIMESLICE, cost.timeslice) must be longer than the context switch \
+                 (SIMGPU_CTX_SWITCH, cost.ctx_switch)",
+                c.timeslice_ns, c.ctx_switch_ns
+            )));
+        }
         Ok(cfg)
     }
 
@@ -202,6 +219,8 @@ impl Default for CostModel {
             hbm_bytes_per_s: 1_500_000_000_000,
             copy_base_ns: 2_000,
             fault_ns: 20_000,
+            timeslice_ns: 2_000_000,
+            ctx_switch_ns: 25_000,
         }
     }
 }
@@ -467,6 +486,12 @@ fn apply_env(cfg: &mut SimConfig, vars: &HashMap<String, String>) -> Result<(), 
     if let Some(bw) = env_value(vars, "SIMGPU_HBM_BW", &BANDWIDTH)? {
         cost.hbm_bytes_per_s = bw;
     }
+    if let Some(ns) = env_value(vars, "SIMGPU_TIMESLICE", &DURATION)? {
+        cost.timeslice_ns = ns;
+    }
+    if let Some(ns) = env_value(vars, "SIMGPU_CTX_SWITCH", &DURATION)? {
+        cost.ctx_switch_ns = ns;
+    }
     let faults = &mut cfg.faults;
     if let Some(nth) = env_value(vars, "SIMGPU_FAIL_ALLOC_NTH", &FAIL_ALLOC_NTH)? {
         faults.fail_alloc_nth = Some(nth);
@@ -665,6 +690,8 @@ const COST_KEYS: &[&str] = &[
     "hbm_bandwidth",
     "copy_base",
     "fault",
+    "timeslice",
+    "ctx_switch",
     "kernels",
 ];
 const FAULT_KEYS: &[&str] = &["fail_alloc_nth", "launch_error", "stall_stream_after"];
@@ -749,6 +776,8 @@ impl TomlFile<'_> {
                 "hbm_bandwidth" => cost.hbm_bytes_per_s = self.value(key_path, node, &BANDWIDTH)?,
                 "copy_base" => cost.copy_base_ns = self.value(key_path, node, &DURATION)?,
                 "fault" => cost.fault_ns = self.value(key_path, node, &DURATION)?,
+                "timeslice" => cost.timeslice_ns = self.value(key_path, node, &DURATION)?,
+                "ctx_switch" => cost.ctx_switch_ns = self.value(key_path, node, &DURATION)?,
                 "kernels" => {
                     let mut times = Vec::new();
                     for (name, node) in self.table(key_path, node)? {

@@ -1,20 +1,24 @@
 //! The process's execution engine: stream queues executed on the modelled clock.
 //!
 //! Host threads enqueue operations; one engine thread per process starts each stream's head
-//! operation once its dependencies are done, reserves the device engine it needs (compute, or
-//! one of the two copy engines) on the machine-wide timeline in shared memory, applies its effect
-//! (bytes are moved for real), and completes it when the real clock reaches its modelled end.
+//! operation once its dependencies are done, applies its effect (bytes are moved for real), gets
+//! time on the device engine it needs, and completes it when the real clock reaches its modelled
+//! end. A copy reserves its copy engine on the machine-wide timeline in shared memory; a compute
+//! operation (kernel, device copy, memset) asks the device's scheduler between processes
+//! (`crate::sched`), one per device at a time, and may run in several grants when it is
+//! preempted at the end of a time slice.
 //!
-//! Start times are *modelled*: an operation starts at max(enqueue time, end of the previous
-//! operation of its stream, end of its dependencies, time its engine is free), even if the engine
-//! thread got to it a little later. So wake-up latency never adds up, while operations of different
-//! processes still interleave in the order they asked for the device and never overlap.
+//! Start times are *modelled*: an operation is ready at max(enqueue time, end of the previous
+//! operation of its stream, end of its dependencies) and starts when its engine is free (or, for
+//! compute, when the scheduler gives it the engine), even if the engine thread got to it a little
+//! later. So wake-up latency never adds up. The thread sleeps to the next deadline on a futex word
+//! in the process's slot of the shared state, which host threads and other processes' scheduling
+//! decisions bump to wake it.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crate::shared::{now_ns, Shared};
 
@@ -104,17 +108,52 @@ struct StreamQ {
     destroy_when_idle: bool,
 }
 
+/// A compute operation served by its device's scheduler (`crate::sched`); at most one per device
+/// at a time, so each grant starts where the previous one of this process ended.
+struct Service {
+    stream: StreamId,
+    seq: u64,
+    /// Modelled time from which it (or the rest of it, after a preemption) is ready.
+    ready: u64,
+    remaining: u64,
+    /// Granted up to this time; None = waiting for the engine.
+    grant_end: Option<u64>,
+    /// While waiting: ask again at this time at the latest, or once the wake word moves from
+    /// `word` (someone gave this process the engine, or there is new work).
+    wait_until: u64,
+    word: u32,
+    event: Option<Arc<EventState>>,
+    is_kernel: bool,
+    counted: bool,
+    /// When it first became ready, and the intervals it ran in (for the kernel trace).
+    queued: u64,
+    slices: Vec<(u64, u64)>,
+}
+
 struct State {
     streams: HashMap<StreamId, StreamQ>,
     next_id: StreamId,
     thread: bool,
+    /// Per device: the compute operation being served.
+    service: HashMap<usize, Service>,
+    /// Devices whose compute engine this process was granted and has not given up: (device,
+    /// end of its last grant).
+    holding: HashMap<usize, u64>,
+}
+
+/// What the engine thread does outside its lock: start an operation, or ask the scheduler.
+enum Step {
+    Start(StreamId, Pending, u64),
+    Serve(usize, Service),
+    Idle(usize, u64),
 }
 
 pub struct Engine {
     st: Mutex<State>,
-    work: Condvar,
     done: Condvar,
     stall_after: Option<u64>,
+    /// Wake word when no shared state is mapped (the process's slot word otherwise).
+    local_wake: std::sync::atomic::AtomicU32,
 }
 
 impl Engine {
@@ -124,11 +163,27 @@ impl Engine {
                 streams: HashMap::new(),
                 next_id: 1,
                 thread: false,
+                service: HashMap::new(),
+                holding: HashMap::new(),
             }),
-            work: Condvar::new(),
             done: Condvar::new(),
             stall_after,
+            local_wake: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// The futex word the engine thread sleeps on.
+    fn wake_word(&'static self) -> &'static std::sync::atomic::AtomicU32 {
+        match crate::sim::get() {
+            Some(s) => &s.shared.slot(s.slot).wake,
+            None => &self.local_wake,
+        }
+    }
+
+    fn notify(&'static self) {
+        let w = self.wake_word();
+        w.fetch_add(1, AcqRel);
+        crate::shared::futex_wake(w);
     }
 
     pub fn create_stream(&self) -> StreamId {
@@ -180,7 +235,7 @@ impl Engine {
             op,
         });
         drop(st);
-        self.work.notify_one();
+        self.notify();
         seq
     }
 
@@ -241,10 +296,38 @@ impl Engine {
     fn run(&'static self) {
         ON_ENGINE.with(|e| e.set(true));
         let sim = crate::sim::get();
+        let wake = self.wake_word();
         let mut st = self.st.lock();
         loop {
-            // 1. Complete what has ended by now.
+            let woken = wake.load(Acquire);
             let now = now_ns();
+
+            // 1. Compute operations whose last grant has ended are complete; those preempted
+            //    (or cut at a slice end) ask for the engine again from where they stopped.
+            let mut finished = Vec::new();
+            for (d, sv) in st.service.iter_mut() {
+                match sv.grant_end {
+                    Some(end) if end <= now && sv.remaining == 0 => finished.push(*d),
+                    Some(end) if end <= now => {
+                        sv.ready = end;
+                        sv.grant_end = None;
+                        sv.wait_until = 0;
+                    }
+                    _ => {}
+                }
+            }
+            for d in finished {
+                let sv = st.service.remove(&d).expect("listed above");
+                let end = sv.grant_end.unwrap_or(sv.ready);
+                if sv.is_kernel {
+                    trace_kernel(d, &sv);
+                }
+                if let Some(q) = st.streams.get_mut(&sv.stream) {
+                    q.running = Some((sv.seq, end, sv.event));
+                }
+            }
+
+            // 2. Complete what has ended by now.
             let mut completed_any = false;
             let mut gone = Vec::new();
             for (id, q) in st.streams.iter_mut() {
@@ -275,8 +358,10 @@ impl Engine {
                 self.done.notify_all();
             }
 
-            // 2. Pick every stream head that may start.
-            let mut starts = Vec::new();
+            // 3. Pick every stream head that may start. A compute operation goes to its
+            //    device's scheduler, one per device at a time: the one ready first.
+            let mut steps = Vec::new();
+            let mut compute: HashMap<usize, (u64, StreamId)> = HashMap::new();
             let ids: Vec<StreamId> = st.streams.keys().copied().collect();
             for id in ids {
                 let q = &st.streams[&id];
@@ -299,65 +384,124 @@ impl Engine {
                 if !ready {
                     continue;
                 }
+                if let (Resource::Compute(d), Some(_)) = (head.op.resource, sim) {
+                    if !st.service.contains_key(&d) {
+                        let e = compute.entry(d).or_insert((earliest, id));
+                        if (earliest, id) < *e {
+                            *e = (earliest, id);
+                        }
+                    }
+                    continue;
+                }
                 let q = st.streams.get_mut(&id).unwrap();
                 let p = q.ops.pop_front().unwrap();
                 q.running = Some((p.seq, u64::MAX, None));
-                starts.push((id, p, earliest));
+                steps.push(Step::Start(id, p, earliest));
+            }
+            for (d, (earliest, id)) in compute {
+                let q = st.streams.get_mut(&id).unwrap();
+                let p = q.ops.pop_front().unwrap();
+                q.running = Some((p.seq, u64::MAX, None));
+                steps.push(Step::Start(id, p, earliest));
+                // Reserve the device's service slot until the op is installed below.
+                st.service.insert(d, placeholder());
+            }
+            // Operations waiting for the engine, or for the rest of it, ask (again).
+            for (d, sv) in st.service.iter_mut() {
+                if sv.grant_end.is_none()
+                    && sv.stream != 0
+                    && (sv.wait_until <= now || sv.word != woken)
+                {
+                    let sv = std::mem::replace(sv, placeholder());
+                    steps.push(Step::Serve(*d, sv));
+                }
+            }
+            // A device this process holds, with no compute work ready: give it up. Not while
+            // other operations start (an event record between two kernels is work too).
+            let starting = steps.iter().any(|s| matches!(s, Step::Start(..)));
+            let idle: Vec<(usize, u64)> = st
+                .holding
+                .iter()
+                .filter(|(d, end)| !starting && **end <= now && !st.service.contains_key(d))
+                .map(|(d, end)| (*d, *end))
+                .collect();
+            for (d, end) in idle {
+                st.holding.remove(&d);
+                steps.push(Step::Idle(d, end));
             }
 
-            if starts.is_empty() {
+            if steps.is_empty() {
                 let next = st
                     .streams
                     .values()
                     .filter_map(|q| q.running.as_ref().map(|r| r.1))
+                    .chain(
+                        st.service
+                            .values()
+                            .map(|sv| sv.grant_end.unwrap_or(sv.wait_until)),
+                    )
+                    .filter(|t| *t != u64::MAX)
                     .min();
-                match next {
-                    None => self.work.wait(&mut st),
-                    Some(t) => {
-                        let d = t.saturating_sub(now_ns());
-                        if d > 0 {
-                            self.work
-                                .wait_until(&mut st, Instant::now() + Duration::from_nanos(d));
-                        }
-                    }
-                }
+                drop(st);
+                crate::shared::futex_wait(wake, woken, next);
+                st = self.st.lock();
                 continue;
             }
 
-            // 3. Start them, outside the lock: reserve time, move bytes.
+            // 4. Outside the lock: start operations (move bytes, reserve copy engines) and ask
+            //    the schedulers.
             drop(st);
-            let mut started = Vec::with_capacity(starts.len());
-            for (id, mut p, earliest) in starts {
-                let extra = p.op.extra.take().map_or(0, |f| f(earliest));
-                let dur = p.op.dur_ns + extra;
-                let (start, end) = match (p.op.resource, sim) {
-                    (Resource::None, _) | (_, None) => (earliest, earliest + dur),
-                    (Resource::Compute(d), Some(s)) => {
-                        let dev = s.shared.dev(d);
-                        let (a, b) = Shared::reserve(&dev.compute_busy_until, earliest, dur);
-                        if p.op.is_kernel {
-                            dev.kernels.fetch_add(1, AcqRel);
-                            s.shared.slot(s.slot).dev[d].kernels.fetch_add(1, AcqRel);
+            let mut started = Vec::new();
+            let mut served = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Start(id, mut p, earliest) => {
+                        let extra = p.op.extra.take().map_or(0, |f| f(earliest));
+                        let dur = p.op.dur_ns + extra;
+                        if let Some(f) = p.op.effect.take() {
+                            f();
                         }
-                        dev.busy_ns.fetch_add(dur, AcqRel);
-                        dev.window.add(a, b);
-                        let pd = &s.shared.slot(s.slot).dev[d];
-                        pd.busy_ns.fetch_add(dur, AcqRel);
-                        pd.window.add(a, b);
-                        (a, b)
+                        let end = match (p.op.resource, sim) {
+                            (Resource::Compute(d), Some(s)) => {
+                                let sv = Service {
+                                    stream: id,
+                                    seq: p.seq,
+                                    ready: earliest,
+                                    remaining: dur,
+                                    grant_end: None,
+                                    wait_until: 0,
+                                    word: 0,
+                                    event: p.op.event.take(),
+                                    is_kernel: p.op.is_kernel,
+                                    counted: false,
+                                    queued: earliest,
+                                    slices: Vec::new(),
+                                };
+                                served.push((d, serve(s, d, sv)));
+                                continue;
+                            }
+                            (Resource::None, _) | (_, None) => earliest + dur,
+                            (Resource::H2D(d), Some(s)) => {
+                                Shared::reserve(&s.shared.dev(d).h2d_busy_until, earliest, dur).1
+                            }
+                            (Resource::D2H(d), Some(s)) => {
+                                Shared::reserve(&s.shared.dev(d).d2h_busy_until, earliest, dur).1
+                            }
+                        };
+                        started.push((id, p.seq, end, p.op.event.take()));
                     }
-                    (Resource::H2D(d), Some(s)) => {
-                        Shared::reserve(&s.shared.dev(d).h2d_busy_until, earliest, dur)
+                    Step::Serve(d, sv) => {
+                        if let Some(s) = sim {
+                            served.push((d, serve(s, d, sv)));
+                        }
                     }
-                    (Resource::D2H(d), Some(s)) => {
-                        Shared::reserve(&s.shared.dev(d).d2h_busy_until, earliest, dur)
+                    Step::Idle(d, end) => {
+                        if let Some(s) = sim {
+                            let mut g = s.shared.lock_sched(d);
+                            crate::sched::idle(&mut g, params(s), s.slot, end, now_ns());
+                        }
                     }
-                };
-                let _ = start;
-                if let Some(f) = p.op.effect.take() {
-                    f();
                 }
-                started.push((id, p.seq, end, p.op.event.take()));
             }
             st = self.st.lock();
             for (id, seq, end, ev) in started {
@@ -365,6 +509,115 @@ impl Engine {
                     q.running = Some((seq, end, ev));
                 }
             }
+            for (d, mut sv) in served {
+                sv.word = woken;
+                if let Some(end) = sv.grant_end {
+                    st.holding.insert(d, end);
+                }
+                st.service.insert(d, sv);
+            }
         }
     }
+}
+
+/// Holds a device's service slot while its operation is outside the lock (stream 0 is never a
+/// stream id).
+fn placeholder() -> Service {
+    Service {
+        stream: 0,
+        seq: 0,
+        ready: 0,
+        remaining: 0,
+        grant_end: Some(u64::MAX),
+        wait_until: u64::MAX,
+        word: 0,
+        event: None,
+        is_kernel: false,
+        counted: false,
+        queued: 0,
+        slices: Vec::new(),
+    }
+}
+
+/// Real time after a slice end at which its decision is made: longer than an engine thread's
+/// usual wake-up latency (timer slack is 50 µs), so work that became ready before the slice end
+/// is seen (`crate::sched::Params::decide_after`).
+const DECIDE_AFTER_NS: u64 = 250_000;
+
+fn params(s: &crate::sim::Sim) -> crate::sched::Params {
+    crate::sched::Params {
+        slice: s.cfg.cost.timeslice_ns,
+        switch: s.cfg.cost.ctx_switch_ns,
+        decide_after: DECIDE_AFTER_NS,
+    }
+}
+
+/// Asks device `d`'s scheduler for the engine for `sv`; on a grant, accounts the busy time.
+fn serve(s: &crate::sim::Sim, d: usize, mut sv: Service) -> Service {
+    let decision = {
+        let mut g = s.shared.lock_sched(d);
+        crate::sched::request(&mut g, params(s), s.slot, sv.ready, sv.remaining, now_ns())
+    };
+    match decision {
+        crate::sched::Decision::Wait { until } => {
+            sv.grant_end = None;
+            sv.wait_until = until;
+        }
+        crate::sched::Decision::Run { start, end } => {
+            let dev = s.shared.dev(d);
+            let pd = &s.shared.slot(s.slot).dev[d];
+            if sv.is_kernel && !sv.counted {
+                dev.kernels.fetch_add(1, AcqRel);
+                pd.kernels.fetch_add(1, AcqRel);
+            }
+            sv.counted = true;
+            let ran = end - start;
+            dev.busy_ns.fetch_add(ran, AcqRel);
+            pd.busy_ns.fetch_add(ran, AcqRel);
+            if ran > 0 {
+                dev.window.add(start, end);
+                pd.window.add(start, end);
+            }
+            sv.remaining -= ran.min(sv.remaining);
+            sv.grant_end = Some(end);
+            if sv.is_kernel && trace_file().is_some() {
+                sv.slices.push((start, end));
+            }
+        }
+    }
+    sv
+}
+
+/// `SIMGPU_KERNEL_TRACE`: one JSON line per kernel with every interval it ran in.
+fn trace_file() -> Option<&'static std::fs::File> {
+    static FILE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = std::env::var_os("SIMGPU_KERNEL_TRACE")?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+    })
+    .as_ref()
+}
+
+fn trace_kernel(d: usize, sv: &Service) {
+    use std::io::Write;
+    let Some(mut f) = trace_file() else { return };
+    let slices: Vec<String> = sv
+        .slices
+        .iter()
+        .map(|(a, b)| format!("[{a},{b}]"))
+        .collect();
+    // One write(2) per line, so lines of concurrent processes stay whole (O_APPEND).
+    let line = format!(
+        "{{\"pid\":{},\"dev\":{d},\"stream\":{},\"seq\":{},\"ready\":{},\"slices\":[{}]}}\n",
+        std::process::id(),
+        sv.stream,
+        sv.seq,
+        sv.queued,
+        slices.join(",")
+    );
+    let _ = f.write_all(line.as_bytes());
 }

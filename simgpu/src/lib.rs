@@ -21,6 +21,7 @@ pub mod image;
 pub mod integrity;
 pub mod log;
 pub mod nvml;
+pub mod sched;
 pub mod shared;
 pub mod sim;
 pub mod stub;

@@ -1,7 +1,8 @@
 //! The simulated machine's shared state: one file per state directory, mapped by every process
 //! that uses the simulated GPU. It holds, per device, the timelines (compute and the two copy
-//! engines), memory use, counters, a utilisation window, one slot per process and the residency
-//! table of managed-memory chunks. Everything in it is an atomic; a process that dies leaves its
+//! engines), the compute engine's scheduler between processes (`crate::sched`), memory use,
+//! counters, a utilisation window, one slot per process and the residency table of
+//! managed-memory chunks. Everything in it is an atomic; a process that dies leaves its
 //! slot behind, and the next process to register (or to run out of memory) reclaims it.
 
 use std::fs::OpenOptions;
@@ -9,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-pub const MAGIC: u64 = 0x5349_4d47_5055_0003; // "SIMGPU" v3
+pub const MAGIC: u64 = 0x5349_4d47_5055_0004; // "SIMGPU" v4
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 256;
 pub const CHUNK: u64 = 2 << 20;
@@ -70,10 +71,23 @@ impl BusyWindow {
     }
 }
 
+/// The compute engine's scheduler state (`crate::sched`), changed only under `lock`.
+#[repr(C)]
+pub struct SchedShared {
+    /// Pid of the process that holds the lock, 0 = free. A dead holder's lock is taken over.
+    pub lock: AtomicU32,
+    /// Slot + 1 of the owning context, 0 = none.
+    pub owner: AtomicU32,
+    /// Slot + 1 of the context that owned the engine last, 0 = none.
+    pub last: AtomicU32,
+    pub slice_end: AtomicU64,
+    pub free_at: AtomicU64,
+}
+
 #[repr(C)]
 pub struct DevState {
-    /// Modelled time (ns) until which each engine is reserved.
-    pub compute_busy_until: AtomicU64,
+    pub sched: SchedShared,
+    /// Modelled time (ns) until which each copy engine is reserved.
     pub h2d_busy_until: AtomicU64,
     pub d2h_busy_until: AtomicU64,
     pub mem_total: AtomicU64,
@@ -94,6 +108,8 @@ pub struct DevState {
 
 #[repr(C)]
 pub struct ProcDev {
+    /// Scheduler: 0, or the modelled time from which this process waits for the compute engine.
+    pub waiting: AtomicU64,
     pub mem_used: AtomicU64,
     pub kernels: AtomicU64,
     pub busy_ns: AtomicU64,
@@ -108,6 +124,9 @@ pub struct ProcSlot {
     /// Start time of the process (clock ticks since boot, /proc/<pid>/stat field 22), so a
     /// reused pid is not mistaken for the original owner.
     pub start_time: AtomicU64,
+    /// Futex word the process's engine thread sleeps on; bumped (and woken) by anyone who has
+    /// work for it, including other processes' scheduling decisions.
+    pub wake: AtomicU32,
     pub dev: [ProcDev; MAX_DEVICES],
 }
 
@@ -369,6 +388,117 @@ impl Shared {
     }
 }
 
+/// The scheduler state of one device, locked for one decision (`Shared::lock_sched`).
+pub struct SchedGuard<'a> {
+    shared: &'a Shared,
+    dev: usize,
+}
+
+impl Shared {
+    /// Takes device `dev`'s scheduler lock. Decisions are short (no sleeping under it); a holder
+    /// that died is detected by its pid and the lock taken over.
+    pub fn lock_sched(&self, dev: usize) -> SchedGuard<'_> {
+        let lock = &self.dev(dev).sched.lock;
+        let me = std::process::id();
+        let mut tries = 0u32;
+        loop {
+            match lock.compare_exchange_weak(0, me, Acquire, Relaxed) {
+                Ok(_) => break,
+                Err(holder) => {
+                    tries = tries.wrapping_add(1);
+                    if tries < 64 {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    if tries.is_multiple_of(64)
+                        && holder != 0
+                        && !proc_alive(holder, 0)
+                        && lock.compare_exchange(holder, me, Acquire, Relaxed).is_ok()
+                    {
+                        break;
+                    }
+                    if tries < 1024 {
+                        // SAFETY: sched_yield takes no arguments and cannot fail.
+                        unsafe { libc::sched_yield() };
+                    } else {
+                        sleep_until(now_ns() + 20_000);
+                    }
+                }
+            }
+        }
+        SchedGuard { shared: self, dev }
+    }
+
+    /// Wakes the engine thread of the process in slot `i`, whichever process that is.
+    pub fn wake_slot(&self, i: usize) {
+        let w = &self.slot(i).wake;
+        w.fetch_add(1, AcqRel);
+        futex_wake(w);
+    }
+}
+
+impl Drop for SchedGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.dev(self.dev).sched.lock.store(0, Release);
+    }
+}
+
+fn slot_word(c: Option<usize>) -> u32 {
+    c.map_or(0, |c| c as u32 + 1)
+}
+
+fn word_slot(w: u32) -> Option<usize> {
+    w.checked_sub(1).map(|c| c as usize)
+}
+
+impl crate::sched::SchedState for SchedGuard<'_> {
+    fn contexts(&self) -> usize {
+        MAX_PROCS
+    }
+    fn owner(&self) -> Option<usize> {
+        word_slot(self.shared.dev(self.dev).sched.owner.load(Acquire))
+    }
+    fn set_owner(&mut self, c: Option<usize>) {
+        let w = slot_word(c);
+        self.shared.dev(self.dev).sched.owner.store(w, Release);
+    }
+    fn last(&self) -> Option<usize> {
+        word_slot(self.shared.dev(self.dev).sched.last.load(Acquire))
+    }
+    fn set_last(&mut self, c: Option<usize>) {
+        let w = slot_word(c);
+        self.shared.dev(self.dev).sched.last.store(w, Release);
+    }
+    fn slice_end(&self) -> u64 {
+        self.shared.dev(self.dev).sched.slice_end.load(Acquire)
+    }
+    fn set_slice_end(&mut self, t: u64) {
+        self.shared.dev(self.dev).sched.slice_end.store(t, Release);
+    }
+    fn free_at(&self) -> u64 {
+        self.shared.dev(self.dev).sched.free_at.load(Acquire)
+    }
+    fn set_free_at(&mut self, t: u64) {
+        self.shared.dev(self.dev).sched.free_at.store(t, Release);
+    }
+    fn waiting(&self, c: usize) -> u64 {
+        self.shared.slot(c).dev[self.dev].waiting.load(Acquire)
+    }
+    fn set_waiting(&mut self, c: usize, ready: u64) {
+        self.shared.slot(c).dev[self.dev]
+            .waiting
+            .store(ready, Release);
+    }
+    fn alive(&self, c: usize) -> bool {
+        let s = self.shared.slot(c);
+        let pid = s.pid.load(Acquire);
+        pid != 0 && proc_alive(pid, s.start_time.load(Acquire))
+    }
+    fn wake(&mut self, c: usize) {
+        self.shared.wake_slot(c);
+    }
+}
+
 impl slots::SlotTable for Shared {
     fn slot_count(&self) -> usize {
         MAX_PROCS
@@ -389,6 +519,7 @@ impl slots::SlotTable for Shared {
         let s = self.slot(i);
         s.generation.fetch_add(1, AcqRel);
         for d in &s.dev {
+            d.waiting.store(0, Release);
             d.mem_used.store(0, Release);
             d.kernels.store(0, Release);
             d.busy_ns.store(0, Release);
@@ -468,9 +599,75 @@ pub fn sleep_until(t: u64) {
     {}
 }
 
+/// Wakes every thread (of any process) sleeping in `futex_wait` on `w`.
+pub fn futex_wake(w: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE only reads the address of `w`, a live u32 (shared futex: no
+    // FUTEX_PRIVATE_FLAG, since waiters may be in other processes mapping the same file).
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+}
+
+/// Sleeps while `w` holds `val`, until woken or until the absolute CLOCK_MONOTONIC `deadline`
+/// (ns; None = no deadline). May return early (signals, spurious wake-ups): callers re-check.
+pub fn futex_wait(w: &AtomicU32, val: u32, deadline: Option<u64>) {
+    let ts = deadline.map(|t| libc::timespec {
+        tv_sec: (t / 1_000_000_000) as _,
+        tv_nsec: (t % 1_000_000_000) as _,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: FUTEX_WAIT_BITSET reads the u32 behind `w` (live) and `tsp` (NULL or a timespec on
+    // this stack frame), an absolute CLOCK_MONOTONIC time; the bitset matches every waker.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAIT_BITSET,
+            val,
+            tsp,
+            std::ptr::null::<u32>(),
+            libc::FUTEX_BITSET_MATCH_ANY,
+        )
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tests/src/lib.rs` (`SimGpu::sim_mem_peak`) reads the state file by these offsets.
+    #[test]
+    fn dev_state_layout() {
+        assert_eq!(MAGIC, 0x5349_4d47_5055_0004);
+        assert_eq!(align(std::mem::size_of::<Header>()), 64);
+        assert_eq!(align(std::mem::size_of::<DevState>()), 1216);
+        assert_eq!(std::mem::offset_of!(DevState, mem_total), 6 * 8);
+        assert_eq!(std::mem::offset_of!(DevState, mem_used), 7 * 8);
+        assert_eq!(std::mem::offset_of!(DevState, mem_peak), 8 * 8);
+    }
+
+    #[test]
+    fn a_dead_lock_holder_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Shared::open(dir.path(), &[1 << 30]).unwrap();
+        // A pid that does not exist holds device 0's scheduler lock.
+        s.dev(0).sched.lock.store(u32::MAX - 7, Release);
+        let t = now_ns();
+        drop(s.lock_sched(0));
+        assert!(
+            now_ns() - t < 1_000_000_000,
+            "took the lock over too slowly"
+        );
+        assert_eq!(s.dev(0).sched.lock.load(Acquire), 0);
+    }
 
     #[test]
     fn reserve_never_overlaps() {

@@ -750,21 +750,22 @@ impl SimGpu {
     /// and checked against the magic and the device's `mem_total` (`expected_total`), so a layout
     /// change fails here instead of reading the wrong field.
     pub fn sim_mem_peak(&self, dev: usize, expected_total: u64) -> u64 {
-        self.sim_dev_word(dev, expected_total, 5)
+        self.sim_dev_word(dev, expected_total, 8)
     }
 
     /// simgpu's own device memory in use on `dev` now (`DevState::mem_used`: allocations of
     /// every process plus resident managed chunks), read as [`SimGpu::sim_mem_peak`].
     pub fn sim_mem_used(&self, dev: usize, expected_total: u64) -> u64 {
-        self.sim_dev_word(dev, expected_total, 4)
+        self.sim_dev_word(dev, expected_total, 7)
     }
 
-    /// Word `index` of `DevState` of `dev` in simgpu's state file.
+    /// Word `index` of `DevState` of `dev` in simgpu's state file (simgpu's
+    /// `shared::tests::dev_state_layout` checks these numbers).
     fn sim_dev_word(&self, dev: usize, expected_total: u64, index: usize) -> u64 {
-        const MAGIC: u64 = 0x5349_4d47_5055_0003; // simgpu::shared::MAGIC
+        const MAGIC: u64 = 0x5349_4d47_5055_0004; // simgpu::shared::MAGIC
         const DEV_OFF: usize = 64; // align64(size_of::<Header>() = 24)
-        const DEV_SIZE: usize = 1152; // align64(14 × u64 + BusyWindow 2 × 64 × u64)
-        const MEM_TOTAL: usize = 3 * 8;
+        const DEV_SIZE: usize = 1216; // align64(SchedShared 32 + 13 × u64 + BusyWindow 2 × 64 × u64)
+        const MEM_TOTAL: usize = 6 * 8;
         let path = self.state_dir().join("simgpu.state");
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let u64_at = |off: usize| u64::from_le_bytes(bytes[off..off + 8].try_into().unwrap());
