@@ -68,10 +68,10 @@ macro_rules! driver_hooks {
     wrap cuMemFreeAsync_ptsz(ptr: CUdeviceptr, stream: CUstream) => memory::free_async_ptsz;
 
     // CUDA arrays (texture and surface storage), charged at least at their dense size.
-    wrap cuArrayCreate(ph: *mut *mut c_void, desc: *const ArrayDescV1) => memory::array_create_v1;
+    wrap cuArrayCreate(ph: *mut *mut c_void, desc: *const ArrayDescV1) => memory::array_create;
     wrap cuArrayCreate_v2(ph: *mut *mut c_void, desc: *const ArrayDesc) => memory::array_create;
-    wrap cuArray3DCreate(ph: *mut *mut c_void, desc: *const Array3DDescV1) => memory::array3d_create_v1;
-    wrap cuArray3DCreate_v2(ph: *mut *mut c_void, desc: *const Array3DDesc) => memory::array3d_create;
+    wrap cuArray3DCreate(ph: *mut *mut c_void, desc: *const Array3DDescV1) => memory::array_create;
+    wrap cuArray3DCreate_v2(ph: *mut *mut c_void, desc: *const Array3DDesc) => memory::array_create;
     wrap cuMipmappedArrayCreate(ph: *mut *mut c_void, desc: *const Array3DDesc, levels: c_uint) => memory::mipmapped_array_create;
     wrap cuArrayDestroy(h: *mut c_void) => memory::array_destroy;
     wrap cuMipmappedArrayDestroy(h: *mut c_void) => memory::array_destroy;

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
-use crate::boundary::{rc, In, Out, Word, R};
+use crate::boundary::{rc, In, Out, Pod, Word, R};
 use crate::context::current_device;
 use crate::graph_mem;
 use crate::ledger::{self, Entry, Kind, Ledger};
@@ -484,46 +484,43 @@ fn charged_array(
     }
 }
 
-pub fn array_create(
-    call: impl FnOnce() -> CUresult,
-    ph: Out<*mut std::ffi::c_void>,
-    desc: In<ArrayDesc>,
-) -> R {
-    match desc.get() {
-        Some(d) => charged_array(call, &ph, array_bytes(&Array3DDesc::from(&d))),
-        None => rc(call()),
+/// The four CUDA array descriptors (1D/2D and 3D, in the current and the CUDA 2.x ABI).
+pub trait ArrayDescriptor {
+    fn as_3d(&self) -> Array3DDesc;
+}
+
+impl ArrayDescriptor for ArrayDesc {
+    fn as_3d(&self) -> Array3DDesc {
+        Array3DDesc::from(self)
     }
 }
 
-pub fn array_create_v1(
-    call: impl FnOnce() -> CUresult,
-    ph: Out<*mut std::ffi::c_void>,
-    desc: In<ArrayDescV1>,
-) -> R {
-    match desc.get() {
-        Some(d) => charged_array(call, &ph, array_bytes(&Array3DDesc::from(&d))),
-        None => rc(call()),
+impl ArrayDescriptor for ArrayDescV1 {
+    fn as_3d(&self) -> Array3DDesc {
+        Array3DDesc::from(self)
     }
 }
 
-pub fn array3d_create(
-    call: impl FnOnce() -> CUresult,
-    ph: Out<*mut std::ffi::c_void>,
-    desc: In<Array3DDesc>,
-) -> R {
-    match desc.get() {
-        Some(d) => charged_array(call, &ph, array_bytes(&d)),
-        None => rc(call()),
+impl ArrayDescriptor for Array3DDesc {
+    fn as_3d(&self) -> Array3DDesc {
+        *self
     }
 }
 
-pub fn array3d_create_v1(
+impl ArrayDescriptor for Array3DDescV1 {
+    fn as_3d(&self) -> Array3DDesc {
+        Array3DDesc::from(self)
+    }
+}
+
+/// `cuArrayCreate(_v2)`, `cuArray3DCreate(_v2)`.
+pub fn array_create<D: Pod + ArrayDescriptor>(
     call: impl FnOnce() -> CUresult,
     ph: Out<*mut std::ffi::c_void>,
-    desc: In<Array3DDescV1>,
+    desc: In<D>,
 ) -> R {
     match desc.get() {
-        Some(d) => charged_array(call, &ph, array_bytes(&Array3DDesc::from(&d))),
+        Some(d) => charged_array(call, &ph, array_bytes(&d.as_3d())),
         None => rc(call()),
     }
 }

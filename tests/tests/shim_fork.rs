@@ -67,11 +67,11 @@ fn shim_fork_after_cuinit_charges_the_child_and_keeps_the_parent_intact() {
             .unwrap_or_else(|| panic!("no slot for pid {pid}"))
     };
     let p = st.slot(slot_of(parent_pid));
-    assert_eq!(p.used[0].load(Acquire), 100 * MIB, "parent's slot");
+    assert_eq!(p.net(0), 100 * MIB, "parent's slot");
     assert_eq!(p.allocs[0].load(Acquire), 1, "parent's slot");
     // The child _exit()ed (no atexit): its slot keeps its charge until it is reclaimed.
     let c = st.slot(slot_of(child_pid));
-    assert_eq!(c.used[0].load(Acquire), 300 * MIB, "child's slot");
+    assert_eq!(c.net(0), 300 * MIB, "child's slot");
     assert_eq!(c.allocs[0].load(Acquire), 1, "child's slot");
     assert_eq!(st.device(0).used.load(Acquire), 400 * MIB);
 

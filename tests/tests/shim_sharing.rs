@@ -78,7 +78,7 @@ fn shim_two_processes_of_one_container_share_its_quota() {
     let live = st.live_slots();
     assert_eq!(live.len(), 1, "live slots {live:?}");
     assert_eq!(live[0].1, a.pid());
-    assert_eq!(st.slot(live[0].0).used[0].load(Acquire), 600 * MIB);
+    assert_eq!(st.slot(live[0].0).net(0), 600 * MIB);
 
     // Release A: it frees and sees the whole quota again.
     let out = a.finish();
