@@ -17,7 +17,7 @@
 //! - the shared counters are charged slot first (`process::Account`), so a process killed at any
 //!   instruction never leaves the container's figure below the truth (`libshare-abi`).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
@@ -41,10 +41,10 @@ pub struct Entry {
 
 /// Live allocations of one kind, by device pointer or handle.
 #[derive(Default)]
-pub struct Table(Mutex<HashMap<u64, Entry>>);
+pub struct Table(Mutex<FxHashMap<u64, Entry>>);
 
 impl Table {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<u64, Entry>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
     /// Records `key`; returns the entry it replaces (an allocation that is gone).

@@ -12,7 +12,7 @@
 //! full charges are held too, so the container's figure is never below what the device holds.
 //! When the container is at its quota, the ledger trims the pools before refusing.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::Mutex;
 
