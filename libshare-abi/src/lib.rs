@@ -152,12 +152,7 @@ pub struct Header {
 
 /// The daemon manages this container: quotas and class come from it, not from the environment.
 pub const FLAG_DAEMON_MANAGED: u32 = 1;
-/// Some process of the container uses the deprecated container-first API (`reserve`,
-/// `force_reserve`, `release` + the slot's legacy `used`): `used` is then never repaired from
-/// the slots (their legacy figures lag the container's during a charge), and a cleared slot's
-/// legacy bytes are subtracted, as before the charging API.
-pub const FLAG_LEGACY_ACCOUNTING: u32 = 2;
-const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED | FLAG_LEGACY_ACCOUNTING;
+const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED;
 
 #[repr(C, align(64))]
 pub struct DeviceState {
@@ -184,9 +179,6 @@ pub struct ProcSlot {
     pub _pad: u32,
     /// /proc/<pid>/stat start time (for display and simgpu-style pid checks).
     pub start_time: AtomicU64,
-    /// Legacy net bytes written directly by callers of the deprecated API (`reserve` +
-    /// `used.fetch_add`); the charging API leaves it 0. Counted in the slot's net.
-    pub used: [AtomicU64; MAX_DEVICES],
     pub launches: [AtomicU64; MAX_DEVICES],
     pub allocs: [AtomicU64; MAX_DEVICES],
     /// Bytes ever charged (monotonic while the slot is claimed).
@@ -196,12 +188,11 @@ pub struct ProcSlot {
 }
 
 impl ProcSlot {
-    /// What the slot holds on `dev`: charged − uncharged (+ legacy `used`).
+    /// What the slot holds on `dev`: charged − uncharged.
     pub fn net(&self, dev: usize) -> u64 {
         self.charged[dev]
             .load(Acquire)
             .saturating_sub(self.uncharged[dev].load(Acquire))
-            .saturating_add(self.used[dev].load(Acquire))
     }
 
     /// Σ over devices of [`ProcSlot::net`].
@@ -1055,17 +1046,9 @@ impl State {
     fn clear_slot(&self, i: usize) {
         let s = self.slot(i);
         s.pid.store(slots::RELEASING, Release);
-        let legacy = self.legacy();
         for d in 0..MAX_DEVICES {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
-            let v = s.used[d].swap(0, AcqRel);
-            if legacy && v > 0 {
-                let _ = self
-                    .device(d)
-                    .used
-                    .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(v)));
-            }
         }
         s.start_time.store(0, Release);
         s.pid.store(0, Release);
@@ -1108,38 +1091,19 @@ impl State {
         }
     }
 
-    fn legacy(&self) -> bool {
-        self.header().flags.load(Acquire) & FLAG_LEGACY_ACCOUNTING != 0
-    }
-
-    fn mark_legacy(&self) {
-        let f = &self.header().flags;
-        if f.load(Relaxed) & FLAG_LEGACY_ACCOUNTING == 0 {
-            f.fetch_or(FLAG_LEGACY_ACCOUNTING, AcqRel);
-        }
-    }
-
     fn recompute_locked(&self) {
-        if self.legacy() {
-            return; // see FLAG_LEGACY_ACCOUNTING
-        }
         let claimed: Vec<usize> = (0..MAX_PROCS)
             .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
             .collect();
-        // 1. uncharged (and the legacy net), then used, then charged.
-        let mut down = vec![[0u64; MAX_DEVICES]; claimed.len()];
-        let mut legacy = [0u64; MAX_DEVICES];
-        for (k, &i) in claimed.iter().enumerate() {
-            let s = self.slot(i);
-            for d in 0..MAX_DEVICES {
-                down[k][d] = s.uncharged[d].load(Acquire);
-                legacy[d] = legacy[d].saturating_add(s.used[d].load(Acquire));
-            }
-        }
+        // 1. uncharged, then used, then charged.
+        let down: Vec<[u64; MAX_DEVICES]> = claimed
+            .iter()
+            .map(|&i| std::array::from_fn(|d| self.slot(i).uncharged[d].load(Acquire)))
+            .collect();
         let u: Vec<u64> = (0..MAX_DEVICES)
             .map(|d| self.device(d).used.load(Acquire))
             .collect();
-        let mut bound = legacy;
+        let mut bound = [0u64; MAX_DEVICES];
         for (k, &i) in claimed.iter().enumerate() {
             let s = self.slot(i);
             for d in 0..MAX_DEVICES {
@@ -1169,47 +1133,6 @@ impl State {
             }
         }
     }
-
-    /// Reserves `bytes` on device `dev` within the quota, in the container only.
-    /// Deprecated (use State::charge (slot first, then container)): the container alone, so a kill between this and the
-    /// caller's slot update leaves them inconsistent; kept until the shim switches.
-    pub fn reserve(&self, dev: usize, bytes: u64) -> bool {
-        self.mark_legacy();
-        let d = self.device(dev);
-        let quota = d.quota.load(Acquire);
-        let r = d.used.fetch_update(AcqRel, Acquire, |u| {
-            let n = u.checked_add(bytes)?;
-            (quota == 0 || n <= quota).then_some(n)
-        });
-        match r {
-            Ok(prev) => {
-                d.peak.fetch_max(prev + bytes, AcqRel);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Records `bytes` on device `dev` whatever the quota, in the container only.
-    /// Deprecated (use State::charge_held): the container alone, so a kill between this and the
-    /// caller's slot update leaves them inconsistent; kept until the shim switches.
-    pub fn force_reserve(&self, dev: usize, bytes: u64) {
-        self.mark_legacy();
-        let d = self.device(dev);
-        let now = d.used.fetch_add(bytes, AcqRel) + bytes;
-        d.peak.fetch_max(now, AcqRel);
-    }
-
-    /// Returns `bytes` reserved on `dev`, in the container only.
-    /// Deprecated (use State::uncharge (container first, then slot)): the container alone, so a kill between this and the
-    /// caller's slot update leaves them inconsistent; kept until the shim switches.
-    pub fn release(&self, dev: usize, bytes: u64) {
-        self.mark_legacy();
-        let _ = self
-            .device(dev)
-            .used
-            .fetch_update(AcqRel, Acquire, |u| Some(u.saturating_sub(bytes)));
-    }
 }
 
 impl slots::SlotTable for State {
@@ -1227,7 +1150,6 @@ impl slots::SlotTable for State {
         for d in 0..MAX_DEVICES {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
-            s.used[d].store(0, Release);
             s.launches[d].store(0, Release);
             s.allocs[d].store(0, Release);
         }

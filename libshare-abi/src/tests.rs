@@ -899,33 +899,3 @@ fn a_stuck_lifecycle_lock_does_not_hang_the_container() {
     assert!(st.charge(s, 0, 1));
     assert_eq!(used(&st, 0), 1);
 }
-
-/// The deprecated container-first API (the shim until it switches) keeps its old behaviour:
-/// `used` is not repaired from the slots, a dead slot's legacy bytes are subtracted.
-#[test]
-#[allow(deprecated)]
-fn the_legacy_api_keeps_working() {
-    let dir = tempfile::tempdir().unwrap();
-    let st = State::open_or_create(dir.path()).unwrap();
-    let s = st.claim_slot(std::process::id()).unwrap();
-    assert!(st.reserve(0, 100));
-    st.slot(s).used[0].fetch_add(100, AcqRel);
-    assert_ne!(st.header().flags.load(Acquire) & FLAG_LEGACY_ACCOUNTING, 0);
-    let g = st.slot(s + 1);
-    g.pid.store(u32::MAX - 9, Release);
-    st.force_reserve(0, 50);
-    g.used[0].store(50, Release);
-    // A charge in flight of another process: in the container, not yet in its slot.
-    assert!(st.reserve(0, 7));
-    assert_eq!(st.reclaim_dead(), 1);
-    assert_eq!(
-        used(&st, 0),
-        107,
-        "the dead slot's 50 subtracted, the rest untouched"
-    );
-    st.release(0, 7);
-    st.release(0, 100);
-    st.slot(s).used[0].fetch_sub(100, AcqRel);
-    assert!(st.release_slot(s, std::process::id()));
-    assert_eq!(used(&st, 0), 0);
-}

@@ -112,7 +112,7 @@ pub fn destroy(call: impl FnOnce() -> CUresult, ctx: CUcontext) -> R {
         Some(sh) => ledger::of(sh).context_end(ctx as Handle, call),
         None => rc(call()),
     };
-    refresh_device(if r.is_ok() { CUDA_SUCCESS } else { 1 });
+    refresh_device(crate::boundary::code(r));
     r
 }
 
