@@ -117,10 +117,10 @@ pub use slots::SlotTable;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LSHARE\0\x01");
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const STATE_FILE: &str = "state.shm";
@@ -163,12 +163,49 @@ pub struct DeviceState {
     pub peak: AtomicU64,
     /// Allocations refused because of the quota.
     pub oom: AtomicU64,
+    /// Kernel and graph launches of the container (every process).
     pub launches: AtomicU64,
     pub allocs: AtomicU64,
     pub frees: AtomicU64,
     /// The rate gate (`rate::Gate`, written by the daemon; read by opportunistic shims): 0 = open.
     pub budget: AtomicU64,
-    pub _reserved: [AtomicU64; 8],
+
+    // What the container's shims publish for compute sharing (`rate.rs` has the protocol).
+    /// `rate::now_ns()` of the first launch since the container's work was last seen drained;
+    /// 0 while drained.
+    pub busy_since: AtomicU64,
+    /// `rate::now_ns()` when a synchronising call last returned with the container's work done.
+    pub drained_at: AtomicU64,
+    /// GPU time of the container's launches as its shims measured it (events), ns, cumulative.
+    pub gpu_ns: AtomicU64,
+    /// Time launches spent held at the gate, ns, cumulative (summed over waiting threads).
+    pub held_ns: AtomicU64,
+    /// GPU time the container's gated launches have outstanding now, ns (an estimate).
+    pub in_flight_ns: AtomicU64,
+    /// Threads of the container waiting at the gate now.
+    pub held: AtomicU32,
+    /// The compute limit the container's environment asks for (`CUDA_DEVICE_SM_LIMIT`), in
+    /// basis points of the device (1..=10000); 0 = none.
+    pub env_compute: AtomicU32,
+    pub _reserved_shim: [AtomicU64; 2],
+
+    // What the daemon (and the admin) write.
+    /// End of the window (`rate::now_ns()` clock) by which the container's gated work must be
+    /// done; 0 = none. Read when the gate says so.
+    pub window_end: AtomicU64,
+    /// GPU-time bucket, ns (signed): the daemon adds the container's share each period, gated
+    /// launches take their estimated time. Read when the gate says so.
+    pub tokens: AtomicI64,
+    /// `rate::now_ns()` of the daemon's last write of this device's gate (its heartbeat).
+    pub refreshed: AtomicU64,
+    /// Changes whenever the gate changes: the futex opportunistic shims wait on.
+    pub gate_seq: AtomicU32,
+    /// The container's weight among opportunistic containers (0 = 1).
+    pub weight: AtomicU32,
+    /// The compute share an admin set (`sharectl set --compute`), basis points; 0 = none.
+    pub compute: AtomicU32,
+    pub _pad: u32,
+    pub _reserved_daemon: [AtomicU64; 3],
 }
 
 #[repr(C, align(64))]

@@ -1,13 +1,47 @@
-//! The rate gate's word, defined once for the writer (the daemon's controller) and the readers
-//! (opportunistic shims): `DeviceState::budget`, one atomic u64 per device of a container.
+//! Compute sharing's protocol between the shims and the daemon, defined once: the words of
+//! [`DeviceState`] each side writes, the gate word's encoding, and the admission rule the
+//! opportunistic shims apply.
+//!
+//! # Who writes what (per container and device)
+//!
+//! Every shim of the container (production and opportunistic alike):
+//! - `launches`: +1 per kernel or graph launch;
+//! - `busy_since`: [`now_ns`] of the first launch after the work was seen drained (one load per
+//!   launch; a clock read once per busy phase), see [`DeviceState::note_launch`];
+//! - `drained_at`, `busy_since = 0`: when a synchronising call (`cuCtxSynchronize`,
+//!   `cuStreamSynchronize`, `cuEventSynchronize`, or a query answering "done") returns with
+//!   the work done, see [`DeviceState::note_drained`]. A drain seen on one stream of a process
+//!   with work on several streams is a hint, not a proof: the daemon treats it as such.
+//!
+//! Opportunistic shims, at the gate: `held`, `held_ns` (time held), `in_flight_ns` (their
+//! estimate of what they have outstanding), `gpu_ns` (GPU time measured with events), and they
+//! take their launches' estimated time from `tokens` when the gate says so.
+//!
+//! The daemon, every period: `budget` (the [`Gate`]), `window_end`, `tokens` (refilled), then
+//! `refreshed` (its heartbeat), and `gate_seq` + a futex wake when the gate changed
+//! ([`DeviceState::write_gate`]). The admin writes `compute` and `weight`; the shim publishes
+//! its environment's `env_compute`.
+//!
+//! # The gate word (`DeviceState::budget`)
 //!
 //! ```text
-//! bits 62..63  mode: 0 open (no limit), 1 paused (launch nothing new), 2 budget
-//! bits 32..47  (budget) launches the container may have in flight (0 = no bound)
-//! bits  0..31  (budget) GPU time the container may use in the current period, in µs
+//! bits 62..63  mode: 0 open (no limit), 1 paused (launch nothing new), 2 run (bounded)
+//! bit  61      (run) respect `window_end`
+//! bit  60      (run) take estimated GPU time from `tokens`
+//! bits  0..31  (run) GPU time the container may have in flight, µs (0 = no bound)
 //! ```
-//! 0 is "open", so a zeroed state (no daemon) never throttles anyone; production containers are
-//! never given another word.
+//! 0 is "open", so a zeroed state (no daemon) never throttles anyone. Production containers are
+//! never given another word by the libshare policy.
+//!
+//! # Clock
+//!
+//! All times are `CLOCK_MONOTONIC` nanoseconds ([`now_ns`]), one clock for every process of the
+//! node (containers do not get their own monotonic clock unless a time namespace is set up,
+//! which container runtimes do not do).
+
+use crate::DeviceState;
+use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// What the gate says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,23 +50,34 @@ pub enum Gate {
     Open,
     /// Launch nothing new until the word changes.
     Paused,
-    /// Launch while this period's GPU time lasts and fewer than `in_flight` launches (0: no
-    /// bound) are outstanding.
-    Budget { gpu_time_us: u32, in_flight: u16 },
+    /// Launch within bounds: at most `in_flight_us` of GPU time outstanding (0 = no bound),
+    /// everything done by `window_end` if `window`, and only while `tokens` are left if `share`.
+    Run {
+        in_flight_us: u32,
+        window: bool,
+        share: bool,
+    },
 }
 
 const MODE_SHIFT: u32 = 62;
-const IN_FLIGHT_SHIFT: u32 = 32;
+const WINDOW_BIT: u64 = 1 << 61;
+const SHARE_BIT: u64 = 1 << 60;
 
 impl Gate {
     pub fn encode(self) -> u64 {
         match self {
             Gate::Open => 0,
             Gate::Paused => 1 << MODE_SHIFT,
-            Gate::Budget {
-                gpu_time_us,
-                in_flight,
-            } => (2 << MODE_SHIFT) | (in_flight as u64) << IN_FLIGHT_SHIFT | gpu_time_us as u64,
+            Gate::Run {
+                in_flight_us,
+                window,
+                share,
+            } => {
+                (2 << MODE_SHIFT)
+                    | if window { WINDOW_BIT } else { 0 }
+                    | if share { SHARE_BIT } else { 0 }
+                    | in_flight_us as u64
+            }
         }
     }
 
@@ -41,26 +86,172 @@ impl Gate {
     pub fn decode(word: u64) -> Gate {
         match word >> MODE_SHIFT {
             0 => Gate::Open,
-            2 => Gate::Budget {
-                gpu_time_us: word as u32,
-                in_flight: (word >> IN_FLIGHT_SHIFT) as u16,
+            2 => Gate::Run {
+                in_flight_us: word as u32,
+                window: word & WINDOW_BIT != 0,
+                share: word & SHARE_BIT != 0,
             },
             _ => Gate::Paused,
         }
     }
+}
 
-    /// Whether a launch may go now, with `in_flight` launches outstanding and `used_us` of this
-    /// period's GPU time spent.
-    pub fn admits(self, in_flight: u32, used_us: u64) -> bool {
-        match self {
-            Gate::Open => true,
-            Gate::Paused => false,
-            Gate::Budget {
-                gpu_time_us,
-                in_flight: bound,
-            } => used_us < gpu_time_us as u64 && (bound == 0 || in_flight < bound as u32),
+/// What an opportunistic launch should do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Launch.
+    Go,
+    /// Wait until some of this process's own outstanding work completes.
+    WaitOwnWork,
+    /// Wait for the daemon to change the gate (or for `window_end`/`tokens` to move).
+    WaitGate,
+}
+
+/// What the shim knows when it asks the gate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// [`now_ns`].
+    pub now: u64,
+    /// GPU time this process has outstanding on the device (estimated), ns.
+    pub outstanding_ns: u64,
+    /// The launch's estimated GPU time, ns.
+    pub est_ns: u64,
+    /// `DeviceState::window_end`.
+    pub window_end: u64,
+    /// `DeviceState::tokens`.
+    pub tokens: i64,
+}
+
+/// The admission rule of an opportunistic launch. A launch longer than the in-flight bound
+/// still goes when nothing is outstanding (else it could never run); a window is honoured
+/// whole: the launch goes only if it and what is outstanding fit before `window_end`.
+pub fn admit(gate: Gate, a: Ask) -> Verdict {
+    match gate {
+        Gate::Open => Verdict::Go,
+        Gate::Paused => Verdict::WaitGate,
+        Gate::Run {
+            in_flight_us,
+            window,
+            share,
+        } => {
+            if window && a.now.saturating_add(a.outstanding_ns + a.est_ns) > a.window_end {
+                return if a.window_end > a.now && a.outstanding_ns > 0 {
+                    Verdict::WaitOwnWork
+                } else {
+                    Verdict::WaitGate
+                };
+            }
+            if share && a.tokens <= 0 {
+                return Verdict::WaitGate;
+            }
+            let bound = in_flight_us as u64 * 1_000;
+            if bound > 0 && a.outstanding_ns > 0 && a.outstanding_ns + a.est_ns > bound {
+                return Verdict::WaitOwnWork;
+            }
+            Verdict::Go
         }
     }
+}
+
+/// `CLOCK_MONOTONIC` in ns (the vDSO: no syscall).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl DeviceState {
+    /// A launch of the container (every class): counts it and marks the device busy. Hot path
+    /// of production launches: one atomic add and one load; a clock read only on the first
+    /// launch of a busy phase.
+    #[inline(always)]
+    pub fn note_launch(&self) {
+        self.launches.fetch_add(1, Relaxed);
+        if self.busy_since.load(Relaxed) == 0 {
+            self.busy_since.store(now_ns().max(1), Relaxed);
+        }
+    }
+
+    /// A synchronising call returned with the container's work on the device done.
+    pub fn note_drained(&self) {
+        if self.busy_since.load(Relaxed) != 0 {
+            self.drained_at.store(now_ns(), Relaxed);
+            self.busy_since.store(0, Release);
+        }
+    }
+
+    /// The daemon's write of this device's gate: the window and the gate word, then the
+    /// heartbeat; a changed gate bumps `gate_seq` and wakes the threads waiting on it.
+    pub fn write_gate(&self, gate: Gate, window_end: u64, now: u64) {
+        self.window_end.store(window_end, Release);
+        let old = self.budget.swap(gate.encode(), AcqRel);
+        self.refreshed.store(now, Release);
+        if old != gate.encode() {
+            self.gate_seq.fetch_add(1, AcqRel);
+            if self.held.load(Acquire) > 0 {
+                futex_wake(&self.gate_seq);
+            }
+        }
+    }
+
+    /// The gate as it stands.
+    #[inline(always)]
+    pub fn gate(&self) -> Gate {
+        Gate::decode(self.budget.load(Acquire))
+    }
+
+    /// Adds `ns` to the GPU-time bucket, keeping it at most `cap` (the daemon's refill).
+    pub fn refill(&self, ns: i64, cap: i64) {
+        let _ = self
+            .tokens
+            .fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add(ns).min(cap)));
+    }
+
+    /// Waits (a futex on `gate_seq`, no busy loop) until the gate changes from `seq` or
+    /// `timeout_ns` passes, counting this thread in `held`.
+    pub fn wait_gate(&self, seq: u32, timeout_ns: u64) {
+        self.held.fetch_add(1, AcqRel);
+        if self.gate_seq.load(Acquire) == seq {
+            futex_wait(&self.gate_seq, seq, timeout_ns);
+        }
+        self.held.fetch_sub(1, AcqRel);
+    }
+}
+
+/// Waits while `word == expected`, at most `timeout_ns` (a shared futex: the word may live in a
+/// mapping shared between processes). Returns on a wake, a timeout, a signal or a changed word.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 for the call's duration; FUTEX_WAIT only reads it
+    // and `ts` (a relative timeout). Not FUTEX_PRIVATE: waker and waiter may be processes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes every thread (of any process) waiting on `word`.
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// A reading of a 64-bit counter another process advances, for rates between two readings.
+pub fn delta(now: &AtomicU64, before: u64) -> u64 {
+    now.load(Acquire).saturating_sub(before)
 }
 
 #[cfg(test)]
@@ -73,13 +264,15 @@ mod tests {
         for g in [
             Gate::Open,
             Gate::Paused,
-            Gate::Budget {
-                gpu_time_us: 4_000,
-                in_flight: 2,
+            Gate::Run {
+                in_flight_us: 4_000,
+                window: true,
+                share: false,
             },
-            Gate::Budget {
-                gpu_time_us: u32::MAX,
-                in_flight: u16::MAX,
+            Gate::Run {
+                in_flight_us: u32::MAX,
+                window: false,
+                share: true,
             },
         ] {
             assert_eq!(Gate::decode(g.encode()), g);
@@ -87,22 +280,111 @@ mod tests {
         assert_eq!(Gate::decode(3 << 62), Gate::Paused, "unknown modes pause");
     }
 
+    fn ask(outstanding_ns: u64, est_ns: u64) -> Ask {
+        Ask {
+            now: 1_000_000,
+            outstanding_ns,
+            est_ns,
+            window_end: 0,
+            tokens: 0,
+        }
+    }
+
     #[test]
-    fn a_budget_admits_while_time_and_window_last() {
-        let g = Gate::Budget {
-            gpu_time_us: 1_000,
-            in_flight: 2,
+    fn the_in_flight_bound_counts_gpu_time_and_never_blocks_an_idle_process() {
+        let g = Gate::Run {
+            in_flight_us: 1_000,
+            window: false,
+            share: false,
         };
-        assert!(g.admits(0, 0));
-        assert!(g.admits(1, 999));
-        assert!(!g.admits(2, 0), "window full");
-        assert!(!g.admits(0, 1_000), "time spent");
-        assert!(!Gate::Paused.admits(0, 0));
-        assert!(Gate::Open.admits(u32::MAX, u64::MAX));
-        let unbounded = Gate::Budget {
-            gpu_time_us: 10,
-            in_flight: 0,
+        assert_eq!(admit(g, ask(0, 500_000)), Verdict::Go);
+        assert_eq!(admit(g, ask(500_000, 500_000)), Verdict::Go);
+        assert_eq!(admit(g, ask(600_000, 500_000)), Verdict::WaitOwnWork);
+        assert_eq!(admit(g, ask(0, 5_000_000)), Verdict::Go, "longer than the bound");
+        assert_eq!(admit(Gate::Paused, ask(0, 1)), Verdict::WaitGate);
+        assert_eq!(admit(Gate::Open, ask(u64::MAX / 4, 1)), Verdict::Go);
+    }
+
+    #[test]
+    fn a_window_admits_only_what_finishes_inside_it() {
+        let g = Gate::Run {
+            in_flight_us: 0,
+            window: true,
+            share: false,
         };
-        assert!(unbounded.admits(1_000_000, 9));
+        let mut a = ask(0, 400_000);
+        a.window_end = a.now + 500_000;
+        assert_eq!(admit(g, a), Verdict::Go);
+        a.outstanding_ns = 200_000;
+        assert_eq!(admit(g, a), Verdict::WaitOwnWork, "would end past the window");
+        a.outstanding_ns = 0;
+        a.window_end = a.now + 300_000;
+        assert_eq!(admit(g, a), Verdict::WaitGate, "does not fit: wait for the next one");
+        a.window_end = a.now - 1;
+        assert_eq!(admit(g, a), Verdict::WaitGate, "window over");
+    }
+
+    #[test]
+    fn a_share_admits_while_tokens_last() {
+        let g = Gate::Run {
+            in_flight_us: 0,
+            window: false,
+            share: true,
+        };
+        let mut a = ask(0, 1_000);
+        a.tokens = 1;
+        assert_eq!(admit(g, a), Verdict::Go);
+        a.tokens = 0;
+        assert_eq!(admit(g, a), Verdict::WaitGate);
+    }
+
+    #[test]
+    fn the_daemon_write_bumps_the_sequence_only_on_change() {
+        let d = zeroed();
+        d.write_gate(Gate::Open, 0, 5);
+        assert_eq!(d.gate_seq.load(Acquire), 0, "open over open");
+        assert_eq!(d.refreshed.load(Acquire), 5);
+        d.write_gate(Gate::Paused, 0, 6);
+        assert_eq!(d.gate_seq.load(Acquire), 1);
+        assert_eq!(d.gate(), Gate::Paused);
+        d.refill(10, 15);
+        d.refill(10, 15);
+        assert_eq!(d.tokens.load(Acquire), 15, "capped");
+    }
+
+    #[test]
+    fn launches_mark_busy_and_a_drain_clears_it() {
+        let d = zeroed();
+        d.note_launch();
+        let t = d.busy_since.load(Acquire);
+        assert!(t > 0);
+        d.note_launch();
+        assert_eq!(d.busy_since.load(Acquire), t, "first launch of the phase only");
+        assert_eq!(d.launches.load(Acquire), 2);
+        d.note_drained();
+        assert_eq!(d.busy_since.load(Acquire), 0);
+        assert!(d.drained_at.load(Acquire) >= t);
+    }
+
+    #[test]
+    fn a_waiter_wakes_on_the_gate_change_not_the_timeout() {
+        let d: &'static DeviceState = Box::leak(zeroed());
+        let seq = d.gate_seq.load(Acquire);
+        // The waiter counts itself in `held` before sleeping: the write sees it and wakes it.
+        let writer = std::thread::spawn(move || {
+            while d.held.load(Acquire) == 0 {
+                std::thread::yield_now();
+            }
+            d.write_gate(Gate::Paused, 0, 1);
+        });
+        let start = std::time::Instant::now();
+        d.wait_gate(seq, 10_000_000_000);
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "woken, not timed out");
+        writer.join().unwrap();
+    }
+
+    fn zeroed() -> Box<DeviceState> {
+        // SAFETY: every field of DeviceState is an atomic or an integer: all zeroes is valid.
+        Box::new(unsafe { std::mem::zeroed() })
     }
 }

@@ -242,7 +242,7 @@ fn child_entry() {
 #[test]
 fn layout_is_stable() {
     assert_eq!(HEADER_SIZE, 64);
-    assert_eq!(std::mem::size_of::<DeviceState>(), 128);
+    assert_eq!(std::mem::size_of::<DeviceState>(), 192);
     assert_eq!(FILE_SIZE % 64, 0);
     assert_eq!(std::mem::offset_of!(Header, epoch), 48);
     assert_eq!(FILE_SIZE - TRAILER_OFFSET, 64);
