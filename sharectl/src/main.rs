@@ -1,11 +1,13 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module: `demo` and `status` exist; the daemon and the other
-//! admin commands (`daemon`, `top`, `set`, `get`, `reset`, `cdi`, `hook`) come with the daemon.
+//! Each subcommand lives in its own module: `demo`, `status`, and `commands/` (`daemon`, `set`,
+//! thin layers over `libshare-node`); `top`, `get`, `reset`, `cdi`, `hook` come with the node
+//! service.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod commands;
 mod demo;
 mod status;
 
@@ -27,6 +29,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
     Status(status::StatusArgs),
+    /// The node daemon: steers every container's GPU gate each period until SIGTERM.
+    Daemon(commands::daemon::DaemonArgs),
+    /// Set a container's compute share, weight or class (writes its state file directly).
+    Set(commands::set::SetArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +40,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
+        Command::Daemon(args) => commands::daemon::run(args),
+        Command::Set(args) => commands::set::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
