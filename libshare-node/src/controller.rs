@@ -2,7 +2,8 @@
 //! not accumulate): read every registered container's counters into a [`Snapshot`], run the
 //! pure policy, write each decided gate with `DeviceState::write_gate` (every tick, for every
 //! opportunistic container: `refreshed` is the daemon's heartbeat) and refill token buckets.
-//! The registry is rescanned about every second, between ticks.
+//! The registry is rescanned about every second, between ticks. When the loop stops, gates are
+//! left at a floor that stalls nobody ([`Controller::release`]).
 //!
 //! Which devices: a device is looked at when any container has launched on it (or has a busy
 //! flag or a gate word there); every container then has an entry on every such device, so an
@@ -23,6 +24,9 @@ use libshare_abi::rate::Gate;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::*};
+
+/// The in-flight bound opportunistic gates are left at when the daemon stops.
+pub const EXIT_FLOOR_US: u32 = 2_000;
 
 /// How often (in ticks) the set of devices in use is recomputed.
 pub const DEVICE_SCAN_TICKS: u64 = 8;
@@ -198,6 +202,32 @@ impl Controller {
         decisions.len()
     }
 
+    /// Leaves every gate this daemon may have closed at a floor that cannot stall anyone: Open
+    /// for production containers, at most [`EXIT_FLOOR_US`] of GPU work in flight (no window, no
+    /// tokens) for opportunistic ones, so a stopped daemon never leaves a job paused and a
+    /// production job's wait stays bounded until a daemon returns.
+    pub fn release(&self, now: u64) {
+        for c in self.registry.containers() {
+            let opportunistic = c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC;
+            for d in 0..MAX_DEVICES {
+                let dev = c.state.device(d);
+                if dev.budget.load(Acquire) == 0 {
+                    continue;
+                }
+                let gate = if opportunistic {
+                    Gate::Run {
+                        in_flight_us: EXIT_FLOOR_US,
+                        window: false,
+                        share: false,
+                    }
+                } else {
+                    Gate::Open
+                };
+                dev.write_gate(gate, 0, now);
+            }
+        }
+    }
+
     /// The gate now written for a container on a device (tests, status).
     pub fn gate_of(&self, name: &str, device: usize) -> Option<Gate> {
         self.registry
@@ -257,6 +287,7 @@ pub fn run_on(
         late_sum += late as u128;
         stats.late_max_ns = stats.late_max_ns.max(late);
     }
+    ctl.release(host.now());
     stats.wall_ns = host.now() - start;
     stats.cpu_ns = host.thread_cpu_ns().saturating_sub(cpu0);
     stats.late_mean_ns = late_sum.checked_div(stats.ticks as u128).unwrap_or(0) as u64;

@@ -104,7 +104,9 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    // SIGTERM: a clean exit with the summary line.
+    // SIGTERM while production is busy: a clean exit with the summary line.
+    p.note_launch();
+    until(Duration::from_secs(2), || b.gate() == Gate::Paused).expect("paused");
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
     let start = Instant::now();
