@@ -51,7 +51,7 @@
 
 use libshare_abi::rate::Gate;
 use libshare_abi::MAX_DEVICES;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// A container as the registry numbers it (a new number whenever its state file is new).
 pub type ContainerId = u64;
@@ -293,7 +293,7 @@ struct Slice {
 pub struct PolicyState {
     kind: PolicyKind,
     t: Tunables,
-    tracks: HashMap<(ContainerId, u8), Track>,
+    tracks: FxHashMap<(ContainerId, u8), Track>,
     facts: Vec<Facts>,
     slices: [Slice; MAX_DEVICES],
     last_now: Option<u64>,
@@ -309,7 +309,7 @@ impl PolicyState {
         PolicyState {
             kind,
             t,
-            tracks: HashMap::new(),
+            tracks: FxHashMap::default(),
             facts: Vec::new(),
             slices: [Slice::default(); MAX_DEVICES],
             last_now: None,

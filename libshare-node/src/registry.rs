@@ -81,6 +81,9 @@ impl Registry {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(NodeError::StateDir { path: root, err }),
         }
+        found.sort();
+        self.failing
+            .retain(|n, _| found.iter().any(|(f, _, _)| f == n));
         let mut rep = ScanReport::default();
         let before = self.containers.len();
         self.containers.retain(|c| {
@@ -124,5 +127,77 @@ impl Registry {
         }
         self.containers.sort_by_key(|c| c.id);
         Ok(rep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::container_dir;
+
+    fn ids(r: &Registry) -> Vec<(String, ContainerId)> {
+        r.containers()
+            .iter()
+            .map(|c| (c.name.clone(), c.id))
+            .collect()
+    }
+
+    fn remove(dir: &Path, name: &str) {
+        let d = container_dir(dir, name);
+        std::fs::remove_file(d.join(STATE_FILE)).unwrap();
+        std::fs::remove_file(d.join(libshare_abi::KEEP_FILE)).unwrap();
+    }
+
+    #[test]
+    fn containers_come_and_go_with_their_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let mut r = Registry::new(dir);
+        assert_eq!(
+            r.rescan().unwrap(),
+            ScanReport::default(),
+            "no containers/ yet"
+        );
+        let a = State::open_or_create(&container_dir(dir, "a")).unwrap();
+        let _b = State::open_or_create(&container_dir(dir, "b")).unwrap();
+        let rep = r.rescan().unwrap();
+        assert_eq!(rep.added, 2);
+        let first = ids(&r);
+        assert_eq!(first.len(), 2);
+        assert_eq!(
+            r.rescan().unwrap(),
+            ScanReport::default(),
+            "nothing changed"
+        );
+        assert_eq!(ids(&r), first);
+
+        // The daemon's mapping is the container's: a write through one shows in the other.
+        a.device(3)
+            .launches
+            .store(7, std::sync::atomic::Ordering::Release);
+        let mine = r.containers().iter().find(|c| c.name == "a").unwrap();
+        assert_eq!(
+            mine.state
+                .device(3)
+                .launches
+                .load(std::sync::atomic::Ordering::Acquire),
+            7
+        );
+
+        remove(dir, "b");
+        assert_eq!(r.rescan().unwrap().dropped, 1);
+        assert_eq!(ids(&r), first[..1].to_vec());
+
+        // A replaced file is a new container (new id); a file that is not a state is skipped.
+        remove(dir, "a");
+        let _a2 = State::open_or_create(&container_dir(dir, "a")).unwrap();
+        std::fs::create_dir_all(container_dir(dir, "junk")).unwrap();
+        std::fs::write(container_dir(dir, "junk").join(STATE_FILE), b"x").unwrap();
+        let rep = r.rescan().unwrap();
+        assert_eq!((rep.added, rep.dropped, rep.failed), (1, 1, 1));
+        let now = ids(&r);
+        assert_eq!(now.len(), 1);
+        assert_eq!(now[0].0, "a");
+        assert!(now[0].1 > first[1].1, "a new id");
     }
 }
