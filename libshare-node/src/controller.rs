@@ -186,18 +186,25 @@ impl Controller {
             }
         }
         let decisions = policy::step(&mut self.policy, &self.snap, now);
-        // Decisions come in snapshot order (a subset): walk both together.
-        let mut k = 0;
-        for dec in &decisions {
-            while self.snap.entries[k].id != dec.id || self.snap.entries[k].device != dec.device {
-                k += 1;
+        // Decisions come in snapshot order (a subset): walk both together. Two passes: pauses
+        // first, then the rest, so a turn handed from one container to another (time-slice)
+        // never has both running at once.
+        for pauses in [true, false] {
+            let mut k = 0;
+            for dec in &decisions {
+                while self.snap.entries[k].id != dec.id || self.snap.entries[k].device != dec.device
+                {
+                    k += 1;
+                }
+                if (dec.gate == Gate::Paused) != pauses {
+                    continue;
+                }
+                let dev = cs[self.owner[k]].state.device(dec.device as usize);
+                if let Some(r) = dec.refill {
+                    dev.refill(r.ns, r.cap);
+                }
+                dev.write_gate(dec.gate, dec.window_end, now);
             }
-            let st = &cs[self.owner[k]].state;
-            let dev = st.device(dec.device as usize);
-            if let Some(r) = dec.refill {
-                dev.refill(r.ns, r.cap);
-            }
-            dev.write_gate(dec.gate, dec.window_end, now);
         }
         decisions.len()
     }

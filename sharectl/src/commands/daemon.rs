@@ -84,7 +84,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     tracing::info!(
         state_dir = %dir.display(),
         period_us = args.period / 1_000,
-        policy = ?args.policy,
+        policy = args.policy.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string()),
         quantum_ms = args.quantum / 1_000_000,
         "daemon started"
     );
