@@ -76,7 +76,7 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
     }
     assert!(seen.len() >= 100, "{} refreshes in 200 ms", seen.len());
     let age = now_ns() - b.refreshed.load(Acquire);
-    assert!(age < 50_000_000, "heartbeat {age} ns old");
+    assert!(age < 250_000_000, "heartbeat {age} ns old");
     assert_ne!(b.gate(), Gate::Paused, "production idle");
     assert_eq!(p.gate(), Gate::Open, "production is never gated");
 
@@ -86,7 +86,7 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
         let t = until(Duration::from_secs(2), || b.gate() == Gate::Paused)
             .unwrap_or_else(|| panic!("round {round}: never paused"));
         assert!(
-            t < Duration::from_millis(50),
+            t < Duration::from_millis(250), // a few periods, typically; generous for a loaded machine
             "round {round}: paused after {t:?}"
         );
         assert_eq!(p.gate(), Gate::Open);
@@ -98,7 +98,7 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
         let t = until(Duration::from_secs(2), || b.gate() != Gate::Paused)
             .unwrap_or_else(|| panic!("round {round}: never resumed"));
         assert!(
-            t < Duration::from_millis(50),
+            t < Duration::from_millis(250), // a few periods, typically; generous for a loaded machine
             "round {round}: resumed after {t:?}"
         );
         std::thread::sleep(Duration::from_millis(10));
