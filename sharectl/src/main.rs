@@ -32,6 +32,10 @@ enum Command {
     /// The node daemon: steers every container's GPU gate each period until SIGTERM.
     Daemon(commands::daemon::DaemonArgs),
     /// Set a container's compute share, weight or class (writes its state file directly).
+    ///
+    /// The state file is created if the container has not started yet, so the setting is in
+    /// place before its first launch. For now this is a direct write; the node service's admin
+    /// socket will replace it.
     Set(commands::set::SetArgs),
 }
 
