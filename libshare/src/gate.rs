@@ -64,6 +64,8 @@ struct Tracker {
     pool: Vec<(Handle, Handle)>,
     /// (key, estimate ns); key 0 = empty.
     est: Vec<(usize, u64)>,
+    /// The shared state of each device this process launched on (for the exit handler).
+    devices: [Option<&'static DeviceState>; MAX_DEVICES],
 }
 
 impl Default for Tracker {
@@ -73,6 +75,7 @@ impl Default for Tracker {
             outstanding: [0; MAX_DEVICES],
             pool: Vec::new(),
             est: vec![(0, 0); KEYS],
+            devices: [None; MAX_DEVICES],
         }
     }
 }
@@ -145,11 +148,37 @@ impl Tracker {
     }
 }
 
+/// An opportunistic process's synchronising call returned with work done (`sync.rs`): what
+/// completed leaves `in_flight_ns` now rather than at the next launch.
+pub fn settle(d: &DeviceState, dev: usize) {
+    let ops: &dyn DriverOps = &REAL;
+    let mode = ops.relax_capture();
+    TRACKER.lock().reap(ops, d, dev);
+    if let Some(m) = mode {
+        ops.restore_capture(m);
+    }
+}
+
+/// At exit: what this process still counts in `in_flight_ns` leaves it (its launches end with
+/// it). Skipped if another thread holds the tables (it may be stopped mid-launch).
+extern "C" fn at_exit() {
+    let Ok(mut t) = TRACKER.get().try_lock() else {
+        return;
+    };
+    for dev in 0..MAX_DEVICES {
+        if let Some(d) = t.devices[dev] {
+            d.in_flight_ns.fetch_sub(t.outstanding[dev], AcqRel);
+            t.outstanding[dev] = 0;
+            t.pending[dev].clear();
+        }
+    }
+}
+
 /// An opportunistic launch of `key` on `stream` of device `dev` (its shared state `d`): waits
 /// as the gate says, then runs `call`, timed.
 #[inline(never)]
 pub fn launch(
-    d: &DeviceState,
+    d: &'static DeviceState,
     dev: usize,
     key: usize,
     stream: Handle,
@@ -217,7 +246,7 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
 #[allow(clippy::too_many_arguments)]
 fn timed(
     ops: &dyn DriverOps,
-    d: &DeviceState,
+    d: &'static DeviceState,
     dev: usize,
     key: usize,
     est_ns: u64,
@@ -226,6 +255,15 @@ fn timed(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let mut t = TRACKER.lock();
+    if t.devices[dev].is_none() {
+        t.devices[dev] = Some(d);
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers an `extern "C"` function living as long as the process (the shim
+        // is preloaded, never unloaded); it only takes a lock without waiting and stores atomics.
+        ONCE.call_once(|| unsafe {
+            libc::atexit(at_exit);
+        });
+    }
     let pair = (t.pending[dev].len() < MAX_TRACKED)
         .then(|| ops.current_ctx())
         .flatten()
