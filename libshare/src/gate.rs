@@ -55,6 +55,12 @@ struct Pending {
     issued: u64,
 }
 
+/// Takes this process's `ns` out of a container-wide sum, never below 0 (the state may have
+/// been lost and re-made meanwhile).
+fn take(sum: &std::sync::atomic::AtomicU64, ns: u64) {
+    let _ = sum.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(ns)));
+}
+
 /// This process's timing of its launches.
 struct Tracker {
     pending: [VecDeque<Pending>; MAX_DEVICES],
@@ -125,7 +131,7 @@ impl Tracker {
             }
             let p = self.pending[dev].pop_front().expect("front exists");
             self.outstanding[dev] -= p.est_ns;
-            d.in_flight_ns.fetch_sub(p.est_ns, AcqRel);
+            take(&d.in_flight_ns, p.est_ns);
             if state == EventState::Done {
                 if let Some(ns) = ops.event_elapsed_ns(p.start, p.end) {
                     d.gpu_ns.fetch_add(ns, AcqRel);
@@ -167,7 +173,7 @@ extern "C" fn at_exit() {
     };
     for dev in 0..MAX_DEVICES {
         if let Some(d) = t.devices[dev] {
-            d.in_flight_ns.fetch_sub(t.outstanding[dev], AcqRel);
+            take(&d.in_flight_ns, t.outstanding[dev]);
             t.outstanding[dev] = 0;
             t.pending[dev].clear();
         }
