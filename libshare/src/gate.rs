@@ -9,7 +9,9 @@
 //! is taken from `tokens`.
 //!
 //! Around: every launch, even under an open gate (the gate may bound it while work is queued),
-//! is timed with an event pair recorded on its stream, kept in a per-device ring of outstanding
+//! is timed with an event pair recorded on its stream (back to back on a busy explicit stream,
+//! the previous launch's pending end serves as the start; copies queued between two launches
+//! then inflate the sample, which the low-tracking estimate absorbs), kept in a per-device ring of outstanding
 //! launches. What is not complete yet (queried oldest first) is what the process has
 //! outstanding; its estimates are published in `in_flight_ns`, and each completed launch's
 //! measured duration is added to `gpu_ns` and teaches the estimate of its key (function or
@@ -40,16 +42,23 @@ pub const DEFAULT_EST_NS: u64 = 1_000_000;
 const GATE_WAIT_NS: u64 = 1_000_000;
 const POLL_MAX_NS: u64 = 200_000;
 const POLL_MIN_NS: u64 = 20_000;
+/// No completion for this long: the oldest launch stops counting as outstanding (see `reap`).
+const STALL_NS: u64 = 200_000_000;
 /// Launches timed at once per device; beyond, launches go untimed.
 const MAX_TRACKED: usize = 1024;
 /// Estimate table entries (collisions overwrite).
 const KEYS: usize = 128;
 
-/// One timed launch.
+/// One timed launch. Its start is its own event, or the end of the launch before it on the same
+/// stream (which then lends it: `end_lent`), so each event is pooled once, by the last launch
+/// that uses it.
 struct Pending {
     start: Handle,
     end: Handle,
+    end_lent: bool,
     ctx: Handle,
+    stream: Handle,
+    ptsz: bool,
     key: usize,
     est_ns: u64,
     issued: u64,
@@ -66,6 +75,8 @@ struct Tracker {
     pending: [VecDeque<Pending>; MAX_DEVICES],
     /// Σ `est_ns` of `pending[dev]`.
     outstanding: [u64; MAX_DEVICES],
+    /// [`now_ns`] when a completion was last seen on each device.
+    progress: [u64; MAX_DEVICES],
     /// Free timed events, with their context.
     pool: Vec<(Handle, Handle)>,
     /// (key, estimate ns); key 0 = empty.
@@ -79,6 +90,7 @@ impl Default for Tracker {
         Tracker {
             pending: Default::default(),
             outstanding: [0; MAX_DEVICES],
+            progress: [0; MAX_DEVICES],
             pool: Vec::new(),
             est: vec![(0, 0); KEYS],
             devices: [None; MAX_DEVICES],
@@ -122,24 +134,32 @@ impl Tracker {
     }
 
     /// Drops the completed launches (oldest first) of `dev`, publishing what they measured;
-    /// returns what is still outstanding.
-    fn reap(&mut self, ops: &dyn DriverOps, d: &DeviceState, dev: usize) -> u64 {
+    /// returns what is still outstanding. A launch that made no progress for [`STALL_NS`] (or
+    /// 32 × its estimate, if longer) since the later of its issue and the last completion seen
+    /// stops counting: it may wait on something the host has yet to do (`cuStreamWaitValue32`,
+    /// a host function), and waiting for it before the next launch could hang the job.
+    fn reap(&mut self, ops: &dyn DriverOps, d: &DeviceState, dev: usize, now: u64) -> u64 {
         while let Some(p) = self.pending[dev].front() {
             let state = ops.event_query(p.end);
-            if state == EventState::NotReady {
+            let quiet = now.saturating_sub(p.issued.max(self.progress[dev]));
+            let stalled = quiet > STALL_NS.max(p.est_ns.saturating_mul(32));
+            if state == EventState::NotReady && !stalled {
                 break;
             }
             let p = self.pending[dev].pop_front().expect("front exists");
             self.outstanding[dev] -= p.est_ns;
             take(&d.in_flight_ns, p.est_ns);
             if state == EventState::Done {
+                self.progress[dev] = now;
                 if let Some(ns) = ops.event_elapsed_ns(p.start, p.end) {
                     d.gpu_ns.fetch_add(ns, AcqRel);
                     self.learn(p.key, ns);
                 }
                 self.pool.push((p.ctx, p.start));
-                self.pool.push((p.ctx, p.end));
-            } // Gone: its context went with its events.
+                if !p.end_lent {
+                    self.pool.push((p.ctx, p.end));
+                }
+            } // Gone: its context went with its events; stalled: they are still pending.
         }
         self.outstanding[dev]
     }
@@ -159,7 +179,7 @@ impl Tracker {
 pub fn settle(d: &DeviceState, dev: usize) {
     let ops: &dyn DriverOps = &REAL;
     let mode = ops.relax_capture();
-    TRACKER.lock().reap(ops, d, dev);
+    TRACKER.lock().reap(ops, d, dev, now_ns());
     if let Some(m) = mode {
         ops.restore_capture(m);
     }
@@ -214,7 +234,7 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
         let gate = d.gate();
         let (outstanding, delay) = {
             let mut t = TRACKER.lock();
-            let o = t.reap(ops, d, dev);
+            let o = t.reap(ops, d, dev, now_ns());
             (o, t.poll_delay(dev, now_ns()))
         };
         let now = now_ns();
@@ -270,39 +290,62 @@ fn timed(
             libc::atexit(at_exit);
         });
     }
-    let pair = (t.pending[dev].len() < MAX_TRACKED)
-        .then(|| ops.current_ctx())
+    let ctx = if t.pending[dev].len() < MAX_TRACKED {
+        ops.current_ctx()
+    } else {
+        None
+    };
+    let Some(ctx) = ctx else {
+        return call();
+    };
+    // Back to back on an explicit stream, the previous launch's end (still pending) is this
+    // one's start: one event record per launch instead of two while the stream is busy.
+    let lender = (stream > CU_STREAM_PER_THREAD)
+        .then(|| {
+            t.pending[dev]
+                .iter()
+                .rposition(|p| p.stream == stream && p.ptsz == ptsz && p.ctx == ctx)
+        })
         .flatten()
-        .and_then(|ctx| {
-            let start = t.event(ops, ctx)?;
-            match t.event(ops, ctx) {
-                Some(end) => Some((ctx, start, end)),
-                None => {
-                    t.pool.push((ctx, start));
-                    None
-                }
-            }
-        });
-    // A failed record (e.g. a stream of another context): the launch goes untimed, and the
-    // events are dropped (they may belong to a context that is gone).
-    let pair = pair.filter(|&(_, start, _)| ops.event_record(start, stream, ptsz));
+        .filter(|&i| ops.event_query(t.pending[dev][i].end) == EventState::NotReady);
+    let start = match lender {
+        Some(i) => Some(t.pending[dev][i].end),
+        // A failed record (e.g. a stream of another context): the launch goes untimed, and
+        // the event is dropped (it may belong to a context that is gone).
+        None => t
+            .event(ops, ctx)
+            .filter(|&e| ops.event_record(e, stream, ptsz)),
+    };
+    let end = start.and_then(|_| t.event(ops, ctx));
     let rc = call();
-    if let Some((ctx, start, end)) = pair {
-        if rc == CUDA_SUCCESS && ops.event_record(end, stream, ptsz) {
+    match (start, end) {
+        (Some(start), Some(end)) if rc == CUDA_SUCCESS && ops.event_record(end, stream, ptsz) => {
+            if let Some(i) = lender {
+                t.pending[dev][i].end_lent = true;
+            }
             t.pending[dev].push_back(Pending {
                 start,
                 end,
+                end_lent: false,
                 ctx,
+                stream,
+                ptsz,
                 key,
                 est_ns,
                 issued: now_ns(),
             });
             t.outstanding[dev] += est_ns;
             d.in_flight_ns.fetch_add(est_ns, AcqRel);
-        } else if rc != CUDA_SUCCESS {
-            t.pool.push((ctx, start));
-            t.pool.push((ctx, end));
         }
+        (start, end) if rc != CUDA_SUCCESS => {
+            if let (Some(e), None) = (start, lender) {
+                t.pool.push((ctx, e));
+            }
+            if let Some(e) = end {
+                t.pool.push((ctx, e));
+            }
+        }
+        _ => {} // a failed end record: its events are dropped
     }
     rc
 }
@@ -339,7 +382,10 @@ mod tests {
             t.pending[0].push_back(Pending {
                 start: s,
                 end: e,
+                end_lent: false,
                 ctx: 0x10,
+                stream: 0x99,
+                ptsz: false,
                 key,
                 est_ns: 500,
                 issued: 0,
@@ -347,9 +393,9 @@ mod tests {
             t.outstanding[0] += 500;
             d.in_flight_ns.fetch_add(500, AcqRel);
         }
-        assert_eq!(t.reap(&f, &d, 0), 1_000, "nothing completed");
+        assert_eq!(t.reap(&f, &d, 0, 1_000), 1_000, "nothing completed");
         f.reach_all();
-        assert_eq!(t.reap(&f, &d, 0), 0);
+        assert_eq!(t.reap(&f, &d, 0, 2_000), 0);
         assert_eq!(d.in_flight_ns.load(Acquire), 0);
         assert_eq!(d.gpu_ns.load(Acquire), 2_000, "the fake measures 1 µs each");
         assert_eq!(t.estimate(1), 1_000);
@@ -357,5 +403,41 @@ mod tests {
         assert!(t
             .event(&f, 0x20)
             .is_some_and(|e| !t.pool.iter().any(|p| p.1 == e)));
+    }
+
+    #[test]
+    fn a_launch_without_progress_stops_counting_but_a_busy_queue_does_not() {
+        let f = crate::ops::fake::Fake::new(0x10);
+        // SAFETY: every field of DeviceState is an atomic or an integer: all zeroes is valid.
+        let d: Box<DeviceState> = Box::new(unsafe { std::mem::zeroed() });
+        let mut t = Tracker::default();
+        let push = |t: &mut Tracker, issued| {
+            let (s, e) = (t.event(&f, 0x10).unwrap(), t.event(&f, 0x10).unwrap());
+            t.pending[0].push_back(Pending {
+                start: s,
+                end: e,
+                end_lent: false,
+                ctx: 0x10,
+                stream: 0x99,
+                ptsz: false,
+                key: 1,
+                est_ns: 1_000_000,
+                issued,
+            });
+            t.outstanding[0] += 1_000_000;
+        };
+        push(&mut t, 0);
+        push(&mut t, 0);
+        t.progress[0] = STALL_NS;
+        assert_eq!(
+            t.reap(&f, &d, 0, STALL_NS * 2 - 1),
+            2_000_000,
+            "recent progress"
+        );
+        assert_eq!(
+            t.reap(&f, &d, 0, STALL_NS * 2 + 1),
+            0,
+            "nothing completed for longer than STALL_NS: neither counts"
+        );
     }
 }
