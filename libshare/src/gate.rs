@@ -11,8 +11,8 @@
 //! Around: every launch, even under an open gate (the gate may bound it while work is queued),
 //! is timed with an event pair recorded on its stream (back to back on a busy explicit stream,
 //! the previous launch's pending end serves as the start; copies queued between two launches
-//! then inflate the sample, which the low-tracking estimate absorbs), kept in a per-device ring of outstanding
-//! launches. What is not complete yet (queried oldest first) is what the process has
+//! then inflate the sample, which the low-tracking estimate absorbs), kept in a per-device ring
+//! of outstanding launches. What is not complete yet (queried oldest first) is what the process has
 //! outstanding; its estimates are published in `in_flight_ns`, and each completed launch's
 //! measured duration is added to `gpu_ns` and teaches the estimate of its key (function or
 //! graph): a fixed table, unknown keys 1 ms. A measured duration is at least the true one (other
