@@ -34,6 +34,10 @@
 //! - idle but not predictable (or idle longer) → `Run{in_flight_us: 2000}`: production's return
 //!   waits at most ~2 ms of opportunistic work already queued;
 //! - no active production container → `Open`.
+//! - Progress: an opportunistic container held at the gate (`held > 0`) whose `launches` did not
+//!   move for [`Tunables::starve_ns`] (100 ms) gets `Run{in_flight_us: 1}` for a tick: one
+//!   launch goes. However busy production is, opportunistic jobs progress, at a cost to
+//!   production of at most one opportunistic kernel per 100 ms.
 //! - Shares: the static share is the smaller of the nonzero `compute` and `env_compute`
 //!   (10000 bp = 100 % = none). Among ≥ 2 *demanding* opportunistic containers (launches moved in
 //!   the last [`Tunables::demand_ns`] or threads held at the gate) weights (0 = 1) split the
@@ -166,6 +170,10 @@ pub struct Tunables {
     /// Time-slice: a holder that did not launch for this long, not busy and holding nothing,
     /// gives its turn away.
     pub slice_idle_ns: u64,
+    /// An opportunistic container held at the gate that has not launched for this long may
+    /// launch once (one launch in flight): it progresses however busy production is, at a cost
+    /// to production of one of its kernels per this interval.
+    pub starve_ns: u64,
 }
 
 impl Default for Tunables {
@@ -179,6 +187,7 @@ impl Default for Tunables {
             max_jitter_bp: 1_000,
             share_cap_ns: 10_000_000,
             slice_idle_ns: 10_000_000,
+            starve_ns: 100_000_000,
         }
     }
 }
@@ -525,6 +534,18 @@ fn libshare_device(
                     }),
                 )
             }
+        };
+        let starved = gate == Gate::Paused
+            && e.c.held > 0
+            && now.saturating_sub(f.moved_at) >= t.starve_ns;
+        let gate = if starved {
+            Gate::Run {
+                in_flight_us: 1,
+                window: false,
+                share: false,
+            }
+        } else {
+            gate
         };
         out.push(Decision {
             id: e.id,

@@ -535,3 +535,45 @@ fn devices_are_decided_separately() {
     assert_eq!(g(0), Gate::Paused);
     assert_eq!(g(1), Gate::Open);
 }
+
+#[test]
+fn a_starved_opportunistic_container_gets_one_launch_per_starve_interval() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    // Production always busy (launching); the opportunistic job waits at the gate and only
+    // launches when let through.
+    let mut opp_launches = 1;
+    let mut granted = Vec::new();
+    let mut now = T0;
+    while now < T0 + 1_000 * MS {
+        let prod = Counters {
+            launches: now / US,
+            busy_since: T0,
+            ..Counters::default()
+        };
+        let o = Counters {
+            launches: opp_launches,
+            held: 1,
+            ..Counters::default()
+        };
+        let s = snap(&[
+            entry(PROD, Class::Production, prod),
+            entry(OPP, Class::Opportunistic, o),
+        ]);
+        let g = find(&step(&mut ps, &s, now), OPP).unwrap().gate;
+        match g {
+            Gate::Paused => {}
+            Gate::Run {
+                in_flight_us: 1,
+                window: false,
+                share: false,
+            } => {
+                granted.push((now - T0) / MS);
+                opp_launches += 1; // the one launch it was let through
+            }
+            g => panic!("unexpected {g:?} at {} ms", (now - T0) / MS),
+        }
+        now += MS;
+    }
+    // First sight counts as a launch; then one grant per 100 ms.
+    assert_eq!(granted, vec![100, 201, 302, 403, 504, 605, 706, 807, 908], "{granted:?}");
+}

@@ -1,0 +1,77 @@
+"""An ordinary PyTorch training loop, used as a production or opportunistic job in the compute
+sharing test (tests/tests/torch_sharing.rs). It knows nothing about libshare.
+
+usage: torch_train_loop.py SECONDS [START_AT] [WIDTH] [BATCH]
+A small MLP trained with SGD on random data; the loss is read back every iteration (`loss.item()`,
+as training loops that log do). It trains (warming up) until the wall-clock time START_AT
+(seconds since the epoch; default: one second after setup), so that several jobs measure the
+same interval, then counts iterations for SECONDS and prints one JSON line per second ({"t": ..., "iters": ...}) and a final line
+{"done": true, "iters": N, "seconds": S, "iters_per_s": R}.
+"""
+
+import json
+import sys
+import time
+
+
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    start_at = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    width = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+    batch = int(sys.argv[4]) if len(sys.argv) > 4 else 256
+    import torch
+
+    dev = torch.device("cuda")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    ).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, width, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    warm_end = time.monotonic() + max(1.0, start_at - time.time())
+    while time.monotonic() < warm_end:
+        step()
+    late = time.time() - start_at if start_at else 0.0
+    start = time.monotonic()
+    end = start + seconds
+    next_report = start + 1.0
+    iters = 0
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        step()
+        iters += 1
+        if now >= next_report:
+            print(json.dumps({"t": round(now - start, 3), "iters": iters}), flush=True)
+            next_report += 1.0
+    elapsed = time.monotonic() - start
+    print(
+        json.dumps(
+            {
+                "done": True,
+                "iters": iters,
+                "seconds": round(elapsed, 3),
+                "iters_per_s": iters / elapsed,
+                "late_s": round(late, 3),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
