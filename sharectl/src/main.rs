@@ -6,7 +6,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod bench;
+mod child;
 mod demo;
+mod platform;
 mod status;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +28,8 @@ enum Command {
     /// A production and an opportunistic job sharing the GPU (simgpu when there is none) under the
     /// shim, with live throughput and per-container memory.
     Demo(demo::DemoArgs),
+    /// Sharing scenarios (issue 9) under every policy: one result line per scenario and policy.
+    Bench(bench::BenchArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
     Status(status::StatusArgs),
 }
@@ -34,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
