@@ -31,8 +31,12 @@ pub struct BenchArgs {
     pub scenario: ScenarioArg,
 
     /// Print JSON lines instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "markdown")]
     pub json: bool,
+
+    /// Print a Markdown table (as in BENCHMARKS.md).
+    #[arg(long)]
+    pub markdown: bool,
 
     /// Write one SVG timeline per scenario, policy and run into DIR.
     #[arg(long, value_name = "DIR")]
@@ -250,63 +254,99 @@ fn row(scenario: &str, policy: Policy) -> Map<String, Value> {
     m
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Table,
+    Json,
+    Markdown,
+}
+
 struct Output {
-    json: bool,
+    format: Format,
     plot: Option<PathBuf>,
-    rows: Vec<Map<String, Value>>,
+}
+
+/// Prints a line; a closed stdout is ignored (the runs still clean up after themselves).
+fn line(s: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{s}").and_then(|()| out.flush());
 }
 
 impl Output {
     fn new(args: &BenchArgs) -> Output {
-        if !args.json {
-            println!(
+        let format = if args.json {
+            Format::Json
+        } else if args.markdown {
+            Format::Markdown
+        } else {
+            Format::Table
+        };
+        match format {
+            Format::Table => line(&format!(
                 "{:<4} {:<13} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>8}  notes",
                 "", "policy", "prod", "harvest", "p99", "react_ms", "cpu%", "share_e", "gate_ms"
-            );
+            )),
+            Format::Markdown => {
+                line("| scenario | policy | production_ratio | opportunistic_harvest | p99_ratio | reaction_ms | daemon_cpu_pct | share_error_pct | gate_refresh_ms_max | other figures |");
+                line("|---|---|---|---|---|---|---|---|---|---|");
+            }
+            Format::Json => {}
         }
         Output {
-            json: args.json,
+            format,
             plot: args.plot.clone(),
-            rows: Vec::new(),
         }
     }
 
     /// Prints a row now (runs are long: results appear as they come).
     fn emit(&mut self, m: Map<String, Value>) {
-        if self.json {
-            println!("{}", Value::Object(m.clone()));
-        } else {
-            let f = |k: &str| match m.get(k).and_then(Value::as_f64) {
-                Some(v) => format!("{v:.3}"),
-                None => "-".into(),
-            };
-            let mut notes = Vec::new();
-            for (k, v) in &m {
-                if k == "scenario" || k == "policy" || COLUMNS.contains(&k.as_str()) {
-                    continue;
-                }
-                match v {
-                    Value::Number(n) => notes.push(format!("{k}={n}")),
-                    Value::String(s) => notes.push(format!("{k}: {s}")),
-                    Value::Bool(b) => notes.push(format!("{k}={b}")),
-                    _ => {}
-                }
-            }
-            println!(
-                "{:<4} {:<13} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>8}  {}",
-                m["scenario"].as_str().unwrap_or(""),
-                m["policy"].as_str().unwrap_or(""),
-                f("production_ratio"),
-                f("opportunistic_harvest"),
-                f("p99_ratio"),
-                f("reaction_ms"),
-                f("daemon_cpu_pct"),
-                f("share_error_pct"),
-                f("gate_refresh_ms_max"),
-                notes.join(", ")
-            );
+        if self.format == Format::Json {
+            line(&Value::Object(m).to_string());
+            return;
         }
-        self.rows.push(m);
+        let f = |k: &str| match m.get(k).and_then(Value::as_f64) {
+            Some(v) => format!("{v:.3}"),
+            None => "-".into(),
+        };
+        let mut notes = Vec::new();
+        for (k, v) in &m {
+            if k == "scenario" || k == "policy" || COLUMNS.contains(&k.as_str()) {
+                continue;
+            }
+            match v {
+                Value::Number(n) => notes.push(format!("{k}={n}")),
+                Value::String(s) => notes.push(format!("{k}: {s}")),
+                Value::Bool(b) => notes.push(format!("{k}={b}")),
+                _ => {}
+            }
+        }
+        let (scenario, policy) = (
+            m["scenario"].as_str().unwrap_or(""),
+            m["policy"].as_str().unwrap_or(""),
+        );
+        let cols: Vec<String> = COLUMNS.iter().map(|c| f(c)).collect();
+        if self.format == Format::Markdown {
+            line(&format!(
+                "| {scenario} | {policy} | {} | {} |",
+                cols.join(" | "),
+                notes.join(", ").replace('|', "/")
+            ));
+        } else {
+            line(&format!(
+                "{:<4} {:<13} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>8}  {}",
+                scenario,
+                policy,
+                cols[0],
+                cols[1],
+                cols[2],
+                cols[3],
+                cols[4],
+                cols[5],
+                cols[6],
+                notes.join(", ")
+            ));
+        }
     }
 
     fn error(&mut self, scenario: &str, policy: Policy, e: &anyhow::Error) {
@@ -869,4 +909,64 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         ))
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.a)
+    }
+
+    #[test]
+    fn args() {
+        let a = parse(&["S1"]).unwrap();
+        assert_eq!(a.scenario, ScenarioArg::S1);
+        assert_eq!(a.duration, 6.0);
+        assert!(!a.json && !a.markdown && a.policy.is_empty());
+        let a = parse(&[
+            "all",
+            "--json",
+            "--duration",
+            "3",
+            "--policy",
+            "native,libshare",
+        ])
+        .unwrap();
+        assert_eq!(a.scenario, ScenarioArg::All);
+        assert_eq!(a.policy, vec![Policy::Native, Policy::Libshare]);
+        assert!(parse(&["S4"]).is_err());
+        assert!(parse(&["S1", "--duration", "1"]).is_err());
+        assert!(parse(&["S1", "--json", "--markdown"]).is_err());
+        assert!(parse(&["S1", "--policy", "mps"]).is_err());
+    }
+
+    #[test]
+    fn static_split_caps_every_job_equally() {
+        let jobs = [
+            train("prod", &TRAIN, 1.0, &[]),
+            saturate("opp", 4, 1.0, 0.0),
+        ];
+        let Setup::Shared {
+            policy,
+            set,
+            all_opportunistic,
+        } = Policy::StaticSplit.setup(&jobs)
+        else {
+            panic!("static-split runs under the shim")
+        };
+        assert_eq!(policy, "libshare");
+        assert!(all_opportunistic);
+        assert_eq!(set.len(), 2);
+        assert!(set.iter().all(|(_, a)| a == &["--compute", "50%"]));
+        assert!(matches!(Policy::Native.setup(&jobs), Setup::Native));
+    }
 }
