@@ -129,7 +129,7 @@ impl Policy {
         match self {
             Policy::Exclusive | Policy::Native => Setup::Native,
             Policy::StaticSplit => {
-                let share = format!("{}%", 100 / jobs.len().max(1));
+                let share = format!("{}%", 100.0 / jobs.len().max(1) as f64);
                 Setup::Shared {
                     policy: "libshare",
                     set: jobs
