@@ -300,7 +300,11 @@ mod tests {
         assert_eq!(admit(g, ask(0, 500_000)), Verdict::Go);
         assert_eq!(admit(g, ask(500_000, 500_000)), Verdict::Go);
         assert_eq!(admit(g, ask(600_000, 500_000)), Verdict::WaitOwnWork);
-        assert_eq!(admit(g, ask(0, 5_000_000)), Verdict::Go, "longer than the bound");
+        assert_eq!(
+            admit(g, ask(0, 5_000_000)),
+            Verdict::Go,
+            "longer than the bound"
+        );
         assert_eq!(admit(Gate::Paused, ask(0, 1)), Verdict::WaitGate);
         assert_eq!(admit(Gate::Open, ask(u64::MAX / 4, 1)), Verdict::Go);
     }
@@ -316,10 +320,18 @@ mod tests {
         a.window_end = a.now + 500_000;
         assert_eq!(admit(g, a), Verdict::Go);
         a.outstanding_ns = 200_000;
-        assert_eq!(admit(g, a), Verdict::WaitOwnWork, "would end past the window");
+        assert_eq!(
+            admit(g, a),
+            Verdict::WaitOwnWork,
+            "would end past the window"
+        );
         a.outstanding_ns = 0;
         a.window_end = a.now + 300_000;
-        assert_eq!(admit(g, a), Verdict::WaitGate, "does not fit: wait for the next one");
+        assert_eq!(
+            admit(g, a),
+            Verdict::WaitGate,
+            "does not fit: wait for the next one"
+        );
         a.window_end = a.now - 1;
         assert_eq!(admit(g, a), Verdict::WaitGate, "window over");
     }
@@ -359,7 +371,11 @@ mod tests {
         let t = d.busy_since.load(Acquire);
         assert!(t > 0);
         d.note_launch();
-        assert_eq!(d.busy_since.load(Acquire), t, "first launch of the phase only");
+        assert_eq!(
+            d.busy_since.load(Acquire),
+            t,
+            "first launch of the phase only"
+        );
         assert_eq!(d.launches.load(Acquire), 2);
         d.note_drained();
         assert_eq!(d.busy_since.load(Acquire), 0);
@@ -379,7 +395,10 @@ mod tests {
         });
         let start = std::time::Instant::now();
         d.wait_gate(seq, 10_000_000_000);
-        assert!(start.elapsed() < std::time::Duration::from_secs(5), "woken, not timed out");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "woken, not timed out"
+        );
         writer.join().unwrap();
     }
 

@@ -32,7 +32,9 @@ struct Map {
     fd: AtomicI32,
 }
 
-const MAPS_MAX: usize = 64;
+/// Mappings protected per process: a job maps one state file, the daemon one per container of
+/// the node (a mapping past this many is unprotected: its truncation is fatal to the process).
+const MAPS_MAX: usize = 1024;
 #[allow(clippy::declare_interior_mutable_const)]
 const MAP_EMPTY: Map = Map {
     base: AtomicUsize::new(0),

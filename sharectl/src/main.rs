@@ -1,13 +1,15 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module: `demo` and `status` exist; the daemon and the other
-//! admin commands (`daemon`, `top`, `set`, `get`, `reset`, `cdi`, `hook`) come with the daemon.
+//! Each subcommand lives in its own module: `demo`, `status`, and `commands/` (`daemon`, `set`,
+//! thin layers over `libshare-node`); `top`, `get`, `reset`, `cdi`, `hook` come with the node
+//! service.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
 mod child;
+mod commands;
 mod demo;
 mod platform;
 mod status;
@@ -32,6 +34,14 @@ enum Command {
     Bench(bench::BenchArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
     Status(status::StatusArgs),
+    /// The node daemon: steers every container's GPU gate each period until SIGTERM.
+    Daemon(commands::daemon::DaemonArgs),
+    /// Set a container's compute share, weight or class (writes its state file directly).
+    ///
+    /// The state file is created if the container has not started yet, so the setting is in
+    /// place before its first launch. For now this is a direct write; the node service's admin
+    /// socket will replace it.
+    Set(commands::set::SetArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +50,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Daemon(args) => commands::daemon::run(args),
+        Command::Set(args) => commands::set::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

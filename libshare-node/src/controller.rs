@@ -1,0 +1,303 @@
+//! The control loop. Every period (absolute deadlines on `CLOCK_MONOTONIC`, so lateness does
+//! not accumulate): read every registered container's counters into a [`Snapshot`], run the
+//! pure policy, write each decided gate with `DeviceState::write_gate` (every tick, for every
+//! opportunistic container: `refreshed` is the daemon's heartbeat) and refill token buckets.
+//! The registry is rescanned about every second, between ticks. When the loop stops, gates are
+//! left at a floor that stalls nobody ([`Controller::release`]).
+//!
+//! Which devices: a device is looked at when any container has launched on it (or has a busy
+//! flag or a gate word there); every container then has an entry on every such device, so an
+//! opportunistic container that has not launched there yet is already gated. The set is
+//! recomputed every [`DEVICE_SCAN_TICKS`] ticks (a pass over every device of every container
+//! costs more than the rest of a tick): the first container to launch on a device nobody used
+//! runs ungated for at most that many periods.
+//!
+//! Cost: per tick one pass over the containers' device words (a few loads each), the policy
+//! (a hash lookup per entry) and one gate write per opportunistic entry; no allocation beyond
+//! the decision vector, no system call but the sleep.
+
+use crate::error::NodeError;
+use crate::host::{Host, LinuxHost};
+use crate::policy::{self, Class, Counters, Entry, PolicyKind, PolicyState, Snapshot};
+use crate::registry::Registry;
+use libshare_abi::rate::Gate;
+use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+/// The in-flight bound opportunistic gates are left at when the daemon stops.
+pub const EXIT_FLOOR_US: u32 = 2_000;
+
+/// How often (in ticks) the set of devices in use is recomputed.
+pub const DEVICE_SCAN_TICKS: u64 = 8;
+
+/// The loop's settings.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub state_dir: PathBuf,
+    pub period_ns: u64,
+    pub policy: PolicyKind,
+    /// How often the registry rescans the state directory.
+    pub rescan_ns: u64,
+}
+
+impl ControllerConfig {
+    pub fn new(state_dir: PathBuf, period_ns: u64, policy: PolicyKind) -> Self {
+        ControllerConfig {
+            state_dir,
+            period_ns,
+            policy,
+            rescan_ns: 1_000_000_000,
+        }
+    }
+
+    /// Checks the period and quantum (one-line errors).
+    pub fn check(&self) -> Result<(), NodeError> {
+        if !(100_000..=1_000_000_000).contains(&self.period_ns) {
+            return Err(NodeError::Period(self.period_ns));
+        }
+        if let PolicyKind::TimeSlice { quantum_ns } = self.policy {
+            if quantum_ns < self.period_ns {
+                return Err(NodeError::Quantum {
+                    quantum: quantum_ns,
+                    period: self.period_ns,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a run did, for the exit log line and the benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RunStats {
+    pub ticks: u64,
+    /// Mean and max of (wake-up time − deadline), ns.
+    pub late_mean_ns: u64,
+    pub late_max_ns: u64,
+    /// Deadlines skipped because a tick ended past the next one.
+    pub overruns: u64,
+    /// CPU time of the loop's thread, ns, and the wall time it ran.
+    pub cpu_ns: u64,
+    pub wall_ns: u64,
+    pub containers: usize,
+}
+
+impl RunStats {
+    /// CPU used as a percentage of one core.
+    pub fn cpu_pct(&self) -> f64 {
+        if self.wall_ns == 0 {
+            0.0
+        } else {
+            self.cpu_ns as f64 * 100.0 / self.wall_ns as f64
+        }
+    }
+}
+
+/// The registry, the policy's memory and the reusable snapshot.
+pub struct Controller {
+    registry: Registry,
+    policy: PolicyState,
+    snap: Snapshot,
+    /// The devices in use (see the module doc), recomputed every [`DEVICE_SCAN_TICKS`].
+    devices: u32,
+    ticks: u64,
+    /// Which container index each snapshot entry came from.
+    owner: Vec<usize>,
+}
+
+fn read_counters(st: &State, d: usize) -> Counters {
+    let s = st.device(d);
+    Counters {
+        launches: s.launches.load(Acquire),
+        busy_since: s.busy_since.load(Acquire),
+        drained_at: s.drained_at.load(Acquire),
+        held: s.held.load(Acquire),
+        compute: s.compute.load(Acquire),
+        env_compute: s.env_compute.load(Acquire),
+        weight: s.weight.load(Acquire),
+        gate: s.gate(),
+    }
+}
+
+/// Has anything run on the device for this container (a launch, a busy flag, a gate)? A share
+/// or weight alone does not count: `sharectl set` writes them on every device, and a device
+/// nobody launched on needs no gate.
+fn in_use(st: &State, d: usize) -> bool {
+    let s = st.device(d);
+    s.launches.load(Relaxed) != 0 || s.busy_since.load(Relaxed) != 0 || s.budget.load(Relaxed) != 0
+}
+
+impl Controller {
+    pub fn new(cfg: &ControllerConfig) -> Result<Self, NodeError> {
+        cfg.check()?;
+        let mut registry = Registry::new(&cfg.state_dir);
+        registry.rescan()?;
+        Ok(Controller {
+            registry,
+            policy: PolicyState::new(cfg.policy),
+            snap: Snapshot::default(),
+            devices: 0,
+            ticks: 0,
+            owner: Vec::new(),
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn rescan(&mut self) -> Result<(), NodeError> {
+        self.ticks = 0; // new containers: look at the devices again next tick
+        self.registry.rescan().map(|_| ())
+    }
+
+    /// One tick at `now`: snapshot, policy, writes. Returns the number of gates written.
+    pub fn tick(&mut self, now: u64) -> usize {
+        let cs = self.registry.containers();
+        if self.ticks % DEVICE_SCAN_TICKS == 0 {
+            self.devices = 0;
+            for c in cs {
+                for d in 0..MAX_DEVICES {
+                    if self.devices & (1 << d) == 0 && in_use(&c.state, d) {
+                        self.devices |= 1 << d;
+                    }
+                }
+            }
+        }
+        self.ticks += 1;
+        let devices = self.devices;
+        self.snap.entries.clear();
+        self.owner.clear();
+        for d in (0..MAX_DEVICES).filter(|d| devices & (1 << d) != 0) {
+            for (i, c) in cs.iter().enumerate() {
+                let class = if c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
+                    Class::Opportunistic
+                } else {
+                    Class::Production
+                };
+                self.snap.entries.push(Entry {
+                    id: c.id,
+                    device: d as u8,
+                    class,
+                    c: read_counters(&c.state, d),
+                });
+                self.owner.push(i);
+            }
+        }
+        let decisions = policy::step(&mut self.policy, &self.snap, now);
+        // Decisions come in snapshot order (a subset): walk both together. Two passes: pauses
+        // first, then the rest, so a turn handed from one container to another (time-slice)
+        // never has both running at once.
+        for pauses in [true, false] {
+            let mut k = 0;
+            for dec in &decisions {
+                while self.snap.entries[k].id != dec.id || self.snap.entries[k].device != dec.device
+                {
+                    k += 1;
+                }
+                if (dec.gate == Gate::Paused) != pauses {
+                    continue;
+                }
+                let dev = cs[self.owner[k]].state.device(dec.device as usize);
+                if let Some(r) = dec.refill {
+                    dev.refill(r.ns, r.cap);
+                }
+                dev.write_gate(dec.gate, dec.window_end, now);
+            }
+        }
+        decisions.len()
+    }
+
+    /// Leaves every gate this daemon may have closed at a floor that cannot stall anyone: Open
+    /// for production containers, at most [`EXIT_FLOOR_US`] of GPU work in flight (no window, no
+    /// tokens) for opportunistic ones, so a stopped daemon never leaves a job paused and a
+    /// production job's wait stays bounded until a daemon returns.
+    pub fn release(&self, now: u64) {
+        for c in self.registry.containers() {
+            let opportunistic = c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC;
+            for d in 0..MAX_DEVICES {
+                let dev = c.state.device(d);
+                if dev.budget.load(Acquire) == 0 {
+                    continue;
+                }
+                let gate = if opportunistic {
+                    Gate::Run {
+                        in_flight_us: EXIT_FLOOR_US,
+                        window: false,
+                        share: false,
+                    }
+                } else {
+                    Gate::Open
+                };
+                dev.write_gate(gate, 0, now);
+            }
+        }
+    }
+
+    /// The gate now written for a container on a device (tests, status).
+    pub fn gate_of(&self, name: &str, device: usize) -> Option<Gate> {
+        self.registry
+            .containers()
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.state.device(device).gate())
+    }
+}
+
+/// Runs the loop until `stop` is set (a signal handler sets it; the sleep returns early on a
+/// signal), on the Linux host.
+pub fn run(cfg: &ControllerConfig, stop: &AtomicBool) -> Result<RunStats, NodeError> {
+    run_on(&LinuxHost, cfg, stop)
+}
+
+/// [`run`] on any [`Host`].
+pub fn run_on(
+    host: &impl Host,
+    cfg: &ControllerConfig,
+    stop: &AtomicBool,
+) -> Result<RunStats, NodeError> {
+    let mut ctl = Controller::new(cfg)?;
+    let period = cfg.period_ns;
+    let cpu0 = host.thread_cpu_ns();
+    let start = host.now();
+    let mut stats = RunStats::default();
+    let mut late_sum: u128 = 0;
+    let mut next_rescan = start + cfg.rescan_ns;
+    let mut deadline = start;
+    while !stop.load(Acquire) {
+        let now = host.now();
+        if now >= next_rescan {
+            if let Err(e) = ctl.rescan() {
+                tracing::warn!("{e}");
+            }
+            next_rescan = now + cfg.rescan_ns;
+        }
+        let now = host.now();
+        ctl.tick(now);
+        stats.ticks += 1;
+        deadline += period;
+        let after = host.now();
+        if after >= deadline {
+            // The tick (or the sleep before it) ran past the next deadline: skip ahead rather
+            // than run a burst of ticks.
+            let missed = (after - deadline) / period + 1;
+            stats.overruns += missed;
+            deadline += missed * period;
+        }
+        host.sleep_until(deadline);
+        if stop.load(Acquire) {
+            break;
+        }
+        let woke = host.now();
+        let late = woke.saturating_sub(deadline);
+        late_sum += late as u128;
+        stats.late_max_ns = stats.late_max_ns.max(late);
+    }
+    ctl.release(host.now());
+    stats.wall_ns = host.now() - start;
+    stats.cpu_ns = host.thread_cpu_ns().saturating_sub(cpu0);
+    stats.late_mean_ns = late_sum.checked_div(stats.ticks as u128).unwrap_or(0) as u64;
+    stats.containers = ctl.registry().containers().len();
+    Ok(stats)
+}

@@ -1,0 +1,25 @@
+//! libshare's node daemon as a library: `sharectl daemon` is a thin binary over it.
+//!
+//! - [`registry`]: the containers of a state directory (`<state dir>/containers/<name>/
+//!   state.shm`), rescanned every second; each mapped read-write through `libshare_abi::State`.
+//! - [`controller`]: the control loop: every period (default 1 ms, absolute deadlines on
+//!   `CLOCK_MONOTONIC`) read every container's counters into a [`policy::Snapshot`], call the
+//!   pure policy, write the gates and refill the token buckets.
+//! - [`policy`]: the pure sharing policy (`libshare` and the `time-slice` baseline), no I/O.
+//!
+//! Registration sockets, peer credentials, the admin socket, persistence and metrics come with
+//! the node service; they plug in through [`registry::Registry`] (the set of containers) and
+//! [`host::Host`] (the clock and sleeps).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod controller;
+pub mod error;
+pub mod host;
+pub mod policy;
+pub mod registry;
+
+pub use controller::{run, Controller, ControllerConfig, RunStats};
+pub use error::NodeError;
+pub use policy::PolicyKind;

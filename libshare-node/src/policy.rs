@@ -1,0 +1,582 @@
+//! The sharing policy: a pure function from the counters the containers' shims publish to the
+//! gates the daemon writes. No I/O, no clock reads: `now` comes in, decisions go out, so every
+//! rule is unit-tested on synthetic or recorded counter traces.
+//!
+//! # What is modelled, what is assumed
+//!
+//! Inputs, per container and device ([`Counters`], read from `libshare_abi::DeviceState`):
+//! `launches` (monotonic), `busy_since` (the first launch since the work was last seen drained,
+//! 0 while drained), `drained_at`, `held` (threads waiting at the gate), the admin's `compute`
+//! and `weight`, the environment's `env_compute`, and the gate word as it stands.
+//!
+//! Production (policy `libshare`, the default):
+//! - A busy phase starts at each new nonzero `busy_since` value (an *arrival* at that time) and
+//!   ends when `drained_at` changes. The inter-arrival period is the median of the last
+//!   [`SAMPLES`] intervals, its jitter their median absolute deviation; busy durations are kept
+//!   the same way (for display and future use).
+//! - A production container is *busy* while `busy_since != 0`, unless `launches` has not moved
+//!   for more than [`Tunables::stale_ns`]: a job that launched and never synchronises publishes
+//!   no drain, so after that it counts as idle (its flag is stale, not its GPU).
+//! - It is *active* if busy or if its `launches` moved in the last [`Tunables::active_ns`].
+//!   Inactive production containers do not hold anyone back.
+//! - Assumed: the daemon samples every period, so a busy phase shorter than the period (begun
+//!   and drained between two ticks) is not seen as an arrival; periodic production with phases
+//!   that short is then "not predictable" and gets the bounded in-flight gate (safe, less
+//!   harvest). A drain seen on one stream is a hint (see `libshare_abi::rate`): the stale rule
+//!   and the in-flight bound cover a wrong hint.
+//!
+//! Opportunistic gates per device (production containers are never gated: always Open):
+//! - any active production container busy → `Paused`;
+//! - all idle, every active one predictable (≥ [`MIN_SAMPLES`] intervals, jitter ≤ 10 % of the
+//!   period, idle for less than 2 × period + 10 ms) → `Run{window}` with `window_end` = the
+//!   earliest predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits
+//!   only launches whose estimated end fits before it;
+//! - idle but not predictable (or idle longer) → `Run{in_flight_us: 2000}`: production's return
+//!   waits at most ~2 ms of opportunistic work already queued;
+//! - no active production container → `Open`.
+//! - Shares: the static share is the smaller of the nonzero `compute` and `env_compute`
+//!   (10000 bp = 100 % = none). Among ≥ 2 *demanding* opportunistic containers (launches moved in
+//!   the last [`Tunables::demand_ns`] or threads held at the gate) weights (0 = 1) split the
+//!   device: `w_i / Σ w` over itself and the other demanding ones; the smaller of the two is the
+//!   container's share. A container with a share gets the `share` bit (Open becomes
+//!   `Run{0, share}`) and `share × elapsed` GPU time in tokens every tick, capped at
+//!   `share × 10 ms` (so an idle spell cannot bank a burst; debt of one kernel is allowed by
+//!   the shim). Tokens are refilled while paused too (the cap bounds them).
+//!
+//! Policy `time-slice` (nvshare-style baseline): on each device the demanding containers, of
+//! any class, take exclusive turns of one quantum: the holder is `Open`, the others `Paused`;
+//! the turn passes (in container order) at the quantum's end if another demands, or at once when
+//! the holder stops demanding (no launch for [`Tunables::slice_idle_ns`], not busy, nothing
+//! held). Nobody demanding: everyone `Open`. Demand of a paused container is its held threads.
+
+use libshare_abi::rate::Gate;
+use libshare_abi::MAX_DEVICES;
+use rustc_hash::FxHashMap;
+
+/// A container as the registry numbers it (a new number whenever its state file is new).
+pub type ContainerId = u64;
+
+/// Samples kept for the period, jitter and busy-duration estimates.
+pub const SAMPLES: usize = 16;
+/// Intervals needed before production counts as predictable.
+pub const MIN_SAMPLES: usize = 4;
+/// Basis points of the whole device.
+pub const FULL_BP: u32 = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Production,
+    Opportunistic,
+}
+
+/// One container's words on one device, read at one tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counters {
+    pub launches: u64,
+    pub busy_since: u64,
+    pub drained_at: u64,
+    pub held: u32,
+    /// Basis points, 0 = none.
+    pub compute: u32,
+    /// Basis points, 0 = none.
+    pub env_compute: u32,
+    /// 0 = 1.
+    pub weight: u32,
+    /// The gate word as it stands.
+    pub gate: Gate,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            launches: 0,
+            busy_since: 0,
+            drained_at: 0,
+            held: 0,
+            compute: 0,
+            env_compute: 0,
+            weight: 0,
+            gate: Gate::Open,
+        }
+    }
+}
+
+/// One (container, device) pair in a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub id: ContainerId,
+    pub device: u8,
+    pub class: Class,
+    pub c: Counters,
+}
+
+/// Every (container, device) pair the daemon looks at this tick, grouped by device (entries of
+/// one device are contiguous; within a device, in container order).
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub entries: Vec<Entry>,
+}
+
+/// GPU time to add to a container's token bucket: `ns`, keeping it at most `cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refill {
+    pub ns: i64,
+    pub cap: i64,
+}
+
+/// What to write for one (container, device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub id: ContainerId,
+    pub device: u8,
+    pub gate: Gate,
+    pub window_end: u64,
+    pub refill: Option<Refill>,
+    /// The share the container got, basis points (0 = none): for logs and tests.
+    pub share_bp: u32,
+}
+
+pub type Decisions = Vec<Decision>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Production as if alone; opportunistic work in production's gaps (the default).
+    Libshare,
+    /// Exclusive turns of `quantum_ns` among the demanding containers (the nvshare baseline).
+    TimeSlice { quantum_ns: u64 },
+}
+
+/// The policy's constants (defaults as documented in the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tunables {
+    /// A busy flag whose `launches` did not move for this long is stale.
+    pub stale_ns: u64,
+    /// A production container that launched within this is active.
+    pub active_ns: u64,
+    /// An opportunistic container that launched within this is demanding.
+    pub demand_ns: u64,
+    /// The in-flight bound while production is idle but not predictable.
+    pub run_in_flight_us: u32,
+    /// The smallest guard before a predicted arrival.
+    pub min_guard_ns: u64,
+    /// Jitter at most this fraction of the period (basis points) for a prediction.
+    pub max_jitter_bp: u64,
+    /// Token cap: this much time at the container's share.
+    pub share_cap_ns: u64,
+    /// Time-slice: a holder that did not launch for this long, not busy and holding nothing,
+    /// gives its turn away.
+    pub slice_idle_ns: u64,
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Tunables {
+            stale_ns: 50_000_000,
+            active_ns: 3_000_000_000,
+            demand_ns: 100_000_000,
+            run_in_flight_us: 2_000,
+            min_guard_ns: 300_000,
+            max_jitter_bp: 1_000,
+            share_cap_ns: 10_000_000,
+            slice_idle_ns: 10_000_000,
+        }
+    }
+}
+
+/// A fixed ring of the last [`SAMPLES`] values with their median and median absolute deviation.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ring {
+    v: [u64; SAMPLES],
+    len: usize,
+    pos: usize,
+}
+
+impl Ring {
+    fn push(&mut self, x: u64) {
+        self.v[self.pos] = x;
+        self.pos = (self.pos + 1) % SAMPLES;
+        self.len = (self.len + 1).min(SAMPLES);
+    }
+
+    /// (median, median absolute deviation), None when empty.
+    fn median_mad(&self) -> Option<(u64, u64)> {
+        if self.len == 0 {
+            return None;
+        }
+        let mut a = self.v;
+        let s = &mut a[..self.len];
+        s.sort_unstable();
+        let med = s[s.len() / 2];
+        for x in s.iter_mut() {
+            *x = x.abs_diff(med);
+        }
+        s.sort_unstable();
+        Some((med, s[s.len() / 2]))
+    }
+}
+
+/// What the policy remembers of one (container, device).
+#[derive(Clone, Copy, Debug, Default)]
+struct Track {
+    seen: u64,
+    launches: u64,
+    /// When `launches` last moved (0 = never seen moving).
+    moved_at: u64,
+    busy_since: u64,
+    last_arrival: u64,
+    drained_at: u64,
+    intervals: Ring,
+    durations: Ring,
+    /// (period, jitter), recomputed when an interval is added.
+    period: Option<(u64, u64)>,
+}
+
+impl Track {
+    fn observe(&mut self, c: &Counters, now: u64, first: bool) {
+        if c.launches != self.launches {
+            // First sight of a container that already launched: assume it just did.
+            if !first || c.launches > 0 {
+                self.moved_at = now;
+            }
+            self.launches = c.launches;
+        }
+        if c.busy_since != 0 && c.busy_since != self.busy_since {
+            if self.last_arrival != 0 && c.busy_since > self.last_arrival {
+                self.intervals.push(c.busy_since - self.last_arrival);
+                self.period = (self.intervals.len >= MIN_SAMPLES)
+                    .then(|| self.intervals.median_mad())
+                    .flatten();
+            }
+            self.last_arrival = c.busy_since;
+        }
+        self.busy_since = c.busy_since;
+        if c.drained_at != self.drained_at {
+            if c.drained_at > self.last_arrival && self.last_arrival != 0 {
+                self.durations.push(c.drained_at - self.last_arrival);
+            }
+            self.drained_at = c.drained_at;
+        }
+    }
+
+    fn launched_within(&self, now: u64, ns: u64) -> bool {
+        self.moved_at != 0 && now.saturating_sub(self.moved_at) < ns
+    }
+
+    /// Busy: flagged, and the flag is not stale.
+    fn busy(&self, c: &Counters, now: u64, t: &Tunables) -> bool {
+        c.busy_since != 0 && self.launched_within(now, t.stale_ns)
+    }
+}
+
+/// What one tick needs of an entry's track, computed once per entry (index = entry index).
+#[derive(Clone, Copy, Debug, Default)]
+struct Facts {
+    /// Busy and not stale.
+    busy: bool,
+    /// Launched within `active_ns` (production) / `demand_ns` (opportunistic) /
+    /// `slice_idle_ns` (time-slice).
+    recent: bool,
+    moved_at: u64,
+    last_arrival: u64,
+    period: Option<(u64, u64)>,
+}
+
+/// Per-device state of the time-slice policy.
+#[derive(Clone, Copy, Debug, Default)]
+struct Slice {
+    holder: Option<ContainerId>,
+    since: u64,
+}
+
+/// Everything the policy remembers between ticks.
+#[derive(Debug)]
+pub struct PolicyState {
+    kind: PolicyKind,
+    t: Tunables,
+    tracks: FxHashMap<(ContainerId, u8), Track>,
+    facts: Vec<Facts>,
+    slices: [Slice; MAX_DEVICES],
+    last_now: Option<u64>,
+    tick: u64,
+}
+
+impl PolicyState {
+    pub fn new(kind: PolicyKind) -> Self {
+        Self::with_tunables(kind, Tunables::default())
+    }
+
+    pub fn with_tunables(kind: PolicyKind, t: Tunables) -> Self {
+        PolicyState {
+            kind,
+            t,
+            tracks: FxHashMap::default(),
+            facts: Vec::new(),
+            slices: [Slice::default(); MAX_DEVICES],
+            last_now: None,
+            tick: 0,
+        }
+    }
+
+    pub fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+
+    /// The learned (period, jitter) of a container's arrivals on a device, ns.
+    pub fn period(&self, id: ContainerId, device: u8) -> Option<(u64, u64)> {
+        self.tracks.get(&(id, device)).and_then(|t| t.period)
+    }
+
+    /// The median busy duration learned for a container on a device, ns.
+    pub fn busy_duration(&self, id: ContainerId, device: u8) -> Option<u64> {
+        self.tracks
+            .get(&(id, device))
+            .and_then(|t| t.durations.median_mad())
+            .map(|(m, _)| m)
+    }
+}
+
+/// One tick of the policy: observes `snap` taken at `now` and decides the gates to write.
+/// Decisions cover every opportunistic entry, every entry whose gate is not already Open, and
+/// (time-slice) every entry.
+pub fn step(ps: &mut PolicyState, snap: &Snapshot, now: u64) -> Decisions {
+    ps.tick += 1;
+    let elapsed = ps
+        .last_now
+        .map_or(0, |l| now.saturating_sub(l))
+        .min(ps.t.share_cap_ns);
+    ps.last_now = Some(now);
+    let tick = ps.tick;
+    let t = ps.t;
+    ps.facts.clear();
+    for e in &snap.entries {
+        let tr = ps.tracks.entry((e.id, e.device)).or_default();
+        let first = tr.seen == 0;
+        tr.observe(&e.c, now, first);
+        tr.seen = tick;
+        let recent_ns = match (ps.kind, e.class) {
+            (PolicyKind::TimeSlice { .. }, _) => t.slice_idle_ns,
+            (_, Class::Production) => t.active_ns,
+            (_, Class::Opportunistic) => t.demand_ns,
+        };
+        ps.facts.push(Facts {
+            busy: tr.busy(&e.c, now, &t),
+            recent: tr.launched_within(now, recent_ns),
+            moved_at: tr.moved_at,
+            last_arrival: tr.last_arrival,
+            period: tr.period,
+        });
+    }
+    if tick % 1024 == 0 {
+        ps.tracks.retain(|_, tr| tr.seen == tick);
+    }
+    let mut out = Vec::with_capacity(snap.entries.len());
+    let facts = std::mem::take(&mut ps.facts);
+    let mut at = 0;
+    while at < snap.entries.len() {
+        let d = snap.entries[at].device;
+        let n = snap.entries[at..]
+            .iter()
+            .take_while(|e| e.device == d)
+            .count();
+        let (dev, f) = (&snap.entries[at..at + n], &facts[at..at + n]);
+        match ps.kind {
+            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, &mut out),
+            PolicyKind::TimeSlice { quantum_ns } => time_slice_device(
+                &mut ps.slices[d as usize],
+                dev,
+                f,
+                now,
+                quantum_ns,
+                &mut out,
+            ),
+        }
+        at += n;
+    }
+    ps.facts = facts;
+    out
+}
+
+/// The opportunistic gate of one device before shares, and the window's end.
+fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) -> (Gate, u64) {
+    let mut active = false;
+    let mut predictable = true;
+    let mut window_end = u64::MAX;
+    for (e, f) in dev.iter().zip(facts) {
+        if e.class != Class::Production || !(f.busy || f.recent) {
+            continue;
+        }
+        active = true;
+        if f.busy {
+            return (Gate::Paused, 0);
+        }
+        let idle_since = if e.c.busy_since == 0 && e.c.drained_at != 0 {
+            e.c.drained_at
+        } else {
+            f.moved_at
+        };
+        match f.period {
+            Some((period, jitter))
+                if jitter * FULL_BP as u64 <= period * t.max_jitter_bp
+                    && now.saturating_sub(idle_since) < 2 * period + 10_000_000 =>
+            {
+                let guard = t.min_guard_ns.max(3 * jitter);
+                window_end = window_end.min((f.last_arrival + period).saturating_sub(guard));
+            }
+            _ => predictable = false,
+        }
+    }
+    if !active {
+        (Gate::Open, 0)
+    } else if predictable {
+        (
+            Gate::Run {
+                in_flight_us: 0,
+                window: true,
+                share: false,
+            },
+            window_end,
+        )
+    } else {
+        (
+            Gate::Run {
+                in_flight_us: t.run_in_flight_us,
+                window: false,
+                share: false,
+            },
+            0,
+        )
+    }
+}
+
+/// A static share in basis points: the smaller nonzero of the admin's and the environment's,
+/// 100 % or more meaning none.
+pub fn static_share(compute: u32, env_compute: u32) -> Option<u32> {
+    [compute, env_compute]
+        .into_iter()
+        .filter(|&bp| bp > 0 && bp < FULL_BP)
+        .min()
+}
+
+fn libshare_device(
+    t: &Tunables,
+    dev: &[Entry],
+    facts: &[Facts],
+    now: u64,
+    elapsed: u64,
+    out: &mut Decisions,
+) {
+    let (base, window_end) = opportunistic_gate(t, dev, facts, now);
+    let demanding =
+        |e: &Entry, f: &Facts| e.class == Class::Opportunistic && (e.c.held > 0 || f.recent);
+    let weight = |e: &Entry| e.c.weight.max(1) as u64;
+    let demand_sum: u64 = dev
+        .iter()
+        .zip(facts)
+        .filter(|(e, f)| demanding(e, f))
+        .map(|(e, _)| weight(e))
+        .sum();
+    for (e, f) in dev.iter().zip(facts) {
+        if e.class == Class::Production {
+            if e.c.gate != Gate::Open {
+                out.push(Decision {
+                    id: e.id,
+                    device: e.device,
+                    gate: Gate::Open,
+                    window_end: 0,
+                    refill: None,
+                    share_bp: 0,
+                });
+            }
+            continue;
+        }
+        let others = demand_sum - if demanding(e, f) { weight(e) } else { 0 };
+        let weighted =
+            (others > 0).then(|| (weight(e) * FULL_BP as u64 / (weight(e) + others)) as u32);
+        let share = match (static_share(e.c.compute, e.c.env_compute), weighted) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let (gate, refill) = match share {
+            None => (base, None),
+            Some(bp) => {
+                let gate = match base {
+                    Gate::Paused => Gate::Paused,
+                    Gate::Open => Gate::Run {
+                        in_flight_us: 0,
+                        window: false,
+                        share: true,
+                    },
+                    Gate::Run {
+                        in_flight_us,
+                        window,
+                        ..
+                    } => Gate::Run {
+                        in_flight_us,
+                        window,
+                        share: true,
+                    },
+                };
+                let at = |ns: u64| (ns as u128 * bp as u128 / FULL_BP as u128) as i64;
+                (
+                    gate,
+                    Some(Refill {
+                        ns: at(elapsed),
+                        cap: at(t.share_cap_ns),
+                    }),
+                )
+            }
+        };
+        out.push(Decision {
+            id: e.id,
+            device: e.device,
+            gate,
+            window_end,
+            refill,
+            share_bp: share.unwrap_or(0),
+        });
+    }
+}
+
+fn time_slice_device(
+    slice: &mut Slice,
+    dev: &[Entry],
+    facts: &[Facts],
+    now: u64,
+    quantum_ns: u64,
+    out: &mut Decisions,
+) {
+    let dem: Vec<ContainerId> = dev
+        .iter()
+        .zip(facts)
+        .filter(|(e, f)| e.c.held > 0 || f.busy || f.recent)
+        .map(|(e, _)| e.id)
+        .collect();
+    let holder_demands = slice.holder.is_some_and(|h| dem.contains(&h));
+    // The next demanding container after the holder, in container order (wrapping).
+    let next = |h: Option<ContainerId>| {
+        h.and_then(|h| dem.iter().copied().find(|&id| id > h))
+            .or_else(|| dem.first().copied())
+    };
+    let quantum_over = now.saturating_sub(slice.since) >= quantum_ns && dem.len() > 1;
+    if !holder_demands || quantum_over {
+        slice.holder = next(slice.holder);
+        slice.since = now;
+    }
+    for e in dev {
+        let gate = match slice.holder {
+            Some(h) if h != e.id => Gate::Paused,
+            _ => Gate::Open,
+        };
+        out.push(Decision {
+            id: e.id,
+            device: e.device,
+            gate,
+            window_end: 0,
+            refill: None,
+            share_bp: 0,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,537 @@
+use super::*;
+
+const MS: u64 = 1_000_000;
+const US: u64 = 1_000;
+const T0: u64 = 1_000 * MS;
+
+const PROD: ContainerId = 1;
+const OPP: ContainerId = 2;
+
+fn entry(id: ContainerId, class: Class, c: Counters) -> Entry {
+    Entry {
+        id,
+        device: 0,
+        class,
+        c,
+    }
+}
+
+fn snap(entries: &[Entry]) -> Snapshot {
+    Snapshot {
+        entries: entries.to_vec(),
+    }
+}
+
+fn find(ds: &Decisions, id: ContainerId) -> Option<Decision> {
+    ds.iter().copied().find(|d| d.id == id)
+}
+
+/// A production job on a fixed cycle as its shim would publish it: `launches` moves while busy,
+/// `busy_since` is the phase's start, `drained_at` its end.
+#[derive(Clone, Copy)]
+struct Periodic {
+    period: u64,
+    busy: u64,
+    /// Arrival k is offset by `jitter[k % 4]`.
+    jitter: [u64; 4],
+    start: u64,
+}
+
+impl Periodic {
+    fn arrival(&self, k: u64) -> u64 {
+        self.start + k * self.period + self.jitter[(k % 4) as usize]
+    }
+
+    fn at(&self, now: u64) -> Counters {
+        let mut c = Counters::default();
+        if now < self.start {
+            return c;
+        }
+        let mut k = (now - self.start) / self.period;
+        if k > 0 && self.arrival(k) > now {
+            k -= 1;
+        }
+        let a = self.arrival(k);
+        c.launches = (k + 1) * 100 + ((now - a).min(self.busy) / US);
+        if now < a + self.busy {
+            c.busy_since = a;
+            c.drained_at = if k > 0 {
+                self.arrival(k - 1) + self.busy
+            } else {
+                0
+            };
+        } else {
+            c.drained_at = a + self.busy;
+        }
+        c
+    }
+}
+
+fn opp(launches: u64) -> Counters {
+    Counters {
+        launches,
+        ..Counters::default()
+    }
+}
+
+/// Steps the policy every ms over [from, to) with production `p` and a saturating opportunistic
+/// job; returns the decisions of the last tick.
+fn run_periodic(ps: &mut PolicyState, p: &Periodic, from: u64, to: u64) -> Decisions {
+    let mut last = Vec::new();
+    let mut now = from;
+    while now < to {
+        let s = snap(&[
+            entry(PROD, Class::Production, p.at(now)),
+            entry(OPP, Class::Opportunistic, opp(now / US)),
+        ]);
+        last = step(ps, &s, now);
+        now += MS;
+    }
+    last
+}
+
+#[test]
+fn production_is_never_gated() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        period: 10 * MS,
+        busy: 3 * MS,
+        jitter: [0; 4],
+        start: T0,
+    };
+    let mut now = T0;
+    while now < T0 + 200 * MS {
+        // A production container whose word is not Open (left over from another class) is
+        // opened; one that is Open is left alone.
+        let mut c = p.at(now);
+        c.gate = if (now / MS) % 2 == 0 {
+            Gate::Paused
+        } else {
+            Gate::Open
+        };
+        let s = snap(&[
+            entry(PROD, Class::Production, c),
+            entry(OPP, Class::Opportunistic, opp(now / US)),
+        ]);
+        let ds = step(&mut ps, &s, now);
+        match find(&ds, PROD) {
+            Some(d) => {
+                assert_eq!(d.gate, Gate::Open);
+                assert_eq!(c.gate, Gate::Paused);
+            }
+            None => assert_eq!(c.gate, Gate::Open),
+        }
+        assert!(
+            find(&ds, OPP).is_some(),
+            "opportunistic gates written every tick"
+        );
+        now += MS;
+    }
+}
+
+#[test]
+fn a_periodic_trace_gives_a_window_before_the_next_arrival() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        period: 10 * MS,
+        busy: 3 * MS,
+        jitter: [0; 4],
+        start: T0,
+    };
+    // 6 cycles: 5 intervals learned. At 5 ms into cycle 6, production is idle (drained at 3).
+    let ds = run_periodic(&mut ps, &p, T0, p.arrival(6) + 5 * MS + 1);
+    assert_eq!(ps.period(PROD, 0), Some((10 * MS, 0)));
+    assert_eq!(ps.busy_duration(PROD, 0), Some(3 * MS));
+    let d = find(&ds, OPP).unwrap();
+    assert_eq!(
+        d.gate,
+        Gate::Run {
+            in_flight_us: 0,
+            window: true,
+            share: false
+        }
+    );
+    assert_eq!(
+        d.window_end,
+        p.arrival(7) - 300 * US,
+        "next arrival − 300 µs"
+    );
+
+    // With jitter (±200 µs), the guard grows to 3 × the median absolute deviation.
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        jitter: [0, 200 * US, 0, 200 * US],
+        ..p
+    };
+    let ds = run_periodic(&mut ps, &p, T0, p.arrival(10) + 5 * MS + 1);
+    let (period, jitter) = ps.period(PROD, 0).unwrap();
+    // Arrivals ±200 µs make intervals of 9.8 and 10.2 ms: a deviation of 400 µs.
+    assert_eq!(jitter, 400 * US);
+    let d = find(&ds, OPP).unwrap();
+    assert_eq!(d.window_end, p.arrival(10) + period - 1_200 * US);
+    assert!(d.window_end < p.arrival(11));
+}
+
+#[test]
+fn production_arrival_pauses_opportunistic_work_at_once() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        period: 10 * MS,
+        busy: 3 * MS,
+        jitter: [0; 4],
+        start: T0,
+    };
+    // Ticks every ms, half a ms off the cycle: every tick that sees production busy pauses,
+    // every other one lets opportunistic work run (in a window once learned).
+    let (mut paused, mut ran) = (0, 0);
+    let mut now = T0 + MS / 2;
+    while now < T0 + 300 * MS {
+        let c = p.at(now);
+        let s = snap(&[
+            entry(PROD, Class::Production, c),
+            entry(OPP, Class::Opportunistic, opp(now / US)),
+        ]);
+        let g = find(&step(&mut ps, &s, now), OPP).unwrap().gate;
+        if c.busy_since != 0 {
+            assert_eq!(g, Gate::Paused, "at {} ms", (now - T0) / MS);
+            paused += 1;
+        } else {
+            assert_ne!(g, Gate::Paused, "at {} ms", (now - T0) / MS);
+            ran += 1;
+        }
+        now += MS;
+    }
+    assert_eq!((paused, ran), (90, 210));
+}
+
+#[test]
+fn unpredictable_or_long_idle_production_gets_the_in_flight_bound() {
+    let bounded = Gate::Run {
+        in_flight_us: 2_000,
+        window: false,
+        share: false,
+    };
+    // Jitter of 30 % of the period: not predictable.
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        period: 10 * MS,
+        busy: 2 * MS,
+        jitter: [0, 3 * MS, 0, 3 * MS],
+        start: T0,
+    };
+    let ds = run_periodic(&mut ps, &p, T0, p.arrival(8) + 4 * MS + 1);
+    assert_eq!(find(&ds, OPP).unwrap().gate, bounded);
+
+    // Periodic, then silent past 2 × period + 10 ms (but still active: launched < 3 s ago).
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        jitter: [0; 4],
+        ..p
+    };
+    run_periodic(&mut ps, &p, T0, p.arrival(8) + 4 * MS);
+    let frozen = p.at(p.arrival(8) + 4 * MS);
+    let mut last = Vec::new();
+    for t in 0..40 {
+        let now = p.arrival(8) + 4 * MS + t * MS;
+        let s = snap(&[
+            entry(PROD, Class::Production, frozen),
+            entry(OPP, Class::Opportunistic, opp(now / US)),
+        ]);
+        last = step(&mut ps, &s, now);
+    }
+    assert_eq!(find(&last, OPP).unwrap().gate, bounded);
+}
+
+#[test]
+fn a_lone_opportunistic_container_runs_open() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    // A production container that never launched does not count.
+    let mut now = T0;
+    for _ in 0..10 {
+        let s = snap(&[
+            entry(PROD, Class::Production, Counters::default()),
+            entry(OPP, Class::Opportunistic, opp(now / US)),
+        ]);
+        let ds = step(&mut ps, &s, now);
+        assert_eq!(find(&ds, OPP).unwrap().gate, Gate::Open);
+        assert_eq!(find(&ds, OPP).unwrap().refill, None);
+        now += MS;
+    }
+    // Production that stopped launching more than 3 s ago does not either.
+    let old = Counters {
+        launches: 5,
+        drained_at: now,
+        ..Counters::default()
+    };
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    for t in 0..=3_100u64 {
+        let s = snap(&[
+            entry(PROD, Class::Production, old),
+            entry(OPP, Class::Opportunistic, opp(t)),
+        ]);
+        let ds = step(&mut ps, &s, now + t * MS);
+        let g = find(&ds, OPP).unwrap().gate;
+        if t >= 3_000 {
+            assert_eq!(g, Gate::Open, "t = {t} ms");
+        } else {
+            assert_ne!(g, Gate::Open, "t = {t} ms");
+        }
+    }
+    // 100 % (or more) from the environment is no limit.
+    assert_eq!(static_share(0, 10_000), None);
+    assert_eq!(static_share(0, 0), None);
+    assert_eq!(static_share(5_000, 3_000), Some(3_000));
+    assert_eq!(static_share(2_000, 0), Some(2_000));
+}
+
+#[test]
+fn a_30_percent_share_is_refilled_at_30_percent() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let mut tokens: i64 = 0;
+    let mut granted: i64 = 0;
+    let mut now = T0;
+    for _ in 0..=1_000 {
+        let c = Counters {
+            compute: 3_000,
+            launches: now / US,
+            ..Counters::default()
+        };
+        let ds = step(&mut ps, &snap(&[entry(OPP, Class::Opportunistic, c)]), now);
+        let d = find(&ds, OPP).unwrap();
+        assert_eq!(
+            d.gate,
+            Gate::Run {
+                in_flight_us: 0,
+                window: false,
+                share: true
+            }
+        );
+        assert_eq!(d.share_bp, 3_000);
+        let r = d.refill.unwrap();
+        assert_eq!(r.cap, 3 * MS as i64, "cap = share × 10 ms");
+        tokens = (tokens + r.ns).min(r.cap);
+        // A saturating job spends whatever is there in kernels of 200 µs (debt of one kernel).
+        while tokens > 0 {
+            tokens -= 200 * US as i64;
+            granted += 200 * US as i64;
+        }
+        now += MS;
+    }
+    // Over 1 s: 300 ms ± one kernel.
+    assert!(
+        (granted - 300 * MS as i64).abs() <= 200 * US as i64,
+        "{granted}"
+    );
+    // A daemon stall does not bank more than the cap.
+    let c = Counters {
+        compute: 3_000,
+        ..Counters::default()
+    };
+    let ds = step(
+        &mut ps,
+        &snap(&[entry(OPP, Class::Opportunistic, c)]),
+        now + 5_000 * MS,
+    );
+    assert_eq!(find(&ds, OPP).unwrap().refill.unwrap().ns, 3 * MS as i64);
+}
+
+#[test]
+fn weights_1_to_3_split_the_device_2500_7500() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let a = |launches, weight| Counters {
+        launches,
+        weight,
+        ..Counters::default()
+    };
+    let mut ds = Vec::new();
+    for t in 0..5u64 {
+        let s = snap(&[
+            entry(10, Class::Opportunistic, a(t, 1)),
+            entry(11, Class::Opportunistic, a(t, 3)),
+        ]);
+        ds = step(&mut ps, &s, T0 + t * MS);
+    }
+    assert_eq!(find(&ds, 10).unwrap().share_bp, 2_500);
+    assert_eq!(find(&ds, 11).unwrap().share_bp, 7_500);
+    assert!(matches!(
+        find(&ds, 11).unwrap().gate,
+        Gate::Run { share: true, .. }
+    ));
+    // Weight 0 counts as 1; a static share below the weighted one wins.
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    for t in 0..5u64 {
+        let mut b = a(t, 0);
+        b.compute = 2_000;
+        let s = snap(&[
+            entry(10, Class::Opportunistic, a(t, 0)),
+            entry(11, Class::Opportunistic, b),
+        ]);
+        ds = step(&mut ps, &s, T0 + t * MS);
+    }
+    assert_eq!(find(&ds, 10).unwrap().share_bp, 5_000);
+    assert_eq!(find(&ds, 11).unwrap().share_bp, 2_000);
+    // When one stops demanding (no launch for 100 ms, nothing held), the other runs Open.
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    for t in 0..200u64 {
+        let s = snap(&[
+            entry(10, Class::Opportunistic, a(t, 1)),
+            entry(11, Class::Opportunistic, a(7, 3)),
+        ]);
+        ds = step(&mut ps, &s, T0 + t * MS);
+    }
+    assert_eq!(find(&ds, 10).unwrap().gate, Gate::Open);
+    assert_eq!(find(&ds, 10).unwrap().share_bp, 0);
+    // ... but a container held at the gate is demanding even if its launches do not move.
+    let mut held = a(7, 3);
+    held.held = 1;
+    let s = snap(&[
+        entry(10, Class::Opportunistic, a(300, 1)),
+        entry(11, Class::Opportunistic, held),
+    ]);
+    ds = step(&mut ps, &s, T0 + 300 * MS);
+    assert_eq!(find(&ds, 10).unwrap().share_bp, 2_500);
+}
+
+#[test]
+fn time_slice_rotates_exclusive_quanta() {
+    let q = 100 * MS;
+    let mut ps = PolicyState::new(PolicyKind::TimeSlice { quantum_ns: q });
+    let ids = [1, 2, 3];
+    let mut holders = Vec::new();
+    for t in 0..600u64 {
+        let now = T0 + t * MS;
+        let s = snap(&ids.map(|id| {
+            let class = if id == 1 {
+                Class::Production
+            } else {
+                Class::Opportunistic
+            };
+            entry(id, class, opp(t + 1))
+        }));
+        let ds = step(&mut ps, &s, now);
+        assert_eq!(ds.len(), 3, "every container, every tick");
+        let open: Vec<_> = ds.iter().filter(|d| d.gate == Gate::Open).collect();
+        assert_eq!(open.len(), 1, "exactly one holder at t = {t} ms");
+        assert!(ds
+            .iter()
+            .all(|d| d.gate == Gate::Open || d.gate == Gate::Paused));
+        holders.push(open[0].id);
+    }
+    for (t, h) in holders.iter().enumerate() {
+        assert_eq!(*h, ids[(t / 100) % 3], "t = {t} ms");
+    }
+
+    // The holder stops demanding (no launch for 10 ms, not busy, nothing held): the other gets
+    // the device early; a paused container demands through its held threads.
+    let mut ps = PolicyState::new(PolicyKind::TimeSlice { quantum_ns: q });
+    let mut switched = None;
+    for t in 0..60u64 {
+        let a = opp(if t < 20 { t + 1 } else { 20 });
+        let b = Counters {
+            launches: 1,
+            held: 1,
+            ..Counters::default()
+        };
+        let s = snap(&[
+            entry(1, Class::Opportunistic, a),
+            entry(2, Class::Opportunistic, b),
+        ]);
+        let ds = step(&mut ps, &s, T0 + t * MS);
+        if t == 0 {
+            assert_eq!(find(&ds, 1).unwrap().gate, Gate::Open);
+        }
+        if switched.is_none() && find(&ds, 2).unwrap().gate == Gate::Open {
+            switched = Some(t);
+            assert_eq!(find(&ds, 1).unwrap().gate, Gate::Paused);
+        }
+    }
+    let t = switched.expect("switched before the quantum's end");
+    assert!((28..=32).contains(&t), "switched at {t} ms");
+}
+
+#[test]
+fn a_stale_busy_flag_stops_counting_after_50_ms() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    // Production launched 100 times at T0 and never synchronised: busy_since stays set.
+    let c = Counters {
+        launches: 100,
+        busy_since: T0,
+        ..Counters::default()
+    };
+    for t in 0..120u64 {
+        let s = snap(&[
+            entry(PROD, Class::Production, c),
+            entry(OPP, Class::Opportunistic, opp(t)),
+        ]);
+        let ds = step(&mut ps, &s, T0 + t * MS);
+        let g = find(&ds, OPP).unwrap().gate;
+        if t < 50 {
+            assert_eq!(g, Gate::Paused, "t = {t} ms");
+        } else {
+            assert_eq!(
+                g,
+                Gate::Run {
+                    in_flight_us: 2_000,
+                    window: false,
+                    share: false
+                },
+                "t = {t} ms"
+            );
+        }
+    }
+    // It launches again: busy at once.
+    let c = Counters { launches: 101, ..c };
+    let s = snap(&[
+        entry(PROD, Class::Production, c),
+        entry(OPP, Class::Opportunistic, opp(200)),
+    ]);
+    let ds = step(&mut ps, &s, T0 + 121 * MS);
+    assert_eq!(find(&ds, OPP).unwrap().gate, Gate::Paused);
+}
+
+#[test]
+fn devices_are_decided_separately() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let busy = Counters {
+        launches: 1,
+        busy_since: T0,
+        ..Counters::default()
+    };
+    let s = Snapshot {
+        entries: vec![
+            Entry {
+                id: PROD,
+                device: 0,
+                class: Class::Production,
+                c: busy,
+            },
+            Entry {
+                id: OPP,
+                device: 0,
+                class: Class::Opportunistic,
+                c: opp(1),
+            },
+            Entry {
+                id: PROD,
+                device: 1,
+                class: Class::Production,
+                c: Counters::default(),
+            },
+            Entry {
+                id: OPP,
+                device: 1,
+                class: Class::Opportunistic,
+                c: opp(1),
+            },
+        ],
+    };
+    let ds = step(&mut ps, &s, T0);
+    let g = |dev| {
+        ds.iter()
+            .find(|d| d.id == OPP && d.device == dev)
+            .unwrap()
+            .gate
+    };
+    assert_eq!(g(0), Gate::Paused);
+    assert_eq!(g(1), Gate::Open);
+}

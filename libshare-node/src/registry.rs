@@ -1,0 +1,203 @@
+//! The containers the daemon steers: every `<state dir>/containers/<name>/state.shm` (the
+//! layout the shim uses, `libshare_abi::container_dir`), mapped read-write with
+//! `State::open_existing` (the same checks as the shim's: owner, mode, no symlink, valid
+//! header). [`Registry::rescan`] runs at start and about every second: a new file is opened, a
+//! file whose inode changed is reopened (a new container id), a container whose file
+//! disappeared is dropped. A file that cannot be opened (being created, corrupt, foreign) is
+//! retried at each rescan and logged once when the same error persists.
+//!
+//! The node service's registration socket will add containers here instead of (or besides)
+//! the directory scan.
+
+use crate::error::NodeError;
+use crate::policy::ContainerId;
+use libshare_abi::{State, STATE_FILE};
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// One registered container.
+pub struct Container {
+    pub id: ContainerId,
+    pub name: String,
+    pub state: State,
+    /// (device, inode) of the file opened.
+    key: (u64, u64),
+}
+
+/// The containers of one state directory.
+pub struct Registry {
+    dir: PathBuf,
+    containers: Vec<Container>,
+    next_id: ContainerId,
+    /// The last open error per name (logged when it repeats).
+    failing: HashMap<String, String>,
+}
+
+/// What a rescan changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanReport {
+    pub added: usize,
+    pub dropped: usize,
+    pub failed: usize,
+}
+
+impl Registry {
+    pub fn new(state_dir: &Path) -> Self {
+        Registry {
+            dir: state_dir.to_path_buf(),
+            containers: Vec::new(),
+            next_id: 1,
+            failing: HashMap::new(),
+        }
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The registered containers, in id order.
+    pub fn containers(&self) -> &[Container] {
+        &self.containers
+    }
+
+    /// Brings the set of containers in line with the directory. A missing state directory (or
+    /// `containers/` under it) means no containers yet; any other error reading it is returned.
+    pub fn rescan(&mut self) -> Result<ScanReport, NodeError> {
+        let root = self.dir.join("containers");
+        let mut found: Vec<(String, PathBuf, (u64, u64))> = Vec::new();
+        match std::fs::read_dir(&root) {
+            Ok(rd) => {
+                for ent in rd.flatten() {
+                    let Ok(name) = ent.file_name().into_string() else {
+                        continue;
+                    };
+                    let path = ent.path().join(STATE_FILE);
+                    if let Ok(m) = std::fs::symlink_metadata(&path) {
+                        found.push((name, path, (m.dev(), m.ino())));
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(NodeError::StateDir { path: root, err }),
+        }
+        found.sort();
+        self.failing
+            .retain(|n, _| found.iter().any(|(f, _, _)| f == n));
+        let mut rep = ScanReport::default();
+        let before = self.containers.len();
+        self.containers.retain(|c| {
+            let keep = found.iter().any(|(n, _, k)| *n == c.name && *k == c.key);
+            if !keep {
+                tracing::info!(container = %c.name, id = c.id, "container dropped (its state file is gone or replaced)");
+            }
+            keep
+        });
+        rep.dropped = before - self.containers.len();
+        for (name, path, key) in found {
+            if self.containers.iter().any(|c| c.name == name) {
+                continue;
+            }
+            match State::open_existing(&path) {
+                Ok(state) => {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    tracing::info!(container = %name, id, "container registered");
+                    self.failing.remove(&name);
+                    self.containers.push(Container {
+                        id,
+                        name,
+                        state,
+                        key,
+                    });
+                    rep.added += 1;
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    // A file being created fails once; one that keeps failing is worth a line.
+                    if self.failing.get(&name) == Some(&msg) {
+                        tracing::warn!(container = %name, "cannot steer this container: {msg}");
+                        self.failing.insert(name, String::new());
+                    } else if self.failing.get(&name).is_none_or(|m| !m.is_empty()) {
+                        self.failing.insert(name, msg);
+                    }
+                    rep.failed += 1;
+                }
+            }
+        }
+        self.containers.sort_by_key(|c| c.id);
+        Ok(rep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::container_dir;
+
+    fn ids(r: &Registry) -> Vec<(String, ContainerId)> {
+        r.containers()
+            .iter()
+            .map(|c| (c.name.clone(), c.id))
+            .collect()
+    }
+
+    fn remove(dir: &Path, name: &str) {
+        let d = container_dir(dir, name);
+        std::fs::remove_file(d.join(STATE_FILE)).unwrap();
+        std::fs::remove_file(d.join(libshare_abi::KEEP_FILE)).unwrap();
+    }
+
+    #[test]
+    fn containers_come_and_go_with_their_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let mut r = Registry::new(dir);
+        assert_eq!(
+            r.rescan().unwrap(),
+            ScanReport::default(),
+            "no containers/ yet"
+        );
+        let a = State::open_or_create(&container_dir(dir, "a")).unwrap();
+        let _b = State::open_or_create(&container_dir(dir, "b")).unwrap();
+        let rep = r.rescan().unwrap();
+        assert_eq!(rep.added, 2);
+        let first = ids(&r);
+        assert_eq!(first.len(), 2);
+        assert_eq!(
+            r.rescan().unwrap(),
+            ScanReport::default(),
+            "nothing changed"
+        );
+        assert_eq!(ids(&r), first);
+
+        // The daemon's mapping is the container's: a write through one shows in the other.
+        a.device(3)
+            .launches
+            .store(7, std::sync::atomic::Ordering::Release);
+        let mine = r.containers().iter().find(|c| c.name == "a").unwrap();
+        assert_eq!(
+            mine.state
+                .device(3)
+                .launches
+                .load(std::sync::atomic::Ordering::Acquire),
+            7
+        );
+
+        remove(dir, "b");
+        assert_eq!(r.rescan().unwrap().dropped, 1);
+        assert_eq!(ids(&r), first[..1].to_vec());
+
+        // A replaced file is a new container (new id); a file that is not a state is skipped.
+        remove(dir, "a");
+        let _a2 = State::open_or_create(&container_dir(dir, "a")).unwrap();
+        std::fs::create_dir_all(container_dir(dir, "junk")).unwrap();
+        std::fs::write(container_dir(dir, "junk").join(STATE_FILE), b"x").unwrap();
+        let rep = r.rescan().unwrap();
+        assert_eq!((rep.added, rep.dropped, rep.failed), (1, 1, 1));
+        let now = ids(&r);
+        assert_eq!(now.len(), 1);
+        assert_eq!(now[0].0, "a");
+        assert!(now[0].1 > first[1].1, "a new id");
+    }
+}

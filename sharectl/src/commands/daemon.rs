@@ -1,0 +1,103 @@
+//! `sharectl daemon`: the node's control loop (`libshare_node::run`) until SIGTERM or SIGINT.
+
+use anyhow::{anyhow, Result};
+use clap::{Args, ValueEnum};
+use libshare_node::{ControllerConfig, PolicyKind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Production as if alone; opportunistic work in production's idle gaps, shares, weights.
+    Libshare,
+    /// Exclusive turns of --quantum among the jobs that want the GPU (nvshare-style baseline).
+    TimeSlice,
+}
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// State directory: containers are <DIR>/containers/<name>/state.shm (default:
+    /// $LIBSHARE_STATE_DIR, else /run/libshare, else /tmp/libshare-<uid>).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Control period (100us..1s).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub period: u64,
+    /// Sharing policy.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Libshare)]
+    pub policy: PolicyArg,
+    /// Time-slice quantum (policy time-slice).
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub quantum: u64,
+}
+
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    libshare_abi::units::parse_duration_ns(s)
+        .ok_or_else(|| format!("{s:?} is not a duration (e.g. 500us, 1ms, 2s)"))
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Release);
+}
+
+fn install_handlers() -> Result<()> {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: an all-zero sigaction is valid; we set the handler (async-signal-safe: one
+        // atomic store) and no SA_RESTART, so the loop's sleep returns EINTR and sees STOP.
+        let r = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if r != 0 {
+            return Err(anyhow!(
+                "cannot install a signal handler: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: DaemonArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LIBSHARE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    install_handlers()?;
+    let policy = match args.policy {
+        PolicyArg::Libshare => PolicyKind::Libshare,
+        PolicyArg::TimeSlice => PolicyKind::TimeSlice {
+            quantum_ns: args.quantum,
+        },
+    };
+    let dir = super::state_dir(args.state_dir);
+    let cfg = ControllerConfig::new(dir.clone(), args.period, policy);
+    cfg.check()?;
+    tracing::info!(
+        state_dir = %dir.display(),
+        period_us = args.period / 1_000,
+        policy = args.policy.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string()),
+        quantum_ms = args.quantum / 1_000_000,
+        "daemon started"
+    );
+    let s = libshare_node::run(&cfg, &STOP)?;
+    tracing::info!(
+        ticks = s.ticks,
+        late_mean_us = s.late_mean_ns as f64 / 1e3,
+        late_max_us = s.late_max_ns as f64 / 1e3,
+        overruns = s.overruns,
+        cpu_ms = s.cpu_ns as f64 / 1e6,
+        cpu_pct = format!("{:.2}", s.cpu_pct()),
+        containers = s.containers,
+        "daemon stopped"
+    );
+    Ok(())
+}
