@@ -820,6 +820,7 @@ impl State {
         validate_header_bytes(&hdr, path)
     }
 
+    #[inline]
     pub fn header(&self) -> &Header {
         // SAFETY: `base` is a live, page-aligned FILE_SIZE mapping owned by `self` (unmapped only
         // in Drop, so it outlives the borrow) and HEADER_SIZE <= FILE_SIZE; every field is an
@@ -827,6 +828,7 @@ impl State {
         unsafe { &*(self.base as *const Header) }
     }
 
+    #[inline]
     pub fn device(&self, i: usize) -> &DeviceState {
         assert!(i < MAX_DEVICES);
         // SAFETY: `i < MAX_DEVICES` (asserted), so the element lies inside the FILE_SIZE mapping
@@ -835,6 +837,7 @@ impl State {
         unsafe { &*(self.base.add(DEVICES_OFFSET) as *const DeviceState).add(i) }
     }
 
+    #[inline]
     pub fn slot(&self, i: usize) -> &ProcSlot {
         assert!(i < MAX_PROCS);
         // SAFETY: as for `device()`: `i < MAX_PROCS` (asserted) keeps it inside the mapping,

@@ -308,17 +308,20 @@ impl Config {
                 )
             })?,
         };
+        // HAMi-core's meaning: 0 and 100 are no limit.
         let compute_percent = match get("CUDA_DEVICE_SM_LIMIT") {
             None => None,
-            Some(v) => Some(
-                v.trim_end_matches('%')
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|p| (1..=100).contains(p))
-                    .ok_or_else(|| {
-                        invalid("CUDA_DEVICE_SM_LIMIT", v, "expected a percentage 1-100")
-                    })?,
-            ),
+            Some(v) => match v.trim_end_matches('%').parse::<u32>() {
+                Ok(0 | 100) => None,
+                Ok(p @ 1..=99) => Some(p),
+                _ => {
+                    return Err(invalid(
+                        "CUDA_DEVICE_SM_LIMIT",
+                        v,
+                        "expected a percentage 0-100 (0 and 100: no limit)",
+                    ))
+                }
+            },
         };
         // The context overhead is charged before any allocation: at or above a limit, every
         // context would fail.
@@ -422,6 +425,15 @@ mod tests {
                 .compute_percent,
             Some(30)
         );
+        for none in ["0", "100", "100%"] {
+            assert_eq!(
+                cfg(&[("CUDA_DEVICE_SM_LIMIT", none)])
+                    .unwrap()
+                    .compute_percent,
+                None,
+                "{none} is no limit"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_uint, c_void};
 
 use crate::types::*;
-use crate::{context, graph_mem, init, launch, memory, procaddr};
+use crate::{context, graph_mem, init, launch, memory, procaddr, sync};
 
 driver_hooks!(hook_exports);
 
@@ -127,6 +127,74 @@ mod tests {
         ("cuGraphLaunch", 10000, true, Some("cuGraphLaunch_ptsz")),
         ("cuGraphLaunch", 9999, true, None),
         ("cuGraphLaunch", 13050, true, Some("cuGraphLaunch_ptsz")),
+        ("cuCtxSynchronize", 2000, false, Some("cuCtxSynchronize")),
+        ("cuCtxSynchronize", 1999, false, None),
+        ("cuCtxSynchronize", 12999, false, Some("cuCtxSynchronize")),
+        (
+            "cuCtxSynchronize",
+            13000,
+            false,
+            Some("cuCtxSynchronize_v2"),
+        ),
+        (
+            "cuCtxSynchronize",
+            13050,
+            false,
+            Some("cuCtxSynchronize_v2"),
+        ),
+        (
+            "cuStreamSynchronize",
+            2000,
+            false,
+            Some("cuStreamSynchronize"),
+        ),
+        ("cuStreamSynchronize", 1999, false, None),
+        (
+            "cuStreamSynchronize",
+            13050,
+            false,
+            Some("cuStreamSynchronize"),
+        ),
+        (
+            "cuStreamSynchronize",
+            7000,
+            true,
+            Some("cuStreamSynchronize_ptsz"),
+        ),
+        (
+            "cuStreamSynchronize",
+            6999,
+            true,
+            Some("cuStreamSynchronize"),
+        ),
+        (
+            "cuStreamSynchronize",
+            13050,
+            true,
+            Some("cuStreamSynchronize_ptsz"),
+        ),
+        ("cuStreamQuery", 2000, false, Some("cuStreamQuery")),
+        ("cuStreamQuery", 1999, false, None),
+        ("cuStreamQuery", 13050, false, Some("cuStreamQuery")),
+        ("cuStreamQuery", 7000, true, Some("cuStreamQuery_ptsz")),
+        ("cuStreamQuery", 6999, true, Some("cuStreamQuery")),
+        ("cuStreamQuery", 13050, true, Some("cuStreamQuery_ptsz")),
+        (
+            "cuEventSynchronize",
+            2000,
+            false,
+            Some("cuEventSynchronize"),
+        ),
+        ("cuEventSynchronize", 1999, false, None),
+        (
+            "cuEventSynchronize",
+            13050,
+            false,
+            Some("cuEventSynchronize"),
+        ),
+        ("cuEventQuery", 2000, false, Some("cuEventQuery")),
+        ("cuEventQuery", 1999, false, None),
+        ("cuEventQuery", 13050, false, Some("cuEventQuery")),
         (
             "cuDevicePrimaryCtxRetain",
             7000,

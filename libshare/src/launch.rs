@@ -1,22 +1,19 @@
-//! The launch hooks: every launch path passes the rate gate's seam (`rate.rs`) with its stream
-//! and grid, then the driver's launch runs.
+//! The launch hooks: every launch path passes the rate gate's seam (`rate.rs`) with its key (the
+//! function or graph), its stream and whether it is a per-thread default-stream (`_ptsz`) call;
+//! the seam runs the driver's launch.
 
 use crate::boundary::{rc, In, Out, R};
 use crate::rate;
 use crate::types::*;
 
-fn blocks(gx: u32, gy: u32, gz: u32) -> u64 {
-    gx as u64 * gy as u64 * gz as u64
-}
-
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn kernel(
     call: impl FnOnce() -> CUresult,
-    _f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
+    f: CUfunction,
+    _gx: u32,
+    _gy: u32,
+    _gz: u32,
     _bx: u32,
     _by: u32,
     _bz: u32,
@@ -25,18 +22,36 @@ pub fn kernel(
     _params: Out<*mut std::ffi::c_void>,
     _extra: Out<*mut std::ffi::c_void>,
 ) -> R {
-    rate::admit(stream, blocks(gx, gy, gz));
-    rc(call())
+    rc(rate::launch(f as usize, stream, false, call))
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn kernel_ptsz(
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    _gx: u32,
+    _gy: u32,
+    _gz: u32,
+    _bx: u32,
+    _by: u32,
+    _bz: u32,
+    _smem: u32,
+    stream: CUstream,
+    _params: Out<*mut std::ffi::c_void>,
+    _extra: Out<*mut std::ffi::c_void>,
+) -> R {
+    rc(rate::launch(f as usize, stream, true, call))
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn cooperative(
     call: impl FnOnce() -> CUresult,
-    _f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
+    f: CUfunction,
+    _gx: u32,
+    _gy: u32,
+    _gz: u32,
     _bx: u32,
     _by: u32,
     _bz: u32,
@@ -44,27 +59,64 @@ pub fn cooperative(
     stream: CUstream,
     _params: Out<*mut std::ffi::c_void>,
 ) -> R {
-    rate::admit(stream, blocks(gx, gy, gz));
-    rc(call())
+    rc(rate::launch(f as usize, stream, false, call))
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn cooperative_ptsz(
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    _gx: u32,
+    _gy: u32,
+    _gz: u32,
+    _bx: u32,
+    _by: u32,
+    _bz: u32,
+    _smem: u32,
+    stream: CUstream,
+    _params: Out<*mut std::ffi::c_void>,
+) -> R {
+    rc(rate::launch(f as usize, stream, true, call))
+}
+
+fn config_stream(config: &In<LaunchConfig>) -> CUstream {
+    config.get().map_or(std::ptr::null_mut(), |c| c.stream)
 }
 
 #[inline(always)]
 pub fn kernel_ex(
     call: impl FnOnce() -> CUresult,
     config: In<LaunchConfig>,
-    _f: CUfunction,
+    f: CUfunction,
     _params: Out<*mut std::ffi::c_void>,
     _extra: Out<*mut std::ffi::c_void>,
 ) -> R {
-    let (stream, grid) = config.get().map_or((std::ptr::null_mut(), 0), |c| {
-        (c.stream, blocks(c.grid[0], c.grid[1], c.grid[2]))
-    });
-    rate::admit(stream, grid);
-    rc(call())
+    rc(rate::launch(
+        f as usize,
+        config_stream(&config),
+        false,
+        call,
+    ))
 }
 
 #[inline(always)]
-pub fn graph(call: impl FnOnce() -> CUresult, _exec: CUgraphExec, stream: CUstream) -> R {
-    rate::admit(stream, 0);
-    rc(call())
+pub fn kernel_ex_ptsz(
+    call: impl FnOnce() -> CUresult,
+    config: In<LaunchConfig>,
+    f: CUfunction,
+    _params: Out<*mut std::ffi::c_void>,
+    _extra: Out<*mut std::ffi::c_void>,
+) -> R {
+    rc(rate::launch(f as usize, config_stream(&config), true, call))
+}
+
+#[inline(always)]
+pub fn graph(call: impl FnOnce() -> CUresult, exec: CUgraphExec, stream: CUstream) -> R {
+    rc(rate::launch(exec as usize, stream, false, call))
+}
+
+#[inline(always)]
+pub fn graph_ptsz(call: impl FnOnce() -> CUresult, exec: CUgraphExec, stream: CUstream) -> R {
+    rc(rate::launch(exec as usize, stream, true, call))
 }

@@ -5,9 +5,9 @@
 //!
 //! ```text
 //! hooks (exports, from list.rs) · procaddr · interpose (dlsym) · nvml      the job's entry points
-//! init · memory · graph_mem · launch                                       handlers (safe fns)
-//! context · rate                                                           contexts, launch gate
-//! ledger                                                                   the quota ledger
+//! init · memory · graph_mem · launch · sync                                handlers (safe fns)
+//! context · rate                                                           contexts, launch seam
+//! ledger · gate                                                            quota ledger, the gate
 //! pools · deferred                                                         pool and free tracking
 //! process (Shim, Account, init/exit/fork) · config                         this process
 //! ops (DriverOps) · driver (Real, from list.rs) · per_process · boundary   driver, tables, FFI
@@ -30,6 +30,7 @@ pub mod config;
 pub mod context;
 pub mod deferred;
 pub mod driver;
+pub mod gate;
 pub mod graph_mem;
 pub mod hooks;
 pub mod init;
@@ -45,6 +46,7 @@ pub mod pools;
 pub mod procaddr;
 pub mod process;
 pub mod rate;
+pub mod sync;
 
 pub use shim_headers::types;
 

@@ -20,15 +20,25 @@ macro_rules! driver_hooks {
     wrap cuGetProcAddress(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) => procaddr::get_proc_address;
     wrap cuGetProcAddress_v2(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) => procaddr::get_proc_address_v2;
 
-    // Launches: counted, and the opportunistic rate gate's seam (`rate.rs`).
+    // Launches: counted, and the opportunistic rate gate (`rate.rs`, `gate.rs`).
     wrap cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel;
-    wrap cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel;
+    wrap cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ptsz;
     wrap cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex;
-    wrap cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex;
+    wrap cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex_ptsz;
     wrap cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative;
-    wrap cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative;
+    wrap cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative_ptsz;
     wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph;
-    wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph;
+    wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_ptsz;
+
+    // Synchronising calls that return with work done: the drain signal (a hint, `sync.rs`).
+    wrap cuCtxSynchronize() => sync::ctx;
+    wrap cuCtxSynchronize_v2(ctx: CUcontext) => sync::ctx_v2;
+    wrap cuStreamSynchronize(stream: CUstream) => sync::stream;
+    wrap cuStreamSynchronize_ptsz(stream: CUstream) => sync::stream;
+    wrap cuStreamQuery(stream: CUstream) => sync::stream;
+    wrap cuStreamQuery_ptsz(stream: CUstream) => sync::stream;
+    wrap cuEventSynchronize(event: CUevent) => sync::event;
+    wrap cuEventQuery(event: CUevent) => sync::event;
 
     // Contexts: overhead charge, teardown settles the context's allocations, current device.
     wrap cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain;
@@ -110,8 +120,7 @@ macro_rules! driver_hooks {
     call cuEventCreate(event: *mut CUevent, flags: c_uint);
     call cuEventRecord(event: CUevent, stream: CUstream);
     call cuEventRecord_ptsz(event: CUevent, stream: CUstream);
-    call cuEventQuery(event: CUevent);
-    call cuEventSynchronize(event: CUevent);
+    call cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
     call cuEventDestroy_v2(event: CUevent);
     call cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
     call cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);

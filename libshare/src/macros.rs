@@ -87,6 +87,7 @@ macro_rules! hook_fn {
                 return CUDA_ERROR_NOT_SUPPORTED;
             };
             $crate::guard(stringify!($name), || {
+                #[allow(unused_variables)] // a function without parameters (cuCtxSynchronize)
                 let scope = $crate::boundary::Scope;
                 // SAFETY: the hook contract (above): the driver's `$name` with the caller's
                 // arguments, unchanged.
@@ -94,7 +95,7 @@ macro_rules! hook_fn {
                 let call = || unsafe { real($($a),*) };
                 // SAFETY: the hook contract: the caller's arguments, valid as the API documents
                 // for this call, wrapped for its duration (`scope`).
-                #[allow(clippy::macro_metavars_in_unsafe, clippy::unused_unit)]
+                #[allow(clippy::macro_metavars_in_unsafe, clippy::unused_unit, unused_unsafe)]
                 let ($($a,)*) = unsafe { ($($crate::boundary::FromCuda::at_boundary($a, &scope),)*) };
                 $crate::boundary::code($h(call, $($a),*))
             })

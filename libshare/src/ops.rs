@@ -47,6 +47,14 @@ pub trait DriverOps: Sync {
     /// capture another thread has in progress, as CUDA documents for libraries).
     fn event_wait(&self, event: Handle);
     fn event_destroy(&self, event: Handle);
+    /// An event with timing in the current context (the gate measures launches with pairs).
+    fn timed_event_create(&self) -> Option<Handle>;
+    /// GPU time between two completed timed events, ns (None: not both completed, or gone).
+    fn event_elapsed_ns(&self, start: Handle, end: Handle) -> Option<u64>;
+    /// Sets this thread's capture mode to relaxed (so the shim's own queries never invalidate
+    /// a capture in progress); returns the mode to restore.
+    fn relax_capture(&self) -> Option<u32>;
+    fn restore_capture(&self, mode: u32);
     /// The graph `stream` is capturing into, if it is capturing.
     fn capturing(&self, stream: Handle, ptsz: bool) -> Option<Handle>;
     fn mem_free(&self, ptr: CUdeviceptr);
@@ -202,6 +210,36 @@ impl DriverOps for RealDriver {
         if let Some(f) = real().cuEventDestroy_v2 {
             // SAFETY: see the impl's comment; our event, destroyed once.
             unsafe { f(event as CUevent) };
+        }
+    }
+
+    fn timed_event_create(&self) -> Option<Handle> {
+        let f = real().cuEventCreate?;
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: see the impl's comment.
+        (unsafe { f(&mut e, CU_EVENT_DEFAULT) } == CUDA_SUCCESS && !e.is_null())
+            .then_some(e as Handle)
+    }
+
+    fn event_elapsed_ns(&self, start: Handle, end: Handle) -> Option<u64> {
+        let f = real().cuEventElapsedTime?;
+        let mut ms = 0f32;
+        // SAFETY: see the impl's comment (one float local to write).
+        (unsafe { f(&mut ms, start as CUevent, end as CUevent) } == CUDA_SUCCESS && ms >= 0.0)
+            .then_some((ms as f64 * 1e6) as u64)
+    }
+
+    fn relax_capture(&self) -> Option<u32> {
+        let x = real().cuThreadExchangeStreamCaptureMode?;
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: see the impl's comment (reads and writes one CUstreamCaptureMode local).
+        (unsafe { x(&mut mode) } == CUDA_SUCCESS).then_some(mode)
+    }
+
+    fn restore_capture(&self, mut mode: u32) {
+        if let Some(x) = real().cuThreadExchangeStreamCaptureMode {
+            // SAFETY: as `relax_capture`.
+            unsafe { x(&mut mode) };
         }
     }
 
@@ -368,6 +406,17 @@ pub mod fake {
         fn event_destroy(&self, event: Handle) {
             self.events.lock().unwrap().remove(&event);
         }
+        fn timed_event_create(&self) -> Option<Handle> {
+            self.event_create()
+        }
+        fn event_elapsed_ns(&self, start: Handle, end: Handle) -> Option<u64> {
+            let ev = self.events.lock().unwrap();
+            (ev.get(&start) == Some(&true) && ev.get(&end) == Some(&true)).then_some(1_000)
+        }
+        fn relax_capture(&self) -> Option<u32> {
+            None
+        }
+        fn restore_capture(&self, _mode: u32) {}
         fn capturing(&self, _stream: Handle, _ptsz: bool) -> Option<Handle> {
             None
         }

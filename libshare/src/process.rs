@@ -239,6 +239,11 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     if !managed {
         state.header().class.store(cfg.class, Release);
     }
+    // The environment's compute limit, published for the daemon (basis points; 0 = none).
+    let env_compute = cfg.compute_percent.map_or(0, |p| p * 100);
+    for d in 0..devices {
+        state.device(d).env_compute.store(env_compute, Release);
+    }
     let pid = std::process::id();
     let slot = state.claim_slot(pid).ok_or_else(|| {
         format!(

@@ -1,20 +1,56 @@
-//! The rate gate's home on the shim side. Every launch path calls [`admit`] with what the gate
-//! needs (the device, the stream, the grid); today it only counts, per process and device, in
-//! the container's shared state. The gate's semantics (open, paused, a GPU-time budget and an
-//! in-flight window) are defined once, next to the shared-memory layout, in
-//! `libshare_abi::rate`; the daemon writes them, and the opportunistic shims will wait here
-//! (futex on the word or short sleeps, never a busy loop). Production launches never wait.
+//! The rate gate's seam on the shim side: every launch path calls [`launch`] with the launch's
+//! key (its function or graph), stream and the real call. The protocol (who writes what, the
+//! gate word, the admission rule) is defined once, next to the shared-memory layout, in
+//! `libshare_abi::rate`.
 //!
-//! Hot path: an atomic load, a TLS read, an atomic add. No lock, allocation or syscall.
+//! Every class: the container's `launches` and busy mark (`DeviceState::note_launch`) and this
+//! process's slot counter. Production stops there: a TLS read, three atomic loads, two atomic
+//! adds, no lock, allocation, syscall or extra driver call, and it never waits. An
+//! opportunistic process (the container's class, read from the shared header on every launch so
+//! a daemon's change applies at once) passes the gate (`gate.rs`).
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use libshare_abi::CLASS_OPPORTUNISTIC;
+
 use crate::types::*;
 
-/// A launch of `blocks` blocks on `stream` is about to be issued.
+/// A launch keyed `key` (its `CUfunction` or `CUgraphExec`) on `stream` (`ptsz`: the
+/// per-thread default-stream variant of the call): counts it, gates it if the process is
+/// opportunistic, and runs `call`.
 #[inline(always)]
-pub fn admit(_stream: CUstream, _blocks: u64) {
-    if let Some(s) = crate::process::get() {
-        s.launches()[crate::context::device_fast()].fetch_add(1, Relaxed);
+pub fn launch(
+    key: usize,
+    stream: CUstream,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(s) = crate::process::get() else {
+        return call();
+    };
+    let dev = crate::context::device_fast();
+    let state = &s.account.state;
+    let d = state.device(dev);
+    d.note_launch();
+    s.launches()[dev].fetch_add(1, Relaxed);
+    if state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC {
+        return crate::gate::launch(d, dev, key, stream as usize, ptsz, call);
     }
+    call()
+}
+
+/// A synchronising call returned with its work done (`sync.rs`): the drain hint on `ctx`'s
+/// device (None: the current context's).
+pub fn drained(ctx: Option<usize>) {
+    let Some(s) = crate::process::get() else {
+        return;
+    };
+    let dev = ctx
+        .and_then(|c| {
+            s.primary
+                .iter()
+                .position(|p| p.load(Relaxed) == c && c != 0)
+        })
+        .unwrap_or_else(crate::context::device_fast);
+    s.account.state.device(dev).note_drained();
 }

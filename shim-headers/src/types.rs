@@ -65,6 +65,7 @@ pub const CU_STREAM_LEGACY: usize = 0x1;
 pub const CU_STREAM_PER_THREAD: usize = 0x2;
 pub const CU_STREAM_NON_BLOCKING: u32 = 0x1;
 
+pub const CU_EVENT_DEFAULT: u32 = 0x0;
 pub const CU_EVENT_DISABLE_TIMING: u32 = 0x2;
 
 /// `CUstreamCaptureStatus` / `CUstreamCaptureMode`.

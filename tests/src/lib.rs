@@ -904,6 +904,14 @@ impl Running {
         }
     }
 
+    /// The stdout lines printed so far, without waiting (read into [`Running::lines`]).
+    pub fn poll_lines(&mut self) -> &[String] {
+        while let Ok(l) = self.rx.try_recv() {
+            self.lines.push(l);
+        }
+        &self.lines
+    }
+
     /// Writes `text` to the program's stdin.
     pub fn send(&mut self, text: &str) {
         use std::io::Write;

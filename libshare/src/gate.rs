@@ -1,0 +1,317 @@
+//! The opportunistic gate: what an opportunistic process's launch does before and after the
+//! driver's launch (`rate.rs` calls it only for that class; production never comes here).
+//!
+//! Before: it asks `libshare_abi::rate::admit` with what this process has outstanding on the
+//! device and the launch's estimated GPU time, and waits as told — for its own oldest launch to
+//! complete (polling its end event with short sleeps, at most 200 µs each), or for the daemon to
+//! change the gate (a futex on `gate_seq`, at most 1 ms: `window_end` and `tokens` move without
+//! a change of the word). Time held is added to `held_ns`; under a share, the launch's estimate
+//! is taken from `tokens`.
+//!
+//! Around: every launch, even under an open gate (the gate may bound it while work is queued),
+//! is timed with an event pair recorded on its stream, kept in a per-device ring of outstanding
+//! launches. What is not complete yet (queried oldest first) is what the process has
+//! outstanding; its estimates are published in `in_flight_ns`, and each completed launch's
+//! measured duration is added to `gpu_ns` and teaches the estimate of its key (function or
+//! graph): a fixed table, unknown keys 1 ms. A measured duration is at least the true one (other
+//! contexts' time slices inflate it), so the estimate moves fast down and slowly up.
+//!
+//! A launch on a capturing stream is not executed now: it passes ungated and untimed. Locks and
+//! driver calls are fine here (the process may wait anyway); events come from a pool per
+//! context, made lazily and never destroyed on this path. A failed event call never fails the
+//! launch: the launch goes untimed (and so counts as nothing outstanding). The tables renew in
+//! a forked child (`per_process.rs`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::*;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use libshare_abi::rate::{admit, now_ns, Ask, Gate, Verdict};
+use libshare_abi::{DeviceState, MAX_DEVICES};
+
+use crate::ops::{DriverOps, EventState, Handle, REAL};
+use crate::per_process::PerProcess;
+use crate::types::*;
+
+/// Estimate of a launch never measured.
+pub const DEFAULT_EST_NS: u64 = 1_000_000;
+/// Longest single wait: for the gate to change, and between polls of the oldest launch.
+const GATE_WAIT_NS: u64 = 1_000_000;
+const POLL_MAX_NS: u64 = 200_000;
+const POLL_MIN_NS: u64 = 20_000;
+/// Launches timed at once per device; beyond, launches go untimed.
+const MAX_TRACKED: usize = 1024;
+/// Estimate table entries (collisions overwrite).
+const KEYS: usize = 128;
+
+/// One timed launch.
+struct Pending {
+    start: Handle,
+    end: Handle,
+    ctx: Handle,
+    key: usize,
+    est_ns: u64,
+    issued: u64,
+}
+
+/// This process's timing of its launches.
+struct Tracker {
+    pending: [VecDeque<Pending>; MAX_DEVICES],
+    /// Σ `est_ns` of `pending[dev]`.
+    outstanding: [u64; MAX_DEVICES],
+    /// Free timed events, with their context.
+    pool: Vec<(Handle, Handle)>,
+    /// (key, estimate ns); key 0 = empty.
+    est: Vec<(usize, u64)>,
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker {
+            pending: Default::default(),
+            outstanding: [0; MAX_DEVICES],
+            pool: Vec::new(),
+            est: vec![(0, 0); KEYS],
+        }
+    }
+}
+
+static TRACKER: PerProcess<Mutex<Tracker>> = PerProcess::new();
+
+fn slot(key: usize) -> usize {
+    let h = (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 57) as usize % KEYS
+}
+
+impl Tracker {
+    fn estimate(&self, key: usize) -> u64 {
+        match self.est[slot(key)] {
+            (k, e) if k == key && key != 0 => e,
+            _ => DEFAULT_EST_NS,
+        }
+    }
+
+    /// Learns from one measured duration: fast toward a smaller sample, slowly toward a larger.
+    fn learn(&mut self, key: usize, sample: u64) {
+        let e = &mut self.est[slot(key)];
+        let sample = sample.max(1);
+        *e = if e.0 != key || key == 0 {
+            (key, sample)
+        } else if sample < e.1 {
+            (key, sample + (e.1 - sample) / 4)
+        } else {
+            (key, e.1 + (sample - e.1) / 16)
+        };
+    }
+
+    fn event(&mut self, ops: &dyn DriverOps, ctx: Handle) -> Option<Handle> {
+        match self.pool.iter().rposition(|(c, _)| *c == ctx) {
+            Some(i) => Some(self.pool.swap_remove(i).1),
+            None => ops.timed_event_create(),
+        }
+    }
+
+    /// Drops the completed launches (oldest first) of `dev`, publishing what they measured;
+    /// returns what is still outstanding.
+    fn reap(&mut self, ops: &dyn DriverOps, d: &DeviceState, dev: usize) -> u64 {
+        while let Some(p) = self.pending[dev].front() {
+            let state = ops.event_query(p.end);
+            if state == EventState::NotReady {
+                break;
+            }
+            let p = self.pending[dev].pop_front().expect("front exists");
+            self.outstanding[dev] -= p.est_ns;
+            d.in_flight_ns.fetch_sub(p.est_ns, AcqRel);
+            if state == EventState::Done {
+                if let Some(ns) = ops.event_elapsed_ns(p.start, p.end) {
+                    d.gpu_ns.fetch_add(ns, AcqRel);
+                    self.learn(p.key, ns);
+                }
+                self.pool.push((p.ctx, p.start));
+                self.pool.push((p.ctx, p.end));
+            } // Gone: its context went with its events.
+        }
+        self.outstanding[dev]
+    }
+
+    /// How long to sleep before polling the oldest launch of `dev` again.
+    fn poll_delay(&self, dev: usize, now: u64) -> u64 {
+        self.pending[dev].front().map_or(POLL_MIN_NS, |p| {
+            (p.issued + p.est_ns)
+                .saturating_sub(now)
+                .clamp(POLL_MIN_NS, POLL_MAX_NS)
+        })
+    }
+}
+
+/// An opportunistic launch of `key` on `stream` of device `dev` (its shared state `d`): waits
+/// as the gate says, then runs `call`, timed.
+#[inline(never)]
+pub fn launch(
+    d: &DeviceState,
+    dev: usize,
+    key: usize,
+    stream: Handle,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let ops: &dyn DriverOps = &REAL;
+    let mode = ops.relax_capture();
+    let rc = if ops.capturing(stream, ptsz).is_some() {
+        call() // recorded into a graph, not run now
+    } else {
+        let est = pass(ops, d, dev, key);
+        timed(ops, d, dev, key, est, stream, ptsz, call)
+    };
+    if let Some(m) = mode {
+        ops.restore_capture(m);
+    }
+    rc
+}
+
+/// Waits until the gate admits a launch estimated at the key's estimate; returns it.
+fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
+    let est = TRACKER.lock().estimate(key);
+    let mut held_since = None;
+    loop {
+        let seq = d.gate_seq.load(Acquire);
+        let gate = d.gate();
+        let (outstanding, delay) = {
+            let mut t = TRACKER.lock();
+            let o = t.reap(ops, d, dev);
+            (o, t.poll_delay(dev, now_ns()))
+        };
+        let now = now_ns();
+        let ask = Ask {
+            now,
+            outstanding_ns: outstanding,
+            est_ns: est,
+            window_end: d.window_end.load(Acquire),
+            tokens: d.tokens.load(Acquire),
+        };
+        match admit(gate, ask) {
+            Verdict::Go => {
+                if let Gate::Run { share: true, .. } = gate {
+                    d.tokens.fetch_sub(est.min(i64::MAX as u64) as i64, AcqRel);
+                }
+                if let Some(t) = held_since {
+                    d.held_ns.fetch_add(now.saturating_sub(t), AcqRel);
+                }
+                return est;
+            }
+            Verdict::WaitOwnWork => {
+                held_since.get_or_insert(now);
+                // Not counted in `held`: this thread waits for its own work, not for the daemon.
+                std::thread::sleep(Duration::from_nanos(delay));
+            }
+            Verdict::WaitGate => {
+                held_since.get_or_insert(now);
+                d.wait_gate(seq, GATE_WAIT_NS);
+            }
+        }
+    }
+}
+
+/// Runs `call` between a start and an end event on `stream`, and keeps the pair as outstanding.
+#[allow(clippy::too_many_arguments)]
+fn timed(
+    ops: &dyn DriverOps,
+    d: &DeviceState,
+    dev: usize,
+    key: usize,
+    est_ns: u64,
+    stream: Handle,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let mut t = TRACKER.lock();
+    let pair = (t.pending[dev].len() < MAX_TRACKED)
+        .then(|| ops.current_ctx())
+        .flatten()
+        .and_then(|ctx| {
+            let start = t.event(ops, ctx)?;
+            match t.event(ops, ctx) {
+                Some(end) => Some((ctx, start, end)),
+                None => {
+                    t.pool.push((ctx, start));
+                    None
+                }
+            }
+        });
+    // A failed record (e.g. a stream of another context): the launch goes untimed, and the
+    // events are dropped (they may belong to a context that is gone).
+    let pair = pair.filter(|&(_, start, _)| ops.event_record(start, stream, ptsz));
+    let rc = call();
+    if let Some((ctx, start, end)) = pair {
+        if rc == CUDA_SUCCESS && ops.event_record(end, stream, ptsz) {
+            t.pending[dev].push_back(Pending {
+                start,
+                end,
+                ctx,
+                key,
+                est_ns,
+                issued: now_ns(),
+            });
+            t.outstanding[dev] += est_ns;
+            d.in_flight_ns.fetch_add(est_ns, AcqRel);
+        } else if rc != CUDA_SUCCESS {
+            t.pool.push((ctx, start));
+            t.pool.push((ctx, end));
+        }
+    }
+    rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_track_low() {
+        let mut t = Tracker::default();
+        assert_eq!(t.estimate(0x40), DEFAULT_EST_NS);
+        t.learn(0x40, 400_000);
+        assert_eq!(
+            t.estimate(0x40),
+            400_000,
+            "the first sample replaces the default"
+        );
+        t.learn(0x40, 800_000);
+        assert_eq!(t.estimate(0x40), 425_000, "slowly up");
+        t.learn(0x40, 100_000);
+        assert_eq!(t.estimate(0x40), 181_250, "fast down");
+        assert_eq!(t.estimate(0x80), DEFAULT_EST_NS, "other keys unknown");
+    }
+
+    #[test]
+    fn completed_launches_leave_the_ring_and_publish_their_time() {
+        let f = crate::ops::fake::Fake::new(0x10);
+        // SAFETY: every field of DeviceState is an atomic or an integer: all zeroes is valid.
+        let d: Box<DeviceState> = Box::new(unsafe { std::mem::zeroed() });
+        let mut t = Tracker::default();
+        for key in [1usize, 2] {
+            let (s, e) = (t.event(&f, 0x10).unwrap(), t.event(&f, 0x10).unwrap());
+            t.pending[0].push_back(Pending {
+                start: s,
+                end: e,
+                ctx: 0x10,
+                key,
+                est_ns: 500,
+                issued: 0,
+            });
+            t.outstanding[0] += 500;
+            d.in_flight_ns.fetch_add(500, AcqRel);
+        }
+        assert_eq!(t.reap(&f, &d, 0), 1_000, "nothing completed");
+        f.reach_all();
+        assert_eq!(t.reap(&f, &d, 0), 0);
+        assert_eq!(d.in_flight_ns.load(Acquire), 0);
+        assert_eq!(d.gpu_ns.load(Acquire), 2_000, "the fake measures 1 µs each");
+        assert_eq!(t.estimate(1), 1_000);
+        assert_eq!(t.pool.len(), 4, "events back in the pool");
+        assert!(t
+            .event(&f, 0x20)
+            .is_some_and(|e| !t.pool.iter().any(|p| p.1 == e)));
+    }
+}

@@ -1,0 +1,335 @@
+//! Issue 9, the shim's side of compute sharing, on simgpu with the test writing the container's
+//! gate word itself (as the daemon would, through `libshare_abi::State`):
+//! - must-show 8: every launch path of an opportunistic process (`cuLaunchKernel`, `Ex`,
+//!   cooperative, `cuGraphLaunch`, and their `_ptsz` twins) is held while the gate is paused
+//!   (the call has not returned, a thread waits at the gate) and goes once it opens; a
+//!   production process's launches under a paused word are not held;
+//! - a bounded gate keeps a saturating opportunistic job's outstanding GPU time (`in_flight_ns`)
+//!   within the bound plus one kernel, where the open gate lets it queue far more;
+//! - a share (tokens refilled by the test at 30 %) gives a saturating job 20–40 % of the GPU,
+//!   measured by the job itself against its own solo run;
+//! - a production train-like loop publishes `busy_since` and `drained_at` around its iterations.
+
+use libshare_abi::rate::{now_ns, Gate};
+use libshare_abi::{DeviceState, State};
+use libshare_tests::{artifacts, compile_gcc, describe, json_lines, Running, SimGpu};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PATHS: [&str; 8] = [
+    "kernel",
+    "kernel_ptsz",
+    "ex",
+    "ex_ptsz",
+    "coop",
+    "coop_ptsz",
+    "graph",
+    "graph_ptsz",
+];
+
+fn state_path(gpu: &SimGpu, container: &str) -> PathBuf {
+    gpu.shim_state_dir().join("containers").join(container)
+}
+
+/// Polls `cond` every 100 µs until it holds; panics with `what` after `limit`.
+fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+fn gate_program(gpu: &SimGpu) -> Running {
+    let bin = compile_gcc("shim_gate.c", "shim_gate", &["-lcuda"]);
+    let mut p = gpu.spawn({
+        let mut cmd = gpu.command(&bin);
+        cmd.arg("paths");
+        cmd
+    });
+    p.wait_for_line("ready");
+    p
+}
+
+fn launched(p: &mut Running, path: &str) -> bool {
+    let want = format!("launched {path}");
+    p.poll_lines().contains(&want)
+}
+
+#[test]
+fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "opp")
+        .env("LIBSHARE_CLASS", "opportunistic");
+    let mut p = gate_program(&gpu);
+    let st = gpu.container_state("opp");
+    let d = st.device(0);
+    for path in PATHS {
+        d.write_gate(Gate::Paused, 0, now_ns());
+        let (launches, held_ns) = (d.launches.load(Acquire), d.held_ns.load(Acquire));
+        p.send(&format!("go {path}\n"));
+        // The launch reached the shim and waits at the gate: counted, a thread held.
+        wait_until(Duration::from_secs(20), "the launch at the gate", || {
+            d.launches.load(Acquire) == launches + 1 && d.held.load(Acquire) == 1
+        });
+        // It stays there: 300 ms later the call has still not returned.
+        std::thread::sleep(Duration::from_millis(300));
+        wait_until(Duration::from_secs(5), "a thread still held", || {
+            d.held.load(Acquire) == 1
+        });
+        assert!(
+            !launched(&mut p, path),
+            "{path} returned while the gate was paused: {:?}",
+            p.lines
+        );
+        d.write_gate(Gate::Open, 0, now_ns());
+        p.wait_for_line(&format!("launched {path}"));
+        let waited = d.held_ns.load(Acquire) - held_ns;
+        assert!(waited >= 300_000_000, "{path}: {waited} ns counted as held");
+        assert_eq!(d.held.load(Acquire), 0);
+    }
+    let out = p.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        d.gpu_ns.load(Acquire) >= 8 * 900_000,
+        "eight 1 ms launches timed: gpu_ns {}",
+        d.gpu_ns.load(Acquire)
+    );
+}
+
+#[test]
+fn shim_gate_never_holds_a_production_job() {
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "prod")
+        .env("LIBSHARE_CLASS", "production");
+    let mut p = gate_program(&gpu);
+    let st = gpu.container_state("prod");
+    let d = st.device(0);
+    d.write_gate(Gate::Paused, 0, now_ns());
+    let launches = d.launches.load(Acquire);
+    for path in PATHS {
+        p.send(&format!("go {path}\n"));
+        p.wait_for_line(&format!("launched {path}"));
+    }
+    assert_eq!(d.gate(), Gate::Paused, "the word stayed paused throughout");
+    assert_eq!(d.launches.load(Acquire), launches + PATHS.len() as u64);
+    assert_eq!(d.held_ns.load(Acquire), 0, "nothing held");
+    assert_eq!(
+        d.gpu_ns.load(Acquire),
+        0,
+        "production launches are not timed"
+    );
+    let out = p.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+/// Samples `f` every ~100 µs on a thread until `stop`; returns the maximum.
+fn sample_max(
+    d: &'static DeviceState,
+    stop: Arc<AtomicBool>,
+    f: fn(&DeviceState) -> u64,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut max = 0;
+        while !stop.load(Relaxed) {
+            max = max.max(f(d));
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        max
+    })
+}
+
+fn saturate(gpu: &SimGpu, secs: f64) -> Running {
+    let mut cmd = gpu.command(artifacts().bin("simjob-saturate"));
+    cmd.args([
+        "--kernel-ms",
+        "2",
+        "--depth",
+        "8",
+        "--duration",
+        &format!("{secs}s"),
+    ]);
+    gpu.spawn(cmd)
+}
+
+/// The job's own figure: GPU-ms it completed per second of wall time.
+fn gpu_ms_per_s(out: &std::process::Output) -> f64 {
+    let last = json_lines(out)
+        .into_iter()
+        .rfind(|v| v["final"] == true)
+        .unwrap_or_else(|| panic!("no final line\n{}", describe(out)));
+    last["gpu_ms_per_s"].as_f64().expect("gpu_ms_per_s")
+}
+
+/// The container's state, made by the test before the job starts (as the shim would).
+fn precreate(gpu: &SimGpu, container: &str) -> &'static State {
+    let dir = state_path(gpu, container);
+    std::fs::create_dir_all(&dir).unwrap();
+    Box::leak(Box::new(State::open_or_create(&dir).unwrap()))
+}
+
+#[test]
+fn shim_gate_bounds_what_an_opportunistic_job_has_in_flight() {
+    const BOUND_NS: u64 = 3_000_000;
+    const KERNEL_NS: u64 = 2_000_000;
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "sat")
+        .env("LIBSHARE_CLASS", "opportunistic");
+    let st = precreate(&gpu, "sat");
+    let d: &'static DeviceState = st.device(0);
+    let job = saturate(&gpu, 4.0);
+
+    // Open: the job queues its whole depth (8 kernels of 2 ms).
+    wait_until(Duration::from_secs(20), "the job's first launches", || {
+        d.launches.load(Acquire) > 20
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let open = sample_max(d, stop.clone(), |d| d.in_flight_ns.load(Acquire));
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, Relaxed);
+    let open_max = open.join().unwrap();
+
+    // Bounded: once what was queued before drained, never more than the bound and one kernel.
+    d.write_gate(
+        Gate::Run {
+            in_flight_us: (BOUND_NS / 1000) as u32,
+            window: false,
+            share: false,
+        },
+        0,
+        now_ns(),
+    );
+    wait_until(Duration::from_secs(10), "the queue to drain", || {
+        d.in_flight_ns.load(Acquire) <= BOUND_NS + KERNEL_NS
+    });
+    let (gpu0, t0) = (d.gpu_ns.load(Acquire), Instant::now());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bounded = sample_max(d, stop.clone(), |d| d.in_flight_ns.load(Acquire));
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Relaxed);
+    let bounded_max = bounded.join().unwrap();
+    let busy = (d.gpu_ns.load(Acquire) - gpu0) as f64 / t0.elapsed().as_nanos() as f64;
+    let out = job.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+    eprintln!("in flight: open max {open_max} ns, bounded max {bounded_max} ns, busy {busy:.2}");
+    assert!(
+        open_max > BOUND_NS + KERNEL_NS,
+        "open gate: in flight up to {open_max} ns (the job queues 8 × 2 ms)"
+    );
+    assert!(
+        bounded_max <= BOUND_NS + KERNEL_NS,
+        "bounded gate: in flight up to {bounded_max} ns, bound {BOUND_NS} + one kernel"
+    );
+    assert!(
+        busy > 0.3,
+        "the bounded job still runs: {busy:.2} of the GPU"
+    );
+}
+
+#[test]
+fn shim_gate_share_gives_an_opportunistic_job_its_tokens_worth() {
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "share")
+        .env("LIBSHARE_CLASS", "opportunistic");
+    // Solo, open gate: the job's own throughput.
+    let solo = gpu_ms_per_s(&saturate(&gpu, 2.0).finish());
+
+    // A share: 30 % of the time, refilled every millisecond by the test (as the daemon would).
+    let st = precreate(&gpu, "share");
+    let d: &'static DeviceState = st.device(0);
+    d.write_gate(
+        Gate::Run {
+            in_flight_us: 0,
+            window: false,
+            share: true,
+        },
+        0,
+        now_ns(),
+    );
+    d.tokens.store(0, Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let refills = Arc::new(AtomicU64::new(0));
+    let refiller = {
+        let (stop, refills) = (stop.clone(), refills.clone());
+        std::thread::spawn(move || {
+            let mut last = now_ns();
+            while !stop.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+                let now = now_ns();
+                d.refill(((now - last) as f64 * 0.3) as i64, 4_000_000);
+                last = now;
+                refills.fetch_add(1, Relaxed);
+            }
+        })
+    };
+    let out = saturate(&gpu, 2.0).finish();
+    stop.store(true, Relaxed);
+    refiller.join().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let shared = gpu_ms_per_s(&out);
+    let ratio = shared / solo;
+    eprintln!("share: {shared:.0} GPU-ms/s against {solo:.0} solo = {ratio:.2}");
+    assert!(
+        (0.2..=0.4).contains(&ratio),
+        "30 % share: {shared:.0} GPU-ms/s against {solo:.0} solo = {ratio:.2}"
+    );
+    assert!(d.held_ns.load(Acquire) > 0, "launches waited for tokens");
+}
+
+#[test]
+fn shim_gate_production_publishes_busy_and_drained() {
+    let gpu = SimGpu::new().with_shim().env("LIBSHARE_CONTAINER", "train");
+    let st = precreate(&gpu, "train");
+    let d = st.device(0);
+    let mut cmd = gpu.command(artifacts().bin("simjob-train"));
+    cmd.args([
+        "--gpu-ms",
+        "6",
+        "--kernels",
+        "4",
+        "--cpu-ms",
+        "4",
+        "--duration",
+        "2s",
+    ]);
+    let job = gpu.spawn(cmd);
+    wait_until(Duration::from_secs(20), "the job's first launches", || {
+        d.launches.load(Acquire) > 8
+    });
+    // Over ~1 s of iterations (10 ms each): busy phases begin and end, drains advance.
+    let (mut busy, mut idle, mut drains, mut last_drain) = (0, 0, 0, 0);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(1) {
+        let (since, drained, now) = (
+            d.busy_since.load(Acquire),
+            d.drained_at.load(Acquire),
+            now_ns(),
+        );
+        if since > 0 {
+            assert!(since <= now, "busy_since {since} in the future ({now})");
+            busy += 1;
+        } else {
+            idle += 1;
+        }
+        if drained != last_drain {
+            assert!(drained > last_drain, "drained_at went back");
+            drains += 1;
+            last_drain = drained;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let out = job.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+    eprintln!("busy {busy} / idle {idle} samples, {drains} drains seen");
+    assert!(
+        busy > 100 && idle > 100 && drains >= 20,
+        "busy {busy} / idle {idle} samples, {drains} drains seen"
+    );
+}
