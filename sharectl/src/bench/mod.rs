@@ -139,10 +139,11 @@ impl Policy {
                     all_opportunistic: true,
                 }
             }
+            // Every job gated (nvshare has no classes; a production shim never waits at its gate).
             Policy::TimeSlice => Setup::Shared {
                 policy: "time-slice",
                 set: Vec::new(),
-                all_opportunistic: false,
+                all_opportunistic: true,
             },
             Policy::Libshare => Setup::Shared {
                 policy: "libshare",
