@@ -302,21 +302,27 @@ impl Bench {
                 job.abort();
                 continue;
             }
-            job.finish(GRACE)?;
+            // A job that failed stops the run; the ones after it are aborted above.
+            if let Err(e) = job.finish(GRACE) {
+                fail = Some(e);
+                continue;
+            }
             let j = &spec.jobs[i];
             let l = std::mem::take(&mut lines[i]);
-            let mono = l
+            match l
                 .iter()
                 .find(|v| v["event"] == "start")
                 .and_then(|v| v["mono_s"].as_f64())
-                .ok_or_else(|| anyhow!("{} printed no start line with mono_s", j.bin))?;
-            out.push(JobRecord {
-                container: j.container.clone(),
-                class: j.class,
-                bin: j.bin,
-                offset: mono - t0,
-                lines: l,
-            });
+            {
+                Some(mono) => out.push(JobRecord {
+                    container: j.container.clone(),
+                    class: j.class,
+                    bin: j.bin,
+                    offset: mono - t0,
+                    lines: l,
+                }),
+                None => fail = Some(anyhow!("{} printed no start line with mono_s", j.bin)),
+            }
         }
         if let Some(e) = fail {
             return Err(e);
@@ -332,11 +338,12 @@ fn record(m: Msg<usize>, lines: &mut [Vec<Value>], open: &mut usize) {
     }
 }
 
-/// A private `sharectl daemon` on the run's state dir.
+/// A private `sharectl daemon` on the run's state dir; stopped when dropped.
 struct Daemon {
     child: Child,
     started: Instant,
     cpu0: u64,
+    reaped: bool,
 }
 
 impl Daemon {
@@ -385,6 +392,7 @@ impl Daemon {
             child,
             started,
             cpu0,
+            reaped: false,
         })
     }
 
@@ -393,23 +401,51 @@ impl Daemon {
     fn finish(mut self) -> anyhow::Result<f64> {
         let cpu1 = proc_cpu_ticks(self.child.id());
         let wall = self.started.elapsed().as_secs_f64();
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill touches no memory; the pid is our unreaped child's.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!("sharectl daemon did not stop within 5 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !self.stop() {
+            bail!("sharectl daemon did not stop within 5 s of SIGTERM");
         }
         let cpu1 = cpu1.ok_or_else(|| anyhow!("sharectl daemon exited during the run"))?;
         // SAFETY: sysconf reads a constant of the system.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
         Ok((cpu1.saturating_sub(self.cpu0)) as f64 / hz / wall.max(1e-3) * 100.0)
+    }
+}
+
+impl Daemon {
+    /// SIGTERM, then up to 5 s for it to exit, then SIGKILL. Whether it stopped on SIGTERM.
+    fn stop(&mut self) -> bool {
+        if self.reaped {
+            return true;
+        }
+        self.reaped = true;
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return true;
+        }
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill touches no memory; the pid is our own child's, unreaped until the
+            // wait below (`reaped` keeps this from running twice).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return true,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -22,8 +22,8 @@ use std::path::PathBuf;
 ///
 /// Starts a private `sharectl daemon` per run on a temporary state dir and the `jobs/` programs
 /// (on simgpu when there is no GPU). Policies: exclusive, native, static-split, time-slice,
-/// libshare. A policy that cannot run (e.g. no daemon in this build) prints its error and the
-/// others still run.
+/// libshare. A policy that cannot run (e.g. no daemon in this build) prints its error, the
+/// others still run, and the exit code is 1.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Which scenario(s) to run.
@@ -212,6 +212,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::All => unreachable!(),
         }
     }
+    if out.failed > 0 {
+        bail!(
+            "{} scenario/policy run(s) failed: see their \"error\" rows",
+            out.failed
+        );
+    }
     Ok(())
 }
 
@@ -265,6 +271,8 @@ enum Format {
 struct Output {
     format: Format,
     plot: Option<PathBuf>,
+    /// Rows that are errors.
+    failed: usize,
 }
 
 /// Prints a line; a closed stdout is ignored (the runs still clean up after themselves).
@@ -297,6 +305,7 @@ impl Output {
         Output {
             format,
             plot: args.plot.clone(),
+            failed: 0,
         }
     }
 
@@ -353,6 +362,7 @@ impl Output {
     fn error(&mut self, scenario: &str, policy: Policy, e: &anyhow::Error) {
         let mut m = row(scenario, policy);
         m.insert("error".into(), format!("{e:#}").into());
+        self.failed += 1;
         self.emit(m);
     }
 
