@@ -363,7 +363,6 @@ impl Daemon {
             }
         }
         let mut child = cmd.spawn().context("cannot start sharectl daemon")?;
-        let started = Instant::now();
         // It must still be running a moment later (a bad flag or a missing subcommand exits).
         std::thread::sleep(Duration::from_millis(150));
         if let Some(st) = child.try_wait()? {
@@ -387,7 +386,9 @@ impl Daemon {
                 let _ = std::io::BufReader::new(e).read_to_end(&mut sink);
             });
         }
+        // CPU use is counted from here (start-up excluded), over the jobs' run.
         let cpu0 = proc_cpu_ticks(child.id()).unwrap_or(0);
+        let started = Instant::now();
         Ok(Daemon {
             child,
             started,
