@@ -178,10 +178,16 @@ impl DeviceState {
     }
 
     /// A synchronising call returned with the container's work on the device done.
+    /// Off the launch path (on the return of a call that waited or asked): a clock read, and a
+    /// futex wake when a daemon listens, once per busy → drained transition.
     pub fn note_drained(&self) {
         if self.busy_since.load(Relaxed) != 0 {
             self.drained_at.store(now_ns(), Relaxed);
             self.busy_since.store(0, Release);
+            self.drain_seq.fetch_add(1, AcqRel);
+            if self.daemon_listens.load(Acquire) != 0 {
+                futex_wake(&self.drain_seq);
+            }
         }
     }
 
@@ -247,6 +253,59 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
 pub fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// Waits until one of `words` differs from its expected value (a wake from another process,
+/// see [`DeviceState::note_drained`]) or `CLOCK_MONOTONIC` reaches `deadline_ns`: Linux's
+/// `futex_waitv` (5.16+) over at most 128 shared 32-bit futexes. Returns false when the kernel
+/// has no `futex_waitv` (ENOSYS) or `words` is empty or too long: the caller then sleeps
+/// plainly to its deadline.
+pub fn wait_any(words: &[(&AtomicU32, u32)], deadline_ns: u64) -> bool {
+    /// `struct futex_waitv` of linux/futex.h.
+    #[repr(C)]
+    struct FutexWaitv {
+        val: u64,
+        uaddr: u64,
+        flags: u32,
+        reserved: u32,
+    }
+    const FUTEX_32: u32 = 2;
+    const MAX: usize = 128;
+    if words.is_empty() || words.len() > MAX {
+        return false;
+    }
+    let mut v: [FutexWaitv; MAX] = std::array::from_fn(|_| FutexWaitv {
+        val: 0,
+        uaddr: 0,
+        flags: 0,
+        reserved: 0,
+    });
+    for (slot, (w, expected)) in v.iter_mut().zip(words) {
+        *slot = FutexWaitv {
+            val: *expected as u64,
+            uaddr: w.as_ptr() as u64,
+            flags: FUTEX_32, // shared (no FUTEX_PRIVATE_FLAG): wakers are other processes
+            reserved: 0,
+        };
+    }
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `v[..n]` are valid futex_waitv entries whose addresses are live, aligned u32s
+    // borrowed for the call; `ts` is an absolute CLOCK_MONOTONIC timeout. The kernel only reads
+    // both.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex_waitv,
+            v.as_ptr(),
+            words.len() as libc::c_uint,
+            0 as libc::c_uint,
+            &ts as *const libc::timespec,
+            libc::CLOCK_MONOTONIC,
+        )
+    };
+    !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
 }
 
 /// A reading of a 64-bit counter another process advances, for rates between two readings.
@@ -380,6 +439,32 @@ mod tests {
         d.note_drained();
         assert_eq!(d.busy_since.load(Acquire), 0);
         assert!(d.drained_at.load(Acquire) >= t);
+    }
+
+    #[test]
+    fn a_drain_wakes_a_listening_daemon_before_its_deadline() {
+        let d: &'static DeviceState = Box::leak(zeroed());
+        d.daemon_listens.store(1, Release);
+        d.note_launch();
+        let seq = d.drain_seq.load(Acquire);
+        let shim = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            d.note_drained();
+        });
+        let start = std::time::Instant::now();
+        assert!(wait_any(&[(&d.drain_seq, seq)], now_ns() + 10_000_000_000));
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "woken by the drain"
+        );
+        assert_eq!(d.drain_seq.load(Acquire), seq + 1);
+        shim.join().unwrap();
+        let start = std::time::Instant::now();
+        assert!(wait_any(&[(&d.drain_seq, seq + 1)], now_ns() + 30_000_000));
+        assert!(
+            start.elapsed() >= std::time::Duration::from_millis(25),
+            "slept to the deadline"
+        );
     }
 
     #[test]

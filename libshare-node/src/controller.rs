@@ -23,7 +23,7 @@ use crate::registry::Registry;
 use libshare_abi::rate::Gate;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
 /// The in-flight bound opportunistic gates are left at when the daemon stops.
 pub const EXIT_FLOOR_US: u32 = 2_000;
@@ -71,7 +71,10 @@ impl ControllerConfig {
 /// What a run did, for the exit log line and the benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RunStats {
+    /// Ticks at the period.
     pub ticks: u64,
+    /// Extra ticks run at once because a production container drained.
+    pub drain_ticks: u64,
     /// Mean and max of (wake-up time − deadline), ns.
     pub late_mean_ns: u64,
     pub late_max_ns: u64,
@@ -213,8 +216,28 @@ impl Controller {
     /// for production containers, at most [`EXIT_FLOOR_US`] of GPU work in flight (no window, no
     /// tokens) for opportunistic ones, so a stopped daemon never leaves a job paused and a
     /// production job's wait stays bounded until a daemon returns.
+    /// The drain words of the production containers on the devices in use, with their values
+    /// now, for the loop to wait on; marks them listened to.
+    pub fn drain_words<'a>(&'a self, out: &mut Vec<(&'a AtomicU32, u32)>) {
+        for c in self.registry.containers() {
+            if c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
+                continue;
+            }
+            for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
+                let dev = c.state.device(d);
+                if dev.daemon_listens.load(Relaxed) == 0 {
+                    dev.daemon_listens.store(1, Release);
+                }
+                out.push((&dev.drain_seq, dev.drain_seq.load(Acquire)));
+            }
+        }
+    }
+
     pub fn release(&self, now: u64) {
         for c in self.registry.containers() {
+            for d in 0..MAX_DEVICES {
+                c.state.device(d).daemon_listens.store(0, Release);
+            }
             let opportunistic = c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC;
             for d in 0..MAX_DEVICES {
                 let dev = c.state.device(d);
@@ -265,6 +288,7 @@ pub fn run_on(
     let mut late_sum: u128 = 0;
     let mut next_rescan = start + cfg.rescan_ns;
     let mut deadline = start;
+    let mut early = false;
     while !stop.load(Acquire) {
         let now = host.now();
         if now >= next_rescan {
@@ -275,8 +299,12 @@ pub fn run_on(
         }
         let now = host.now();
         ctl.tick(now);
-        stats.ticks += 1;
-        deadline += period;
+        if early {
+            stats.drain_ticks += 1;
+        } else {
+            stats.ticks += 1;
+            deadline += period;
+        }
         let after = host.now();
         if after >= deadline {
             // The tick (or the sleep before it) ran past the next deadline: skip ahead rather
@@ -285,14 +313,22 @@ pub fn run_on(
             stats.overruns += missed;
             deadline += missed * period;
         }
-        host.sleep_until(deadline);
+        // Sleep to the next period, or less: a production drain wakes the loop at once, so the
+        // opportunistic containers get the idle GPU without waiting for the period.
+        let mut words = Vec::new();
+        ctl.drain_words(&mut words);
+        host.wait_until(deadline, &words);
+        drop(words);
         if stop.load(Acquire) {
             break;
         }
         let woke = host.now();
-        let late = woke.saturating_sub(deadline);
-        late_sum += late as u128;
-        stats.late_max_ns = stats.late_max_ns.max(late);
+        early = woke < deadline;
+        if !early {
+            let late = woke - deadline;
+            late_sum += late as u128;
+            stats.late_max_ns = stats.late_max_ns.max(late);
+        }
     }
     ctl.release(host.now());
     stats.wall_ns = host.now() - start;

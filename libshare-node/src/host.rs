@@ -2,12 +2,20 @@
 //! substitute it: the monotonic clock, sleeping to an absolute deadline, and the CPU time the
 //! loop's thread used.
 
+use std::sync::atomic::AtomicU32;
+
 /// The machine as the control loop sees it.
 pub trait Host {
     /// `CLOCK_MONOTONIC`, ns (the shims' clock, `libshare_abi::rate::now_ns`).
     fn now(&self) -> u64;
     /// Sleeps until `deadline` (same clock) or a signal arrives, whichever is first.
     fn sleep_until(&self, deadline: u64);
+    /// Sleeps until `deadline`, a signal, or one of `words` moving from its expected value
+    /// (another process's futex wake), whichever is first.
+    fn wait_until(&self, deadline: u64, words: &[(&AtomicU32, u32)]) {
+        let _ = words;
+        self.sleep_until(deadline)
+    }
     /// CPU time (user + system) of the calling thread so far, ns.
     fn thread_cpu_ns(&self) -> u64;
 }
@@ -36,6 +44,12 @@ impl Host for LinuxHost {
                 std::ptr::null_mut(),
             )
         };
+    }
+
+    fn wait_until(&self, deadline: u64, words: &[(&AtomicU32, u32)]) {
+        if !libshare_abi::rate::wait_any(words, deadline) {
+            self.sleep_until(deadline)
+        }
     }
 
     fn thread_cpu_ns(&self) -> u64 {

@@ -91,6 +91,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let s = libshare_node::run(&cfg, &STOP)?;
     tracing::info!(
         ticks = s.ticks,
+        drain_ticks = s.drain_ticks,
         late_mean_us = s.late_mean_ns as f64 / 1e3,
         late_max_us = s.late_max_ns as f64 / 1e3,
         overruns = s.overruns,
