@@ -9,8 +9,10 @@
 //! is taken from `tokens`.
 //!
 //! Around: every launch, even under an open gate (the gate may bound it while work is queued),
-//! is timed with an event pair recorded on its stream, kept in a per-device ring of outstanding
-//! launches. What is not complete yet (queried oldest first) is what the process has
+//! is timed with an event pair recorded on its stream (back to back on a busy explicit stream,
+//! the previous launch's pending end serves as the start; copies queued between two launches
+//! then inflate the sample, which the low-tracking estimate absorbs), kept in a per-device ring
+//! of outstanding launches. What is not complete yet (queried oldest first) is what the process has
 //! outstanding; its estimates are published in `in_flight_ns`, and each completed launch's
 //! measured duration is added to `gpu_ns` and teaches the estimate of its key (function or
 //! graph): a fixed table, unknown keys 1 ms. A measured duration is at least the true one (other
@@ -40,19 +42,32 @@ pub const DEFAULT_EST_NS: u64 = 1_000_000;
 const GATE_WAIT_NS: u64 = 1_000_000;
 const POLL_MAX_NS: u64 = 200_000;
 const POLL_MIN_NS: u64 = 20_000;
+/// No completion for this long: the oldest launch stops counting as outstanding (see `reap`).
+const STALL_NS: u64 = 200_000_000;
 /// Launches timed at once per device; beyond, launches go untimed.
 const MAX_TRACKED: usize = 1024;
 /// Estimate table entries (collisions overwrite).
 const KEYS: usize = 128;
 
-/// One timed launch.
+/// One timed launch. Its start is its own event, or the end of the launch before it on the same
+/// stream (which then lends it: `end_lent`), so each event is pooled once, by the last launch
+/// that uses it.
 struct Pending {
     start: Handle,
     end: Handle,
+    end_lent: bool,
     ctx: Handle,
+    stream: Handle,
+    ptsz: bool,
     key: usize,
     est_ns: u64,
     issued: u64,
+}
+
+/// Takes this process's `ns` out of a container-wide sum, never below 0 (the state may have
+/// been lost and re-made meanwhile).
+fn take(sum: &std::sync::atomic::AtomicU64, ns: u64) {
+    let _ = sum.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(ns)));
 }
 
 /// This process's timing of its launches.
@@ -60,10 +75,14 @@ struct Tracker {
     pending: [VecDeque<Pending>; MAX_DEVICES],
     /// Σ `est_ns` of `pending[dev]`.
     outstanding: [u64; MAX_DEVICES],
+    /// [`now_ns`] when a completion was last seen on each device.
+    progress: [u64; MAX_DEVICES],
     /// Free timed events, with their context.
     pool: Vec<(Handle, Handle)>,
     /// (key, estimate ns); key 0 = empty.
     est: Vec<(usize, u64)>,
+    /// The shared state of each device this process launched on (for the exit handler).
+    devices: [Option<&'static DeviceState>; MAX_DEVICES],
 }
 
 impl Default for Tracker {
@@ -71,8 +90,10 @@ impl Default for Tracker {
         Tracker {
             pending: Default::default(),
             outstanding: [0; MAX_DEVICES],
+            progress: [0; MAX_DEVICES],
             pool: Vec::new(),
             est: vec![(0, 0); KEYS],
+            devices: [None; MAX_DEVICES],
         }
     }
 }
@@ -113,24 +134,32 @@ impl Tracker {
     }
 
     /// Drops the completed launches (oldest first) of `dev`, publishing what they measured;
-    /// returns what is still outstanding.
-    fn reap(&mut self, ops: &dyn DriverOps, d: &DeviceState, dev: usize) -> u64 {
+    /// returns what is still outstanding. A launch that made no progress for [`STALL_NS`] (or
+    /// 32 × its estimate, if longer) since the later of its issue and the last completion seen
+    /// stops counting: it may wait on something the host has yet to do (`cuStreamWaitValue32`,
+    /// a host function), and waiting for it before the next launch could hang the job.
+    fn reap(&mut self, ops: &dyn DriverOps, d: &DeviceState, dev: usize, now: u64) -> u64 {
         while let Some(p) = self.pending[dev].front() {
             let state = ops.event_query(p.end);
-            if state == EventState::NotReady {
+            let quiet = now.saturating_sub(p.issued.max(self.progress[dev]));
+            let stalled = quiet > STALL_NS.max(p.est_ns.saturating_mul(32));
+            if state == EventState::NotReady && !stalled {
                 break;
             }
             let p = self.pending[dev].pop_front().expect("front exists");
             self.outstanding[dev] -= p.est_ns;
-            d.in_flight_ns.fetch_sub(p.est_ns, AcqRel);
+            take(&d.in_flight_ns, p.est_ns);
             if state == EventState::Done {
+                self.progress[dev] = now;
                 if let Some(ns) = ops.event_elapsed_ns(p.start, p.end) {
                     d.gpu_ns.fetch_add(ns, AcqRel);
                     self.learn(p.key, ns);
                 }
                 self.pool.push((p.ctx, p.start));
-                self.pool.push((p.ctx, p.end));
-            } // Gone: its context went with its events.
+                if !p.end_lent {
+                    self.pool.push((p.ctx, p.end));
+                }
+            } // Gone: its context went with its events; stalled: they are still pending.
         }
         self.outstanding[dev]
     }
@@ -145,11 +174,37 @@ impl Tracker {
     }
 }
 
+/// An opportunistic process's synchronising call returned with work done (`sync.rs`): what
+/// completed leaves `in_flight_ns` now rather than at the next launch.
+pub fn settle(d: &DeviceState, dev: usize) {
+    let ops: &dyn DriverOps = &REAL;
+    let mode = ops.relax_capture();
+    TRACKER.lock().reap(ops, d, dev, now_ns());
+    if let Some(m) = mode {
+        ops.restore_capture(m);
+    }
+}
+
+/// At exit: what this process still counts in `in_flight_ns` leaves it (its launches end with
+/// it). Skipped if another thread holds the tables (it may be stopped mid-launch).
+extern "C" fn at_exit() {
+    let Ok(mut t) = TRACKER.get().try_lock() else {
+        return;
+    };
+    for dev in 0..MAX_DEVICES {
+        if let Some(d) = t.devices[dev] {
+            take(&d.in_flight_ns, t.outstanding[dev]);
+            t.outstanding[dev] = 0;
+            t.pending[dev].clear();
+        }
+    }
+}
+
 /// An opportunistic launch of `key` on `stream` of device `dev` (its shared state `d`): waits
 /// as the gate says, then runs `call`, timed.
 #[inline(never)]
 pub fn launch(
-    d: &DeviceState,
+    d: &'static DeviceState,
     dev: usize,
     key: usize,
     stream: Handle,
@@ -179,7 +234,7 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
         let gate = d.gate();
         let (outstanding, delay) = {
             let mut t = TRACKER.lock();
-            let o = t.reap(ops, d, dev);
+            let o = t.reap(ops, d, dev, now_ns());
             (o, t.poll_delay(dev, now_ns()))
         };
         let now = now_ns();
@@ -217,7 +272,7 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
 #[allow(clippy::too_many_arguments)]
 fn timed(
     ops: &dyn DriverOps,
-    d: &DeviceState,
+    d: &'static DeviceState,
     dev: usize,
     key: usize,
     est_ns: u64,
@@ -226,39 +281,71 @@ fn timed(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let mut t = TRACKER.lock();
-    let pair = (t.pending[dev].len() < MAX_TRACKED)
-        .then(|| ops.current_ctx())
-        .flatten()
-        .and_then(|ctx| {
-            let start = t.event(ops, ctx)?;
-            match t.event(ops, ctx) {
-                Some(end) => Some((ctx, start, end)),
-                None => {
-                    t.pool.push((ctx, start));
-                    None
-                }
-            }
+    if t.devices[dev].is_none() {
+        t.devices[dev] = Some(d);
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers an `extern "C"` function living as long as the process (the shim
+        // is preloaded, never unloaded); it only takes a lock without waiting and stores atomics.
+        ONCE.call_once(|| unsafe {
+            libc::atexit(at_exit);
         });
-    // A failed record (e.g. a stream of another context): the launch goes untimed, and the
-    // events are dropped (they may belong to a context that is gone).
-    let pair = pair.filter(|&(_, start, _)| ops.event_record(start, stream, ptsz));
+    }
+    let ctx = if t.pending[dev].len() < MAX_TRACKED {
+        ops.current_ctx()
+    } else {
+        None
+    };
+    let Some(ctx) = ctx else {
+        return call();
+    };
+    // Back to back on an explicit stream, the previous launch's end (still pending) is this
+    // one's start: one event record per launch instead of two while the stream is busy.
+    let lender = (stream > CU_STREAM_PER_THREAD)
+        .then(|| {
+            t.pending[dev]
+                .iter()
+                .rposition(|p| p.stream == stream && p.ptsz == ptsz && p.ctx == ctx)
+        })
+        .flatten()
+        .filter(|&i| ops.event_query(t.pending[dev][i].end) == EventState::NotReady);
+    let start = match lender {
+        Some(i) => Some(t.pending[dev][i].end),
+        // A failed record (e.g. a stream of another context): the launch goes untimed, and
+        // the event is dropped (it may belong to a context that is gone).
+        None => t
+            .event(ops, ctx)
+            .filter(|&e| ops.event_record(e, stream, ptsz)),
+    };
+    let end = start.and_then(|_| t.event(ops, ctx));
     let rc = call();
-    if let Some((ctx, start, end)) = pair {
-        if rc == CUDA_SUCCESS && ops.event_record(end, stream, ptsz) {
+    match (start, end) {
+        (Some(start), Some(end)) if rc == CUDA_SUCCESS && ops.event_record(end, stream, ptsz) => {
+            if let Some(i) = lender {
+                t.pending[dev][i].end_lent = true;
+            }
             t.pending[dev].push_back(Pending {
                 start,
                 end,
+                end_lent: false,
                 ctx,
+                stream,
+                ptsz,
                 key,
                 est_ns,
                 issued: now_ns(),
             });
             t.outstanding[dev] += est_ns;
             d.in_flight_ns.fetch_add(est_ns, AcqRel);
-        } else if rc != CUDA_SUCCESS {
-            t.pool.push((ctx, start));
-            t.pool.push((ctx, end));
         }
+        (start, end) if rc != CUDA_SUCCESS => {
+            if let (Some(e), None) = (start, lender) {
+                t.pool.push((ctx, e));
+            }
+            if let Some(e) = end {
+                t.pool.push((ctx, e));
+            }
+        }
+        _ => {} // a failed end record: its events are dropped
     }
     rc
 }
@@ -295,7 +382,10 @@ mod tests {
             t.pending[0].push_back(Pending {
                 start: s,
                 end: e,
+                end_lent: false,
                 ctx: 0x10,
+                stream: 0x99,
+                ptsz: false,
                 key,
                 est_ns: 500,
                 issued: 0,
@@ -303,9 +393,9 @@ mod tests {
             t.outstanding[0] += 500;
             d.in_flight_ns.fetch_add(500, AcqRel);
         }
-        assert_eq!(t.reap(&f, &d, 0), 1_000, "nothing completed");
+        assert_eq!(t.reap(&f, &d, 0, 1_000), 1_000, "nothing completed");
         f.reach_all();
-        assert_eq!(t.reap(&f, &d, 0), 0);
+        assert_eq!(t.reap(&f, &d, 0, 2_000), 0);
         assert_eq!(d.in_flight_ns.load(Acquire), 0);
         assert_eq!(d.gpu_ns.load(Acquire), 2_000, "the fake measures 1 µs each");
         assert_eq!(t.estimate(1), 1_000);
@@ -313,5 +403,41 @@ mod tests {
         assert!(t
             .event(&f, 0x20)
             .is_some_and(|e| !t.pool.iter().any(|p| p.1 == e)));
+    }
+
+    #[test]
+    fn a_launch_without_progress_stops_counting_but_a_busy_queue_does_not() {
+        let f = crate::ops::fake::Fake::new(0x10);
+        // SAFETY: every field of DeviceState is an atomic or an integer: all zeroes is valid.
+        let d: Box<DeviceState> = Box::new(unsafe { std::mem::zeroed() });
+        let mut t = Tracker::default();
+        let push = |t: &mut Tracker, issued| {
+            let (s, e) = (t.event(&f, 0x10).unwrap(), t.event(&f, 0x10).unwrap());
+            t.pending[0].push_back(Pending {
+                start: s,
+                end: e,
+                end_lent: false,
+                ctx: 0x10,
+                stream: 0x99,
+                ptsz: false,
+                key: 1,
+                est_ns: 1_000_000,
+                issued,
+            });
+            t.outstanding[0] += 1_000_000;
+        };
+        push(&mut t, 0);
+        push(&mut t, 0);
+        t.progress[0] = STALL_NS;
+        assert_eq!(
+            t.reap(&f, &d, 0, STALL_NS * 2 - 1),
+            2_000_000,
+            "recent progress"
+        );
+        assert_eq!(
+            t.reap(&f, &d, 0, STALL_NS * 2 + 1),
+            0,
+            "nothing completed for longer than STALL_NS: neither counts"
+        );
     }
 }

@@ -92,7 +92,7 @@ macro_rules! hook_fn {
                 // SAFETY: the hook contract (above): the driver's `$name` with the caller's
                 // arguments, unchanged.
                 #[allow(clippy::macro_metavars_in_unsafe)]
-                let call = || unsafe { real($($a),*) };
+                let call = move || unsafe { real($($a),*) };
                 // SAFETY: the hook contract: the caller's arguments, valid as the API documents
                 // for this call, wrapped for its duration (`scope`).
                 #[allow(clippy::macro_metavars_in_unsafe, clippy::unused_unit, unused_unsafe)]

@@ -52,5 +52,9 @@ pub fn drained(ctx: Option<usize>) {
                 .position(|p| p.load(Relaxed) == c && c != 0)
         })
         .unwrap_or_else(crate::context::device_fast);
-    s.account.state.device(dev).note_drained();
+    let d = s.account.state.device(dev);
+    d.note_drained();
+    if s.account.state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC {
+        crate::gate::settle(d, dev);
+    }
 }

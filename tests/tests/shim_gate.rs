@@ -8,11 +8,17 @@
 //!   within the bound plus one kernel, where the open gate lets it queue far more;
 //! - a share (tokens refilled by the test at 30 %) gives a saturating job 20–40 % of the GPU,
 //!   measured by the job itself against its own solo run;
-//! - a production train-like loop publishes `busy_since` and `drained_at` around its iterations.
+//! - `CUDA_DEVICE_SM_LIMIT` is published as `env_compute` (basis points; 100 % is no limit);
+//! - a production train-like loop publishes `busy_since` and `drained_at` around its iterations;
+//! - cudart programs (streams, events, graphs with stream capture) and PyTorch run unchanged as
+//!   opportunistic jobs under an open gate, their launches timed.
 
 use libshare_abi::rate::{now_ns, Gate};
 use libshare_abi::{DeviceState, State};
-use libshare_tests::{artifacts, compile_gcc, describe, json_lines, Running, SimGpu};
+use libshare_tests::{
+    artifacts, compile_cu, compile_gcc, describe, json_check, json_lines, python_source,
+    torch_python, CudartLink, Running, SimGpu,
+};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -64,10 +70,12 @@ fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
     let gpu = SimGpu::new()
         .with_shim()
         .env("LIBSHARE_CONTAINER", "opp")
-        .env("LIBSHARE_CLASS", "opportunistic");
+        .env("LIBSHARE_CLASS", "opportunistic")
+        .env("CUDA_DEVICE_SM_LIMIT", "100");
     let mut p = gate_program(&gpu);
     let st = gpu.container_state("opp");
     let d = st.device(0);
+    assert_eq!(d.env_compute.load(Acquire), 0, "100 % is no limit");
     for path in PATHS {
         d.write_gate(Gate::Paused, 0, now_ns());
         let (launches, held_ns) = (d.launches.load(Acquire), d.held_ns.load(Acquire));
@@ -106,10 +114,12 @@ fn shim_gate_never_holds_a_production_job() {
     let gpu = SimGpu::new()
         .with_shim()
         .env("LIBSHARE_CONTAINER", "prod")
-        .env("LIBSHARE_CLASS", "production");
+        .env("LIBSHARE_CLASS", "production")
+        .env("CUDA_DEVICE_SM_LIMIT", "30");
     let mut p = gate_program(&gpu);
     let st = gpu.container_state("prod");
     let d = st.device(0);
+    assert_eq!(d.env_compute.load(Acquire), 3000, "30 % in basis points");
     d.write_gate(Gate::Paused, 0, now_ns());
     let launches = d.launches.load(Acquire);
     for path in PATHS {
@@ -331,5 +341,66 @@ fn shim_gate_production_publishes_busy_and_drained() {
     assert!(
         busy > 100 && idle > 100 && drains >= 20,
         "busy {busy} / idle {idle} samples, {drains} drains seen"
+    );
+}
+
+/// The `_ok` keys of a program's check line (its own verdicts), for the opportunistic runs.
+fn assert_all_ok(v: &serde_json::Value) {
+    for (k, x) in v.as_object().unwrap() {
+        if k.ends_with("_ok") {
+            assert_eq!(x, 1, "{k}: {v}");
+        }
+    }
+}
+
+#[test]
+fn shim_gate_opportunistic_runtime_programs_and_torch_run_unchanged() {
+    for (name, check) in [("rt_streams", "streams"), ("rt_graphs", "graphs")] {
+        let bin = compile_cu(&format!("{name}.cu"), CudartLink::Shared);
+        let plain = json_check(&SimGpu::new().run_ok(&bin, &[] as &[&str]), check);
+        let gpu = SimGpu::new()
+            .with_shim()
+            .env("LIBSHARE_CLASS", "opportunistic");
+        let shimmed = json_check(&gpu.run_cmd_ok(|| gpu.command(&bin)), check);
+        assert_all_ok(&shimmed);
+        for (k, v) in plain.as_object().unwrap() {
+            if !["polls", "elapsed_ms"].contains(&k.as_str()) {
+                assert_eq!(&shimmed[k], v, "{name}: {k} differs: {shimmed} vs {plain}");
+            }
+        }
+        let d = gpu.container_state("default");
+        assert!(
+            d.device(0).gpu_ns.load(Acquire) > 0,
+            "{name}: no launch was timed"
+        );
+        assert_eq!(
+            d.device(0).in_flight_ns.load(Acquire),
+            0,
+            "{name}: nothing left in flight after the program synchronised and exited"
+        );
+    }
+    let python = torch_python();
+    let script = python_source("torch_smoke.py");
+    let gpu = SimGpu::new()
+        .memory("16GiB")
+        .with_shim()
+        .env("LIBSHARE_CLASS", "opportunistic");
+    let out = gpu.run_cmd_ok(|| {
+        let mut cmd = gpu.command(&python);
+        cmd.arg(&script).arg((16u64 << 30).to_string());
+        cmd
+    });
+    let lines = json_lines(&out);
+    assert!(
+        !lines.is_empty() && lines.iter().all(|v| v["ok"] == true),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        gpu.container_state("default")
+            .device(0)
+            .gpu_ns
+            .load(Acquire)
+            > 0
     );
 }
