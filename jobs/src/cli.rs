@@ -57,6 +57,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("invalid duration '{s}': out of range"))
 }
 
+/// Parses `BUSY:IDLE` phases, two durations (e.g. `2s:2s`, `500ms:1.5s`); BUSY must be > 0.
+pub fn parse_phases(s: &str) -> Result<(Duration, Duration), String> {
+    let (busy, idle) = s
+        .split_once(':')
+        .ok_or_else(|| format!("invalid phases '{s}': expected BUSY:IDLE, e.g. 2s:2s"))?;
+    let busy = parse_duration(busy)?;
+    let idle = parse_duration(idle)?;
+    if busy.is_zero() {
+        return Err(format!("invalid phases '{s}': the busy phase must be > 0"));
+    }
+    Ok((busy, idle))
+}
+
 /// Parses a non-negative, finite number of milliseconds.
 pub fn parse_ms(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -168,6 +181,21 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         for bad in ["", "s", "-1s", "5 parsecs", "1e3"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn phases() {
+        assert_eq!(
+            parse_phases("2s:2s"),
+            Ok((Duration::from_secs(2), Duration::from_secs(2)))
+        );
+        assert_eq!(
+            parse_phases("500ms:0"),
+            Ok((Duration::from_millis(500), Duration::ZERO))
+        );
+        for bad in ["2s", "0:1s", "2s:x", ":"] {
+            assert!(parse_phases(bad).is_err(), "{bad:?} should be rejected");
         }
     }
 

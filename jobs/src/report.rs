@@ -9,8 +9,22 @@ use std::time::{Duration, Instant};
 pub struct Reporter {
     job: &'static str,
     start: Instant,
+    /// `CLOCK_MONOTONIC` at `start`, seconds: lets a reader put several jobs on one time axis.
+    mono_start: f64,
     interval: Duration,
     next: Instant,
+}
+
+/// `CLOCK_MONOTONIC` now, in seconds (the clock `Instant` uses on Linux, shared by every process
+/// of the machine).
+pub fn monotonic_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, a valid local we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 impl Reporter {
@@ -21,6 +35,7 @@ impl Reporter {
         Reporter {
             job,
             start,
+            mono_start: monotonic_s(),
             interval,
             next: start + interval,
         }
@@ -51,9 +66,36 @@ impl Reporter {
         true
     }
 
-    /// The `"start"` line (configuration, device).
+    /// Seconds from the start to `at`.
+    pub fn t_of(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.start).as_secs_f64()
+    }
+
+    /// The `"start"` line (configuration, device), with `"mono_s"`: the monotonic clock at the
+    /// start, so `t` of several jobs can be put on one axis.
     pub fn started(&self, fields: Value) {
+        let mut fields = fields;
+        if let Value::Object(o) = &mut fields {
+            o.insert(
+                "mono_s".into(),
+                Value::from((self.mono_start * 1e6).round() / 1e6),
+            );
+        }
         self.emit("start", false, fields);
+    }
+
+    /// A trace line (`--trace`): `event` (e.g. `iter`) that ran from `begin` to `end`, as `"t"`
+    /// and `"end"` in seconds since the start with µs precision, plus `fields`.
+    pub fn trace(&self, event: &str, begin: Instant, end: Instant, fields: Value) {
+        let mut m = Map::new();
+        m.insert("job".into(), Value::from(self.job));
+        m.insert("t".into(), Value::from(micros(self.t_of(begin))));
+        m.insert("event".into(), Value::from(event));
+        m.insert("end".into(), Value::from(micros(self.t_of(end))));
+        if let Value::Object(o) = fields {
+            m.extend(o);
+        }
+        self.write_line(&Value::Object(m).to_string());
     }
 
     /// A `"progress"` line.
@@ -67,12 +109,19 @@ impl Reporter {
     }
 
     fn emit(&self, event: &str, is_final: bool, fields: Value) {
-        let line = render(self.job, self.t(), event, is_final, fields);
+        self.write_line(&render(self.job, self.t(), event, is_final, fields));
+    }
+
+    fn write_line(&self, line: &str) {
         let mut out = std::io::stdout().lock();
         // A closed stdout (the reader went away) must not kill the job mid-run: ignore it.
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     }
+}
+
+fn micros(s: f64) -> f64 {
+    (s * 1e6).round() / 1e6
 }
 
 /// Builds one output line: `job`, `t` (ms precision), `event`, optionally `final`, then the

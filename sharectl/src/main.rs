@@ -7,8 +7,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod bench;
+mod child;
 mod commands;
 mod demo;
+mod platform;
 mod status;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +30,8 @@ enum Command {
     /// A production and an opportunistic job sharing the GPU (simgpu when there is none) under the
     /// shim, with live throughput and per-container memory.
     Demo(demo::DemoArgs),
+    /// Sharing scenarios (issue 9) under every policy: one result line per scenario and policy.
+    Bench(bench::BenchArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
     Status(status::StatusArgs),
     /// The node daemon: steers every container's GPU gate each period until SIGTERM.
@@ -44,6 +49,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
     };

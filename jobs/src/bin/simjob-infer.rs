@@ -52,6 +52,11 @@ struct Args {
     #[arg(long)]
     pageable: bool,
 
+    /// Print a line per request, {"event":"request","t":DUE,"end":DONE,"latency_ms":L}
+    /// (seconds since the start).
+    #[arg(long)]
+    trace: bool,
+
     /// Stop after this many requests.
     #[arg(long, value_name = "N", conflicts_with = "duration")]
     requests: Option<u64>,
@@ -110,6 +115,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         "output_bytes": args.output,
         "pinned": input.is_pinned() || output.is_pinned(),
         "requests_limit": limit_reqs,
+        "trace": args.trace,
         "duration_s": limit_time.map(|d| d.as_secs_f64()),
     }));
 
@@ -143,6 +149,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         lat_ms.push(l);
         win_lat.push(l);
         service_ms.push(finished.duration_since(began).as_secs_f64() * 1e3);
+        if args.trace {
+            rep.trace(
+                "request",
+                due,
+                finished,
+                json!({ "latency_ms": round3(l), "began": round3(rep.t_of(began)) }),
+            );
+        }
 
         if rep.due() {
             let t = rep.t();

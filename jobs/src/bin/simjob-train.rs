@@ -2,7 +2,9 @@
 //!
 //! Allocates `--mem` up front (touched with a memset), then loops: launch `--kernels` kernels
 //! totalling `--gpu-ms` of GPU time, wait for them (like reading the loss), sleep `--cpu-ms` on
-//! the host (data loading, optimiser bookkeeping). Reports iterations/s.
+//! the host (data loading, optimiser bookkeeping). Reports iterations/s. With `--phases
+//! BUSY:IDLE` it alternates busy phases of iterations with idle phases without GPU work (starting
+//! busy); `--trace` prints one line per iteration (and per idle phase).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -51,6 +53,15 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     touch_every: u64,
 
+    /// Alternate BUSY of iterations and IDLE without GPU work, starting busy (e.g. 2s:2s).
+    #[arg(long, value_name = "BUSY:IDLE", value_parser = cli::parse_phases)]
+    phases: Option<(Duration, Duration)>,
+
+    /// Print a line per iteration, {"event":"iter","t":START,"end":END,"phase":N}, and per idle
+    /// phase, {"event":"idle","t":START,"end":END} (seconds since the start).
+    #[arg(long)]
+    trace: bool,
+
     /// Stop after this many iterations.
     #[arg(long, value_name = "N", conflicts_with = "duration")]
     iters: Option<u64>,
@@ -93,6 +104,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         "managed": args.managed,
         "touch_every": args.touch_every,
         "iters_limit": limit_iters,
+        "phases_s": args.phases.map(|(b, i)| [b.as_secs_f64(), i.as_secs_f64()]),
+        "trace": args.trace,
         "duration_s": limit_time.map(|d| d.as_secs_f64()),
     }));
 
@@ -106,6 +119,26 @@ fn run(args: Args) -> anyhow::Result<()> {
             || jobs::run::stop_requested()
         {
             break;
+        }
+        if let Some((busy, idle)) = args.phases {
+            // Idle until the next cycle if the busy part of this one is over.
+            let cycle = busy + idle;
+            let into = start.elapsed();
+            let k = (into.as_nanos() / cycle.as_nanos().max(1)) as u32;
+            if into - cycle * k >= busy {
+                let began = Instant::now();
+                let mut resume = start + cycle * (k + 1);
+                if let Some(d) = limit_time {
+                    resume = resume.min(start + d);
+                }
+                if !idle_until(&mut rep, &mut window, iters, resume) {
+                    break;
+                }
+                if args.trace {
+                    rep.trace("idle", began, Instant::now(), json!({ "phase": k }));
+                }
+                continue;
+            }
         }
         let t0 = Instant::now();
         if args.touch_every > 0 && iters > 0 && iters % args.touch_every == 0 {
@@ -121,7 +154,14 @@ fn run(args: Args) -> anyhow::Result<()> {
             jobs::run::sleep_until(Instant::now() + cpu_gap);
         }
         iters += 1;
-        iter_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        let t1 = Instant::now();
+        iter_ms.push(t1.duration_since(t0).as_secs_f64() * 1e3);
+        if args.trace {
+            let phase = args
+                .phases
+                .map(|(b, i)| t0.duration_since(start).as_nanos() / (b + i).as_nanos().max(1));
+            rep.trace("iter", t0, t1, json!({ "phase": phase }));
+        }
 
         if rep.due() {
             let t = rep.t();
@@ -148,6 +188,29 @@ fn run(args: Args) -> anyhow::Result<()> {
         "device": gpu.info.to_json(),
     }));
     Ok(())
+}
+
+/// Sleeps until `resume` (an idle phase), still printing progress lines when due. Returns
+/// `false` if a stop was requested.
+fn idle_until(rep: &mut Reporter, window: &mut RateWindow, iters: u64, resume: Instant) -> bool {
+    loop {
+        let step =
+            (resume.saturating_duration_since(Instant::now())).min(Duration::from_millis(10));
+        if !jobs::run::sleep_until(Instant::now() + step) {
+            return false;
+        }
+        if rep.due() {
+            let t = rep.t();
+            rep.progress(json!({
+                "iters": iters,
+                "iters_per_s": round3(window.tick(t, iters)),
+                "avg_iters_per_s": round3(iters as f64 / t),
+            }));
+        }
+        if Instant::now() >= resume {
+            return true;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -183,6 +246,12 @@ mod tests {
         assert_eq!(a.duration, Some(Duration::from_millis(500)));
         assert!(Args::try_parse_from([JOB, "--iters", "5", "--duration", "1s"]).is_err());
         assert!(Args::try_parse_from([JOB, "--kernels", "0"]).is_err());
+        let a = Args::try_parse_from([JOB, "--phases", "2s:1s", "--trace"]).unwrap();
+        assert_eq!(
+            a.phases,
+            Some((Duration::from_secs(2), Duration::from_secs(1)))
+        );
+        assert!(a.trace);
         assert!(Args::try_parse_from([JOB, "--mem", "lots"]).is_err());
     }
 }

@@ -11,14 +11,11 @@
 //! jobs are the ordinary CUDA programs of the `jobs` crate, started as child processes; the demo
 //! reads their JSON lines.
 
-mod child;
-mod platform;
-
+use crate::child::{self, Job, Msg, Role};
+use crate::platform::{self, Gpu, StateDir};
 use crate::status;
 use anyhow::{anyhow, bail};
-use child::{Job, Msg, Role};
 use libshare_abi::units::format_size;
-use platform::{Gpu, StateDir};
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::io::Write;

@@ -1,4 +1,5 @@
-//! A job process whose stdout is read as JSON lines on a background thread.
+//! A job process whose stdout is read as JSON lines on a background thread (`sharectl demo` and
+//! `sharectl bench`).
 
 use anyhow::{anyhow, Context};
 use serde_json::Value;
@@ -19,13 +20,14 @@ pub enum Role {
     Opportunistic,
 }
 
-/// A message from a job's stdout reader.
+/// A message from a job's stdout reader, tagged with what the job was started with (the demo's
+/// [`Role`], the bench's job index).
 #[derive(Debug)]
-pub enum Msg {
+pub enum Msg<T = Role> {
     /// One JSON line.
-    Line(Role, Value),
+    Line(T, Value),
     /// Its stdout closed (the process is exiting).
-    Eof(Role),
+    Eof(T),
 }
 
 /// How much of a job's stderr to keep for error messages.
@@ -41,12 +43,12 @@ pub struct Job {
 impl Job {
     /// Starts `bin args...` with extra environment `env`; every JSON line of its stdout is sent
     /// to `tx` (lines that are not JSON objects are ignored).
-    pub fn spawn(
-        role: Role,
+    pub fn spawn<T: Copy + Send + 'static>(
+        role: T,
         bin: &Path,
         args: &[String],
         env: &[(String, OsString)],
-        tx: Sender<Msg>,
+        tx: Sender<Msg<T>>,
     ) -> anyhow::Result<Job> {
         let name = bin
             .file_name()

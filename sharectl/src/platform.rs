@@ -1,4 +1,4 @@
-//! Where the demo runs: a real GPU, or simgpu (its library directory and a fresh state dir),
+//! Where `sharectl demo` and `sharectl bench` run: a real GPU, or simgpu (its library directory and a fresh state dir),
 //! and where the job binaries are.
 
 use anyhow::{bail, Context};
@@ -138,7 +138,7 @@ impl StateDir {
             .unwrap_or(0);
         for i in 0..100u32 {
             let p = base.join(format!(
-                "sharectl-demo-{}-{:08x}",
+                "sharectl-{}-{:08x}",
                 std::process::id(),
                 nanos.wrapping_add(i)
             ));

@@ -1,0 +1,524 @@
+//! One run of a scenario under one policy: the containers' settings (`sharectl set`), a private
+//! `sharectl daemon`, the jobs (with or without the shim), and everything they printed, on one
+//! time axis (seconds since the run started, `CLOCK_MONOTONIC`).
+
+use crate::child::{Job, Msg};
+use crate::platform::{Gpu, StateDir};
+use anyhow::{anyhow, bail, Context};
+use libshare_abi::State;
+use serde_json::Value;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// A container's class (`LIBSHARE_CLASS`, `sharectl set --class`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Production,
+    Opportunistic,
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Production => "production",
+            Class::Opportunistic => "opportunistic",
+        }
+    }
+}
+
+/// One job of a run.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    /// Its container (and the name in results and plots).
+    pub container: String,
+    /// The class the scenario gives it (a policy may run it as another, see [`Setup`]).
+    pub class: Class,
+    /// `simjob-train`, `simjob-infer` or `simjob-saturate`.
+    pub bin: &'static str,
+    pub args: Vec<String>,
+    /// Seconds after the run's start.
+    pub delay: f64,
+}
+
+/// How the jobs run.
+#[derive(Clone, Debug)]
+pub enum Setup {
+    /// No shim, no daemon.
+    Native,
+    /// Under the shim with a private daemon of `policy` (`libshare` or `time-slice`); `set` are
+    /// extra `sharectl set` arguments per container (e.g. `--compute 50%`); `classes` overrides
+    /// the jobs' classes (static split runs everything as opportunistic).
+    Shared {
+        policy: &'static str,
+        set: Vec<(String, Vec<String>)>,
+        all_opportunistic: bool,
+    },
+}
+
+/// A run: its jobs, how they run, idle containers registered beside them, and whether the gates'
+/// heartbeats are sampled.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub jobs: Vec<JobSpec>,
+    pub setup: Setup,
+    /// Containers registered with `sharectl set` that run nothing (S6).
+    pub idle_containers: Vec<String>,
+    pub sample_gates: bool,
+}
+
+/// What one job printed.
+#[derive(Clone, Debug)]
+pub struct JobRecord {
+    pub container: String,
+    pub class: Class,
+    pub bin: &'static str,
+    /// Its start line's `mono_s` minus the run's start: add to a line's `t`.
+    pub offset: f64,
+    pub lines: Vec<Value>,
+}
+
+impl JobRecord {
+    /// Lines with `event == name`.
+    pub fn events<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        self.lines.iter().filter(move |v| v["event"] == name)
+    }
+
+    /// The start line's field `key` (the job's configuration).
+    pub fn config(&self, key: &str) -> Option<f64> {
+        self.events("start").next().and_then(|v| v[key].as_f64())
+    }
+
+    /// The job's start on the run's axis.
+    pub fn start(&self) -> f64 {
+        self.offset
+    }
+
+    /// The final line's `t` on the run's axis.
+    pub fn end(&self) -> f64 {
+        self.events("final")
+            .next()
+            .and_then(|v| v["t"].as_f64())
+            .map(|t| t + self.offset)
+            .unwrap_or(self.offset)
+    }
+
+    /// Traced work (`iter`, `request`, `idle` lines): (start, end, line) on the run's axis.
+    pub fn spans<'a>(&'a self, event: &'a str) -> impl Iterator<Item = (f64, f64, &'a Value)> + 'a {
+        self.events(event).filter_map(move |v| {
+            Some((
+                v["t"].as_f64()? + self.offset,
+                v["end"].as_f64()? + self.offset,
+                v,
+            ))
+        })
+    }
+
+    /// A cumulative counter over time from the progress lines and the final line, starting at
+    /// (start, 0): (time on the run's axis, value).
+    pub fn counter(&self, key: &str) -> Vec<(f64, f64)> {
+        let mut v = vec![(self.offset, 0.0)];
+        for l in self.lines.iter() {
+            if l["event"] == "progress" || l["event"] == "final" {
+                if let (Some(t), Some(x)) = (l["t"].as_f64(), l[key].as_f64()) {
+                    v.push((t + self.offset, x));
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug)]
+pub struct RunRecord {
+    pub jobs: Vec<JobRecord>,
+    /// The daemon's CPU time (utime + stime) over the run, percent of one core.
+    pub daemon_cpu_pct: Option<f64>,
+    /// The longest gap between successive `refreshed` values of any container's gate, ms.
+    pub gate_refresh_ms_max: Option<f64>,
+}
+
+impl RunRecord {
+    pub fn job(&self, container: &str) -> &JobRecord {
+        self.jobs
+            .iter()
+            .find(|j| j.container == container)
+            .expect("a job of the run")
+    }
+}
+
+/// Where and with what the runs happen.
+pub struct Bench {
+    pub gpu: Gpu,
+    pub shim: Option<PathBuf>,
+    pub jobs_dir: Option<PathBuf>,
+    pub sharectl: PathBuf,
+}
+
+/// How long a job may take beyond its planned end (CUDA start-up, a slow machine).
+const GRACE: Duration = Duration::from_secs(60);
+
+impl Bench {
+    pub fn run(&self, spec: &RunSpec) -> anyhow::Result<RunRecord> {
+        match &spec.setup {
+            Setup::Native => self.run_with(spec, None),
+            Setup::Shared { .. } => {
+                let state = StateDir::create()?;
+                self.run_with(spec, Some(state.path()))
+            }
+        }
+    }
+
+    fn run_with(&self, spec: &RunSpec, state: Option<&Path>) -> anyhow::Result<RunRecord> {
+        let mut daemon = None;
+        let mut sampler = None;
+        if let (Setup::Shared { policy, set, .. }, Some(dir)) = (&spec.setup, state) {
+            if self.shim.is_none() {
+                bail!("libshare.so not found: build it with `cargo build --release -p libshare`");
+            }
+            for j in &spec.jobs {
+                let mut a = vec!["--class".to_string(), self.class_of(spec, j).into()];
+                if let Some((_, extra)) = set.iter().find(|(c, _)| *c == j.container) {
+                    a.extend(extra.iter().cloned());
+                }
+                self.set(dir, &j.container, &a)?;
+            }
+            for c in &spec.idle_containers {
+                self.set(dir, c, &["--class".into(), "opportunistic".into()])?;
+            }
+            daemon = Some(Daemon::start(self, dir, policy)?);
+            if spec.sample_gates {
+                let mut names: Vec<String> =
+                    spec.jobs.iter().map(|j| j.container.clone()).collect();
+                names.extend(spec.idle_containers.iter().cloned());
+                sampler = Some(GateSampler::start(dir, &names)?);
+            }
+        }
+        let result = self.run_jobs(spec, state);
+        let gate_refresh_ms_max = sampler.map(GateSampler::finish);
+        let daemon_cpu_pct = match daemon {
+            Some(d) => Some(d.finish()?),
+            None => None,
+        };
+        let jobs = result?;
+        Ok(RunRecord {
+            jobs,
+            daemon_cpu_pct,
+            gate_refresh_ms_max: gate_refresh_ms_max.flatten(),
+        })
+    }
+
+    fn class_of(&self, spec: &RunSpec, j: &JobSpec) -> &'static str {
+        match spec.setup {
+            Setup::Shared {
+                all_opportunistic: true,
+                ..
+            } => Class::Opportunistic.name(),
+            _ => j.class.name(),
+        }
+    }
+
+    /// `sharectl set NAME --state-dir DIR ARGS...`.
+    fn set(&self, dir: &Path, name: &str, args: &[String]) -> anyhow::Result<()> {
+        let out = Command::new(&self.sharectl)
+            .arg("set")
+            .arg(name)
+            .arg("--state-dir")
+            .arg(dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("cannot run sharectl set")?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let line = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+            bail!("sharectl set {name} {} failed: {line}", args.join(" "));
+        }
+        Ok(())
+    }
+
+    fn env(&self, spec: &RunSpec, j: &JobSpec, state: Option<&Path>) -> Vec<(String, OsString)> {
+        let mut env = self.gpu.job_env();
+        if let (Some(dir), Some(shim)) = (state, self.shim.as_ref()) {
+            env.extend([
+                ("LD_PRELOAD".to_string(), shim.clone().into()),
+                ("LIBSHARE_STATE_DIR".into(), dir.into()),
+                ("LIBSHARE_CONTAINER".into(), j.container.clone().into()),
+                ("LIBSHARE_CLASS".into(), self.class_of(spec, j).into()),
+            ]);
+        }
+        env
+    }
+
+    fn run_jobs(&self, spec: &RunSpec, state: Option<&Path>) -> anyhow::Result<Vec<JobRecord>> {
+        let t0 = crate::bench::monotonic_s();
+        let start = Instant::now();
+        let (tx, rx) = mpsc::channel::<Msg<usize>>();
+        let mut order: Vec<usize> = (0..spec.jobs.len()).collect();
+        order.sort_by(|a, b| spec.jobs[*a].delay.total_cmp(&spec.jobs[*b].delay));
+        let mut running: Vec<Option<Job>> = (0..spec.jobs.len()).map(|_| None).collect();
+        let mut lines: Vec<Vec<Value>> = vec![Vec::new(); spec.jobs.len()];
+        let mut open = 0usize;
+        let mut fail = None;
+        for i in order {
+            let j = &spec.jobs[i];
+            let due = start + Duration::from_secs_f64(j.delay);
+            // Collect lines while waiting so pipes never fill.
+            while Instant::now() < due {
+                if let Ok(m) = rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                    record(m, &mut lines, &mut open);
+                }
+            }
+            let bin = crate::platform::job_binary(self.jobs_dir.as_deref(), j.bin)?;
+            match Job::spawn(i, &bin, &j.args, &self.env(spec, j, state), tx.clone()) {
+                Ok(job) => {
+                    running[i] = Some(job);
+                    open += 1;
+                }
+                Err(e) => {
+                    fail = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let deadline = Instant::now() + GRACE;
+        while fail.is_none() && open > 0 {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(m) => record(m, &mut lines, &mut open),
+                Err(_) => {
+                    fail = Some(anyhow!("the jobs did not finish in time"));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (i, job) in running.into_iter().enumerate() {
+            let Some(job) = job else { continue };
+            if fail.is_some() {
+                job.abort();
+                continue;
+            }
+            // A job that failed stops the run; the ones after it are aborted above.
+            if let Err(e) = job.finish(GRACE) {
+                fail = Some(e);
+                continue;
+            }
+            let j = &spec.jobs[i];
+            let l = std::mem::take(&mut lines[i]);
+            match l
+                .iter()
+                .find(|v| v["event"] == "start")
+                .and_then(|v| v["mono_s"].as_f64())
+            {
+                Some(mono) => out.push(JobRecord {
+                    container: j.container.clone(),
+                    class: j.class,
+                    bin: j.bin,
+                    offset: mono - t0,
+                    lines: l,
+                }),
+                None => fail = Some(anyhow!("{} printed no start line with mono_s", j.bin)),
+            }
+        }
+        if let Some(e) = fail {
+            return Err(e);
+        }
+        Ok(out)
+    }
+}
+
+fn record(m: Msg<usize>, lines: &mut [Vec<Value>], open: &mut usize) {
+    match m {
+        Msg::Line(i, v) => lines[i].push(v),
+        Msg::Eof(_) => *open -= 1,
+    }
+}
+
+/// A private `sharectl daemon` on the run's state dir; stopped when dropped.
+struct Daemon {
+    child: Child,
+    started: Instant,
+    cpu0: u64,
+    reaped: bool,
+}
+
+impl Daemon {
+    fn start(bench: &Bench, dir: &Path, policy: &str) -> anyhow::Result<Daemon> {
+        let mut cmd = Command::new(&bench.sharectl);
+        cmd.arg("daemon")
+            .arg("--state-dir")
+            .arg(dir)
+            .args(["--period", "1ms", "--policy", policy, "--quantum", "100ms"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // NVML: on simgpu the daemon needs its library dir (never its state).
+        for (k, v) in bench.gpu.job_env() {
+            if k == "LD_LIBRARY_PATH" || k == "SIMGPU_STATE_DIR" {
+                cmd.env(k, v);
+            }
+        }
+        let mut child = cmd.spawn().context("cannot start sharectl daemon")?;
+        // It must still be running a moment later (a bad flag or a missing subcommand exits).
+        std::thread::sleep(Duration::from_millis(150));
+        if let Some(st) = child.try_wait()? {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            let line = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            bail!("sharectl daemon --policy {policy} exited at once ({st}): {line}");
+        }
+        // Drain its stderr so it never blocks on a full pipe.
+        if let Some(e) = child.stderr.take() {
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut sink = Vec::new();
+                let _ = std::io::BufReader::new(e).read_to_end(&mut sink);
+            });
+        }
+        // CPU use is counted from here (start-up excluded), over the jobs' run.
+        let cpu0 = proc_cpu_ticks(child.id()).unwrap_or(0);
+        let started = Instant::now();
+        Ok(Daemon {
+            child,
+            started,
+            cpu0,
+            reaped: false,
+        })
+    }
+
+    /// Reads its CPU time, stops it (SIGTERM) and returns its CPU use in percent of one core
+    /// since it started.
+    fn finish(mut self) -> anyhow::Result<f64> {
+        let cpu1 = proc_cpu_ticks(self.child.id());
+        let wall = self.started.elapsed().as_secs_f64();
+        if !self.stop() {
+            bail!("sharectl daemon did not stop within 5 s of SIGTERM");
+        }
+        let cpu1 = cpu1.ok_or_else(|| anyhow!("sharectl daemon exited during the run"))?;
+        // SAFETY: sysconf reads a constant of the system.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok((cpu1.saturating_sub(self.cpu0)) as f64 / hz / wall.max(1e-3) * 100.0)
+    }
+}
+
+impl Daemon {
+    /// SIGTERM, then up to 5 s for it to exit, then SIGKILL. Whether it stopped on SIGTERM.
+    fn stop(&mut self) -> bool {
+        if self.reaped {
+            return true;
+        }
+        self.reaped = true;
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return true;
+        }
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill touches no memory; the pid is our own child's, unreaped until the
+            // wait below (`reaped` keeps this from running twice).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return true,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// utime + stime of `pid` (all its threads), clock ticks, from `/proc/<pid>/stat`.
+fn proc_cpu_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_cpu(&s)
+}
+
+/// Fields 14 and 15 (utime, stime) of a `/proc/<pid>/stat` line; the command name (field 2)
+/// may hold spaces and parentheses, so fields are counted after its last `)`.
+pub fn parse_stat_cpu(s: &str) -> Option<u64> {
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14, index 11.
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Samples every container's gate heartbeat (`refreshed`, device 0) through libshare-abi.
+struct GateSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Option<f64>>,
+}
+
+impl GateSampler {
+    fn start(dir: &Path, names: &[String]) -> anyhow::Result<GateSampler> {
+        let mut states = Vec::new();
+        for n in names {
+            let d = libshare_abi::container_dir(dir, n);
+            let p = d.join(libshare_abi::STATE_FILE);
+            states
+                .push(State::open_view(&p).with_context(|| format!("cannot map {}", p.display()))?);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut last = vec![0u64; states.len()];
+            let mut max_gap: Option<u64> = None;
+            while !s2.load(Ordering::Relaxed) {
+                for (i, st) in states.iter().enumerate() {
+                    let r = st.device(0).refreshed.load(Ordering::Acquire);
+                    if r != last[i] {
+                        if last[i] != 0 && r > last[i] {
+                            let g = r - last[i];
+                            max_gap = Some(max_gap.map_or(g, |m| m.max(g)));
+                        }
+                        last[i] = r;
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(250));
+            }
+            max_gap.map(|g| g as f64 / 1e6)
+        });
+        Ok(GateSampler { stop, thread })
+    }
+
+    fn finish(self) -> Option<f64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().ok().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_cpu() {
+        let line = "1234 (sharectl (x) y) S 1 2 3 4 5 6 7 8 9 10 170 30 0 0 20 0 3 0 100";
+        assert_eq!(parse_stat_cpu(line), Some(200));
+        assert_eq!(parse_stat_cpu("garbage"), None);
+    }
+}

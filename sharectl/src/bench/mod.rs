@@ -1,0 +1,984 @@
+//! `sharectl bench`: issue 9's sharing scenarios, each under every policy in one run.
+//!
+//! Every scenario first runs its production job(s) alone (`exclusive`: the solo figures the
+//! other policies are compared with, measured in the same run), then production and
+//! opportunistic jobs together under `native` (no shim), `static-split` (both opportunistic,
+//! capped to an equal share with `sharectl set --compute`, HAMi-style), `time-slice` (the daemon
+//! gives exclusive quanta, nvshare-style) and `libshare`. The figures come from the jobs' own
+//! output (`jobs/README.md`): production GPU time = iterations × `--gpu-ms`, opportunistic GPU
+//! time = kernels × `--kernel-ms`. BENCHMARKS.md lists the parameters and the columns.
+
+mod exec;
+mod metrics;
+mod plot;
+
+use anyhow::{anyhow, bail, Context};
+use exec::{Bench, Class, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+
+/// Run issue 9's sharing scenarios under every policy and print one result per scenario and
+/// policy.
+///
+/// Starts a private `sharectl daemon` per run on a temporary state dir and the `jobs/` programs
+/// (on simgpu when there is no GPU). Policies: exclusive, native, static-split, time-slice,
+/// libshare. A policy that cannot run (e.g. no daemon in this build) prints its error, the
+/// others still run, and the exit code is 1.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Which scenario(s) to run.
+    #[arg(value_enum)]
+    pub scenario: ScenarioArg,
+
+    /// Print JSON lines instead of a table.
+    #[arg(long, conflicts_with = "markdown")]
+    pub json: bool,
+
+    /// Print a Markdown table (as in BENCHMARKS.md).
+    #[arg(long)]
+    pub markdown: bool,
+
+    /// Write one SVG timeline per scenario, policy and run into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+
+    /// Seconds per co-located run (scenarios scale their phases with it).
+    #[arg(long, value_name = "SECS", default_value_t = 6.0, value_parser = parse_secs)]
+    pub duration: f64,
+
+    /// Use simgpu even if a real GPU is present.
+    #[arg(long)]
+    pub sim: bool,
+
+    /// simgpu's library directory [default: <target>/simgpu/lib next to sharectl].
+    #[arg(long, value_name = "DIR")]
+    pub simgpu_lib: Option<PathBuf>,
+
+    /// Directory holding the simjob-* binaries [default: next to sharectl].
+    #[arg(long, value_name = "DIR")]
+    pub jobs_dir: Option<PathBuf>,
+
+    /// The shim to preload [default: libshare.so next to sharectl, else <target>/dist/].
+    #[arg(long, value_name = "FILE")]
+    pub shim: Option<PathBuf>,
+
+    /// Only these policies (comma-separated) [default: all five].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub policy: Vec<Policy>,
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("invalid duration '{s}': expected seconds, e.g. 6"))?;
+    if !v.is_finite() || !(2.0..=600.0).contains(&v) {
+        return Err(format!(
+            "invalid duration '{s}': must be between 2 and 600 seconds"
+        ));
+    }
+    Ok(v)
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScenarioArg {
+    #[value(name = "S1")]
+    S1,
+    #[value(name = "S2")]
+    S2,
+    #[value(name = "S3")]
+    S3,
+    #[value(name = "S6")]
+    S6,
+    #[value(name = "S7")]
+    S7,
+    All,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    Exclusive,
+    Native,
+    StaticSplit,
+    TimeSlice,
+    Libshare,
+}
+
+impl Policy {
+    const ALL: [Policy; 5] = [
+        Policy::Exclusive,
+        Policy::Native,
+        Policy::StaticSplit,
+        Policy::TimeSlice,
+        Policy::Libshare,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Exclusive => "exclusive",
+            Policy::Native => "native",
+            Policy::StaticSplit => "static-split",
+            Policy::TimeSlice => "time-slice",
+            Policy::Libshare => "libshare",
+        }
+    }
+
+    /// How `jobs` run under this policy (exclusive runs like native, production alone).
+    fn setup(self, jobs: &[JobSpec]) -> Setup {
+        match self {
+            Policy::Exclusive | Policy::Native => Setup::Native,
+            Policy::StaticSplit => {
+                let share = format!("{}%", 100.0 / jobs.len().max(1) as f64);
+                Setup::Shared {
+                    policy: "libshare",
+                    set: jobs
+                        .iter()
+                        .map(|j| (j.container.clone(), vec!["--compute".into(), share.clone()]))
+                        .collect(),
+                    all_opportunistic: true,
+                }
+            }
+            // Every job gated (nvshare has no classes; a production shim never waits at its gate).
+            Policy::TimeSlice => Setup::Shared {
+                policy: "time-slice",
+                set: Vec::new(),
+                all_opportunistic: true,
+            },
+            Policy::Libshare => Setup::Shared {
+                policy: "libshare",
+                set: Vec::new(),
+                all_opportunistic: false,
+            },
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, seconds (the jobs' `mono_s` clock).
+pub fn monotonic_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, a valid local we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let gpu = crate::platform::Gpu::select(args.sim, args.simgpu_lib.as_deref())?;
+    let shim = crate::platform::shim_library(args.shim.as_deref())?;
+    let sharectl = std::env::current_exe().context("cannot locate the sharectl binary")?;
+    let bench = Bench {
+        gpu,
+        shim,
+        jobs_dir: args.jobs_dir.clone(),
+        sharectl,
+    };
+    if let Some(dir) = &args.plot {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let policies: Vec<Policy> = if args.policy.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        Policy::ALL
+            .into_iter()
+            .filter(|p| args.policy.contains(p))
+            .collect()
+    };
+    let scenarios: &[ScenarioArg] = match args.scenario {
+        ScenarioArg::All => &[
+            ScenarioArg::S1,
+            ScenarioArg::S2,
+            ScenarioArg::S3,
+            ScenarioArg::S6,
+            ScenarioArg::S7,
+        ],
+        ref one => std::slice::from_ref(one),
+    };
+    let mut out = Output::new(&args);
+    for &s in scenarios {
+        let ctx = Ctx {
+            bench: &bench,
+            d: args.duration,
+            policies: &policies,
+        };
+        match s {
+            ScenarioArg::S1 => s1(&ctx, &mut out)?,
+            ScenarioArg::S2 => s2(&ctx, &mut out)?,
+            ScenarioArg::S3 => s3(&ctx, &mut out)?,
+            ScenarioArg::S6 => s6(&ctx, &mut out)?,
+            ScenarioArg::S7 => s7(&ctx, &mut out)?,
+            ScenarioArg::All => unreachable!(),
+        }
+    }
+    if out.failed > 0 {
+        bail!(
+            "{} scenario/policy run(s) failed: see their \"error\" rows",
+            out.failed
+        );
+    }
+    Ok(())
+}
+
+struct Ctx<'a> {
+    bench: &'a Bench,
+    d: f64,
+    policies: &'a [Policy],
+}
+
+/// Rounds to 3 decimals; a non-finite value becomes null.
+fn num(v: f64) -> Value {
+    if v.is_finite() {
+        Value::from((v * 1000.0).round() / 1000.0)
+    } else {
+        Value::Null
+    }
+}
+
+fn opt(v: Option<f64>) -> Value {
+    v.map_or(Value::Null, num)
+}
+
+/// The columns every row has, in order (null where a figure does not apply).
+const COLUMNS: [&str; 7] = [
+    "production_ratio",
+    "opportunistic_harvest",
+    "p99_ratio",
+    "reaction_ms",
+    "daemon_cpu_pct",
+    "share_error_pct",
+    "gate_refresh_ms_max",
+];
+
+fn row(scenario: &str, policy: Policy) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("scenario".into(), scenario.into());
+    m.insert("policy".into(), policy.name().into());
+    for c in COLUMNS {
+        m.insert(c.into(), Value::Null);
+    }
+    m
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Table,
+    Json,
+    Markdown,
+}
+
+struct Output {
+    format: Format,
+    plot: Option<PathBuf>,
+    /// Rows that are errors.
+    failed: usize,
+}
+
+/// Prints a line; a closed stdout is ignored (the runs still clean up after themselves).
+fn line(s: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{s}").and_then(|()| out.flush());
+}
+
+impl Output {
+    fn new(args: &BenchArgs) -> Output {
+        let format = if args.json {
+            Format::Json
+        } else if args.markdown {
+            Format::Markdown
+        } else {
+            Format::Table
+        };
+        match format {
+            Format::Table => line(&format!(
+                "{:<4} {:<13} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>8}  notes",
+                "", "policy", "prod", "harvest", "p99", "react_ms", "cpu%", "share_e", "gate_ms"
+            )),
+            Format::Markdown => {
+                line("| scenario | policy | production_ratio | opportunistic_harvest | p99_ratio | reaction_ms | daemon_cpu_pct | share_error_pct | gate_refresh_ms_max | other figures |");
+                line("|---|---|---|---|---|---|---|---|---|---|");
+            }
+            Format::Json => {}
+        }
+        Output {
+            format,
+            plot: args.plot.clone(),
+            failed: 0,
+        }
+    }
+
+    /// Prints a row now (runs are long: results appear as they come).
+    fn emit(&mut self, m: Map<String, Value>) {
+        if self.format == Format::Json {
+            line(&Value::Object(m).to_string());
+            return;
+        }
+        let f = |k: &str| match m.get(k).and_then(Value::as_f64) {
+            Some(v) => format!("{v:.3}"),
+            None => "-".into(),
+        };
+        let mut notes = Vec::new();
+        for (k, v) in &m {
+            if k == "scenario" || k == "policy" || COLUMNS.contains(&k.as_str()) {
+                continue;
+            }
+            match v {
+                Value::Number(n) => notes.push(format!("{k}={n}")),
+                Value::String(s) => notes.push(format!("{k}: {s}")),
+                Value::Bool(b) => notes.push(format!("{k}={b}")),
+                _ => {}
+            }
+        }
+        let (scenario, policy) = (
+            m["scenario"].as_str().unwrap_or(""),
+            m["policy"].as_str().unwrap_or(""),
+        );
+        let cols: Vec<String> = COLUMNS.iter().map(|c| f(c)).collect();
+        if self.format == Format::Markdown {
+            line(&format!(
+                "| {scenario} | {policy} | {} | {} |",
+                cols.join(" | "),
+                notes.join(", ").replace('|', "/")
+            ));
+        } else {
+            line(&format!(
+                "{:<4} {:<13} {:>7} {:>8} {:>7} {:>9} {:>8} {:>8} {:>8}  {}",
+                scenario,
+                policy,
+                cols[0],
+                cols[1],
+                cols[2],
+                cols[3],
+                cols[4],
+                cols[5],
+                cols[6],
+                notes.join(", ")
+            ));
+        }
+    }
+
+    fn error(&mut self, scenario: &str, policy: Policy, e: &anyhow::Error) {
+        let mut m = row(scenario, policy);
+        m.insert("error".into(), format!("{e:#}").into());
+        self.failed += 1;
+        self.emit(m);
+    }
+
+    /// Writes `<DIR>/<scenario>-<policy>[-<part>].svg` if plotting.
+    fn plot(&self, scenario: &str, policy: Policy, part: &str, rec: &RunRecord) {
+        let Some(dir) = &self.plot else { return };
+        let name = if part.is_empty() {
+            format!("{scenario}-{}.svg", policy.name())
+        } else {
+            format!("{scenario}-{}-{part}.svg", policy.name())
+        };
+        let title = format!("{scenario} {} {part}", policy.name());
+        if let Err(e) = plot::timeline(&dir.join(name), title.trim(), &timelines(rec)) {
+            eprintln!("sharectl bench: {e:#}");
+        }
+    }
+}
+
+/// GPU share per job over time (100 ms bins) from its trace and progress lines.
+fn timelines(rec: &RunRecord) -> Vec<plot::Series> {
+    const BIN: f64 = 0.1;
+    let end = rec.jobs.iter().map(JobRecord::end).fold(0.0, f64::max);
+    rec.jobs
+        .iter()
+        .map(|j| {
+            let gpu_ms = j.config("gpu_ms").unwrap_or(0.0);
+            let points = match j.bin {
+                "simjob-saturate" => {
+                    let k = j.config("kernel_ms").unwrap_or(0.0);
+                    let c: Vec<(f64, f64)> = j
+                        .counter("kernels")
+                        .iter()
+                        .map(|&(t, n)| (t, n * k))
+                        .collect();
+                    metrics::counter_timeline(&c, end, BIN)
+                }
+                "simjob-infer" => {
+                    let spans: Vec<(f64, f64, f64)> = j
+                        .spans("request")
+                        .map(|(_, e, v)| {
+                            let began = v["began"].as_f64().map_or(e, |b| b + j.offset);
+                            (began, e, gpu_ms)
+                        })
+                        .collect();
+                    metrics::spans_timeline(&spans, end, BIN)
+                }
+                _ => {
+                    let spans: Vec<(f64, f64, f64)> =
+                        j.spans("iter").map(|(s, e, _)| (s, e, gpu_ms)).collect();
+                    metrics::spans_timeline(&spans, end, BIN)
+                }
+            };
+            (format!("{} ({})", j.container, j.class.name()), points)
+        })
+        .collect()
+}
+
+fn train(name: &str, args: &[&str], secs: f64, extra: &[&str]) -> JobSpec {
+    let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+    a.extend(["--duration".into(), format!("{secs:.3}")]);
+    a.extend(["--trace".into(), "--report-interval".into(), "100ms".into()]);
+    a.extend(extra.iter().map(|x| x.to_string()));
+    JobSpec {
+        container: name.into(),
+        class: Class::Production,
+        bin: "simjob-train",
+        args: a,
+        delay: 0.0,
+    }
+}
+
+fn saturate(name: &str, depth: u32, secs: f64, delay: f64) -> JobSpec {
+    JobSpec {
+        container: name.into(),
+        class: Class::Opportunistic,
+        bin: "simjob-saturate",
+        args: vec![
+            "--kernel-ms".into(),
+            "0.5".into(),
+            "--depth".into(),
+            depth.to_string(),
+            "--duration".into(),
+            format!("{secs:.3}"),
+            "--report-interval".into(),
+            "100ms".into(),
+        ],
+        delay,
+    }
+}
+
+/// S1's and the demo's training-like production job (~60 % of the GPU).
+const TRAIN: [&str; 8] = [
+    "--gpu-ms",
+    "6",
+    "--kernels",
+    "4",
+    "--cpu-ms",
+    "4",
+    "--mem",
+    "256MiB",
+];
+
+/// Runs `jobs` under `policy` (production jobs only for exclusive).
+fn run_policy(
+    ctx: &Ctx<'_>,
+    policy: Policy,
+    jobs: &[JobSpec],
+    idle: &[String],
+    sample: bool,
+) -> anyhow::Result<RunRecord> {
+    let jobs: Vec<JobSpec> = if policy == Policy::Exclusive {
+        jobs.iter()
+            .filter(|j| j.class == Class::Production)
+            .cloned()
+            .collect()
+    } else {
+        jobs.to_vec()
+    };
+    let shared = !matches!(policy, Policy::Exclusive | Policy::Native);
+    ctx.bench.run(&RunSpec {
+        setup: policy.setup(&jobs),
+        jobs,
+        idle_containers: if shared { idle.to_vec() } else { Vec::new() },
+        sample_gates: sample && shared,
+    })
+}
+
+/// Production's rate (iterations or requests per second ended in the window) and GPU time.
+fn production_in(j: &JobRecord, event: &str, a: f64, b: f64) -> (f64, f64) {
+    let spans: Vec<(f64, f64)> = j.spans(event).map(|(s, e, _)| (s, e)).collect();
+    let n = metrics::ended_within(&spans, a, b) as f64;
+    (n / (b - a), n * j.config("gpu_ms").unwrap_or(0.0))
+}
+
+/// An opportunistic saturating job's GPU time (ms) in [a, b].
+fn opportunistic_in(j: &JobRecord, a: f64, b: f64) -> f64 {
+    metrics::growth(&j.counter("kernels"), a, b) * j.config("kernel_ms").unwrap_or(0.0)
+}
+
+/// The window where every job of the run runs: [last start, first end], or for a solo run
+/// [start + `skip`, end] (the co-located runs start the opportunistic job `skip` s late).
+fn window(rec: &RunRecord, skip: f64) -> anyhow::Result<(f64, f64)> {
+    let a = rec
+        .jobs
+        .iter()
+        .map(JobRecord::start)
+        .fold(f64::MIN, f64::max);
+    let b = rec.jobs.iter().map(JobRecord::end).fold(f64::MAX, f64::min);
+    let a = if rec.jobs.iter().all(|j| j.class == Class::Production) {
+        a + skip
+    } else {
+        a
+    };
+    if b - a < 0.5 {
+        bail!("the jobs overlapped for {:.2} s only", b - a);
+    }
+    Ok((a, b))
+}
+
+/// Runs `f` for each policy after exclusive (whose record is `solo`), emitting rows.
+fn for_policies(
+    ctx: &Ctx<'_>,
+    out: &mut Output,
+    scenario: &str,
+    mut f: impl FnMut(Policy) -> anyhow::Result<(Map<String, Value>, Vec<(String, RunRecord)>)>,
+) {
+    for &p in ctx.policies {
+        match f(p) {
+            Ok((m, recs)) => {
+                for (part, r) in &recs {
+                    out.plot(scenario, p, part, r);
+                }
+                out.emit(m);
+            }
+            Err(e) => out.error(scenario, p, &e),
+        }
+    }
+}
+
+/// S1, co-training: production training (~60 % of the GPU) + a saturating opportunistic job
+/// started 1 s later.
+fn s1(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    let d = ctx.d;
+    let jobs = vec![train("prod", &TRAIN, d, &[]), saturate("opp", 4, d, 1.0)];
+    let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
+        .context("S1: production alone (the solo baseline)")?;
+    let (sa, sb) = window(&solo, 1.0)?;
+    let (solo_rate, _) = production_in(solo.job("prod"), "iter", sa, sb);
+    for_policies(ctx, out, "S1", |p| {
+        let rec = if p == Policy::Exclusive {
+            solo.clone()
+        } else {
+            run_policy(ctx, p, &jobs, &[], false)?
+        };
+        let (a, b) = window(&rec, 1.0)?;
+        let (rate, prod_gpu) = production_in(rec.job("prod"), "iter", a, b);
+        let opp = rec.jobs.iter().find(|j| j.container == "opp");
+        let opp_gpu = opp.map_or(0.0, |j| opportunistic_in(j, a, b));
+        let mut m = row("S1", p);
+        m.insert("production_ratio".into(), num(rate / solo_rate));
+        m.insert(
+            "opportunistic_harvest".into(),
+            opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
+        );
+        m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct));
+        m.insert("production_iters_per_s".into(), num(rate));
+        m.insert("solo_iters_per_s".into(), num(solo_rate));
+        m.insert("window_s".into(), num(b - a));
+        Ok((m, vec![(String::new(), rec)]))
+    });
+    Ok(())
+}
+
+/// S2, surge: production alternates busy and idle phases (BUSY:IDLE = P:P, five phases, starting
+/// busy) next to a saturating opportunistic job.
+fn s2(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    let p = (ctx.d / 3.0).clamp(0.5, 2.0);
+    let phases = format!("{:.3}s:{:.3}s", p, p);
+    let jobs = vec![
+        train("prod", &TRAIN, 5.0 * p, &["--phases", &phases]),
+        saturate("opp", 4, 5.0 * p, p / 2.0),
+    ];
+    let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
+        .context("S2: production alone (the solo baseline)")?;
+    let prod_solo = solo.job("prod");
+    let solo_iters = iters_by_phase(prod_solo);
+    // Solo iteration time: every iteration but each phase's first.
+    let solo_durs: Vec<f64> = solo_iters
+        .iter()
+        .flat_map(|(_, v)| v.iter().skip(1).map(|(s, e)| e - s))
+        .collect();
+    let solo_iter = metrics::mean(&solo_durs).ok_or_else(|| anyhow!("S2: no solo iterations"))?;
+    let solo_after: usize = solo_iters
+        .iter()
+        .filter(|(k, _)| *k >= 1)
+        .map(|(_, v)| v.len())
+        .sum();
+    for_policies(ctx, out, "S2", |pol| {
+        let rec = if pol == Policy::Exclusive {
+            solo.clone()
+        } else {
+            run_policy(ctx, pol, &jobs, &[], false)?
+        };
+        let prod = rec.job("prod");
+        let opp = rec.jobs.iter().find(|j| j.container == "opp");
+        let by_phase = iters_by_phase(prod);
+        let after: usize = by_phase
+            .iter()
+            .filter(|(k, _)| *k >= 1)
+            .map(|(_, v)| v.len())
+            .sum();
+        let mut m = row("S2", pol);
+        m.insert(
+            "production_ratio".into(),
+            num(after as f64 / solo_after.max(1) as f64),
+        );
+        if let Some(o) = opp {
+            // Returns: busy phases that began while the opportunistic job ran.
+            let mut worst: Option<f64> = None;
+            let mut recovered = true;
+            for (k, v) in &by_phase {
+                if *k == 0 || v.first().is_none_or(|f| f.0 < o.start()) {
+                    continue;
+                }
+                let r = match metrics::reaction(v, solo_iter, 3, 0.03) {
+                    Some(r) => r,
+                    None => {
+                        recovered = false;
+                        p
+                    }
+                };
+                worst = Some(worst.map_or(r, |w: f64| w.max(r)));
+            }
+            m.insert("reaction_ms".into(), opt(worst.map(|w| w * 1e3)));
+            m.insert("recovered".into(), recovered.into());
+            let (mut idle, mut got) = (0.0, 0.0);
+            for (s, e, _) in prod.spans("idle") {
+                if s >= o.start() && e <= o.end() {
+                    idle += e - s;
+                    got += opportunistic_in(o, s, e);
+                }
+            }
+            m.insert(
+                "opportunistic_harvest".into(),
+                opt((idle > 0.0).then(|| got / (idle * 1e3))),
+            );
+        } else {
+            m.insert("opportunistic_harvest".into(), num(0.0));
+        }
+        m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct));
+        m.insert("solo_iter_ms".into(), num(solo_iter * 1e3));
+        m.insert("phase_s".into(), num(p));
+        Ok((m, vec![(String::new(), rec)]))
+    });
+    Ok(())
+}
+
+/// A train job's traced iterations grouped by phase: (phase, [(start, end)]), in order.
+fn iters_by_phase(j: &JobRecord) -> Vec<(u64, Vec<(f64, f64)>)> {
+    let mut v: Vec<(u64, Vec<(f64, f64)>)> = Vec::new();
+    for (s, e, l) in j.spans("iter") {
+        let k = l["phase"].as_u64().unwrap_or(0);
+        match v.last_mut() {
+            Some((pk, it)) if *pk == k => it.push((s, e)),
+            _ => v.push((k, vec![(s, e)])),
+        }
+    }
+    v
+}
+
+/// S3, latency: production inference at 20 req/s (5 ms of GPU each) for 2 D + a saturating
+/// opportunistic job (0.5 ms kernels) started 1 s later.
+fn s3(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    // Twice as long as the others: at 20 requests/s a p99 needs a few hundred requests.
+    let d = 2.0 * ctx.d;
+    let infer = JobSpec {
+        container: "prod".into(),
+        class: Class::Production,
+        bin: "simjob-infer",
+        args: [
+            "--rate",
+            "20",
+            "--gpu-ms",
+            "5",
+            "--kernels",
+            "2",
+            "--trace",
+            "--report-interval",
+            "100ms",
+            "--duration",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .chain([format!("{d:.3}")])
+        .collect(),
+        delay: 0.0,
+    };
+    let jobs = vec![infer, saturate("opp", 4, d, 1.0)];
+    let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
+        rec.job("prod")
+            .spans("request")
+            .filter(|(s, _, _)| *s >= a && *s <= b)
+            .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
+            .collect()
+    };
+    let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
+        .context("S3: production alone (the solo baseline)")?;
+    let (sa, sb) = window(&solo, 1.0)?;
+    let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
+        .ok_or_else(|| anyhow!("S3: no solo requests"))?;
+    let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+    for_policies(ctx, out, "S3", |p| {
+        let rec = if p == Policy::Exclusive {
+            solo.clone()
+        } else {
+            run_policy(ctx, p, &jobs, &[], false)?
+        };
+        let (a, b) = window(&rec, 1.0)?;
+        let lat = latencies(&rec, a, b);
+        let p99 = metrics::percentile(&lat, 99.0);
+        let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
+        let opp = rec.jobs.iter().find(|j| j.container == "opp");
+        let opp_gpu = opp.map_or(0.0, |j| opportunistic_in(j, a, b));
+        let mut m = row("S3", p);
+        m.insert("production_ratio".into(), num(rate / solo_rate));
+        m.insert(
+            "opportunistic_harvest".into(),
+            opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
+        );
+        m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
+        m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct));
+        m.insert("p99_ms".into(), opt(p99));
+        m.insert("solo_p99_ms".into(), num(solo_p99));
+        m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
+        Ok((m, vec![(String::new(), rec)]))
+    });
+    Ok(())
+}
+
+/// S6, scale: 32 registered containers, 8 active (2 production trainers at ~30 % of the GPU each,
+/// 6 opportunistic saturating jobs at depth 2), daemon period 1 ms.
+fn s6(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    let d = ctx.d;
+    let light = [
+        "--gpu-ms",
+        "3",
+        "--kernels",
+        "2",
+        "--cpu-ms",
+        "7",
+        "--mem",
+        "64MiB",
+    ];
+    let mut jobs = vec![train("p0", &light, d, &[]), train("p1", &light, d, &[])];
+    for i in 0..6 {
+        jobs.push(saturate(&format!("o{i}"), 2, d, 1.0));
+    }
+    let idle: Vec<String> = (0..24).map(|i| format!("idle{i:02}")).collect();
+    let prods = |rec: &RunRecord, a: f64, b: f64| -> (f64, f64) {
+        rec.jobs
+            .iter()
+            .filter(|j| j.class == Class::Production)
+            .map(|j| production_in(j, "iter", a, b))
+            .fold((0.0, 0.0), |x, y| (x.0 + y.0, x.1 + y.1))
+    };
+    let solo = run_policy(ctx, Policy::Exclusive, &jobs, &idle, true)
+        .context("S6: production alone (the solo baseline)")?;
+    let (sa, sb) = window(&solo, 1.0)?;
+    let (solo_rate, _) = prods(&solo, sa, sb);
+    for_policies(ctx, out, "S6", |p| {
+        let rec = if p == Policy::Exclusive {
+            solo.clone()
+        } else {
+            run_policy(ctx, p, &jobs, &idle, true)?
+        };
+        let (a, b) = window(&rec, 1.0)?;
+        let (rate, prod_gpu) = prods(&rec, a, b);
+        let opp_gpu: f64 = rec
+            .jobs
+            .iter()
+            .filter(|j| j.class == Class::Opportunistic)
+            .map(|j| opportunistic_in(j, a, b))
+            .fold(0.0, |x, y| x + y);
+        let mut m = row("S6", p);
+        m.insert("production_ratio".into(), num(rate / solo_rate));
+        m.insert(
+            "opportunistic_harvest".into(),
+            opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
+        );
+        m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct));
+        m.insert("gate_refresh_ms_max".into(), opt(rec.gate_refresh_ms_max));
+        m.insert(
+            "containers".into(),
+            if matches!(p, Policy::Exclusive | Policy::Native) {
+                Value::Null
+            } else {
+                Value::from(rec.jobs.len() + idle.len())
+            },
+        );
+        Ok((m, vec![(String::new(), rec)]))
+    });
+    Ok(())
+}
+
+/// S7, static share: an opportunistic saturating container capped at 30 % alone; two weighted
+/// 1:3 alone; and one uncapped alone under the shim and daemon vs without the shim.
+fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    let d = ctx.d.max(3.0);
+    let gpu_share = |j: &JobRecord| -> Vec<(f64, f64)> {
+        let k = j.config("kernel_ms").unwrap_or(0.0);
+        j.counter("kernels")
+            .iter()
+            .map(|&(t, n)| (t, n * k))
+            .collect()
+    };
+    let rate = |rec: &RunRecord, name: &str| -> f64 {
+        let j = rec.job(name);
+        let (a, b) = (j.start() + 0.5, j.end());
+        opportunistic_in(j, a, b) / ((b - a) * 1e3)
+    };
+    // The native reference: the job alone without the shim (its cap cannot be enforced).
+    let alone = vec![saturate("opp", 4, d / 2.0, 0.0)];
+    let native = ctx
+        .bench
+        .run(&RunSpec {
+            jobs: alone.clone(),
+            setup: Setup::Native,
+            idle_containers: Vec::new(),
+            sample_gates: false,
+        })
+        .context("S7: the opportunistic job alone without the shim")?;
+    let native_rate = rate(&native, "opp");
+    for_policies(ctx, out, "S7", |p| {
+        let mut m = row("S7", p);
+        let policy = match p {
+            Policy::Exclusive | Policy::StaticSplit => {
+                m.insert(
+                    "note".into(),
+                    "n/a: S7 is about one policy's caps and weights (see libshare, time-slice)"
+                        .into(),
+                );
+                return Ok((m, Vec::new()));
+            }
+            Policy::Native => {
+                // What a 30 % cap gives without enforcement: the job alone.
+                let j = native.job("opp");
+                let w = metrics::share_windows(&gpu_share(j), j.start() + 0.5, j.end(), 1.0);
+                m.insert(
+                    "share_error_pct".into(),
+                    opt(metrics::mean_abs_error(&w, 30.0)),
+                );
+                m.insert("share_pct".into(), opt(metrics::mean(&w)));
+                m.insert("gpu_fraction_alone".into(), num(native_rate));
+                return Ok((m, vec![("alone".into(), native.clone())]));
+            }
+            Policy::TimeSlice => "time-slice",
+            Policy::Libshare => "libshare",
+        };
+        let shared = |set: Vec<(String, Vec<String>)>| Setup::Shared {
+            policy,
+            set,
+            all_opportunistic: false,
+        };
+        // (a) capped at 30 %, alone.
+        let capped = ctx.bench.run(&RunSpec {
+            jobs: vec![saturate("cap30", 4, d, 0.0)],
+            setup: shared(vec![(
+                "cap30".into(),
+                vec!["--compute".into(), "30%".into()],
+            )]),
+            idle_containers: Vec::new(),
+            sample_gates: false,
+        })?;
+        let j = capped.job("cap30");
+        let w = metrics::share_windows(&gpu_share(j), j.start() + 0.5, j.end(), 1.0);
+        m.insert(
+            "share_error_pct".into(),
+            opt(metrics::mean_abs_error(&w, 30.0)),
+        );
+        m.insert("share_pct".into(), opt(metrics::mean(&w)));
+        // (b) weights 1:3, alone together.
+        let weighted = ctx.bench.run(&RunSpec {
+            jobs: vec![saturate("w1", 4, d, 0.0), saturate("w3", 4, d, 0.0)],
+            setup: shared(vec![
+                ("w1".into(), vec!["--weight".into(), "1".into()]),
+                ("w3".into(), vec!["--weight".into(), "3".into()]),
+            ]),
+            idle_containers: Vec::new(),
+            sample_gates: false,
+        })?;
+        let (a, b) = window(&weighted, 0.0)?;
+        let g1 = opportunistic_in(weighted.job("w1"), a + 0.5, b);
+        let g3 = opportunistic_in(weighted.job("w3"), a + 0.5, b);
+        let ratio = g3 / g1;
+        m.insert("weight_ratio".into(), num(ratio));
+        m.insert(
+            "weight_error_pct".into(),
+            num((ratio / 3.0 - 1.0).abs() * 100.0),
+        );
+        // (c) uncapped, alone under the shim and the daemon vs alone without the shim.
+        let under = ctx.bench.run(&RunSpec {
+            jobs: alone.clone(),
+            setup: shared(Vec::new()),
+            idle_containers: Vec::new(),
+            sample_gates: false,
+        })?;
+        m.insert("alone_ratio".into(), num(rate(&under, "opp") / native_rate));
+        m.insert("daemon_cpu_pct".into(), opt(capped.daemon_cpu_pct));
+        Ok((
+            m,
+            vec![
+                ("cap30".into(), capped),
+                ("weights".into(), weighted),
+                ("alone".into(), under),
+            ],
+        ))
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.a)
+    }
+
+    #[test]
+    fn args() {
+        let a = parse(&["S1"]).unwrap();
+        assert_eq!(a.scenario, ScenarioArg::S1);
+        assert_eq!(a.duration, 6.0);
+        assert!(!a.json && !a.markdown && a.policy.is_empty());
+        let a = parse(&[
+            "all",
+            "--json",
+            "--duration",
+            "3",
+            "--policy",
+            "native,libshare",
+        ])
+        .unwrap();
+        assert_eq!(a.scenario, ScenarioArg::All);
+        assert_eq!(a.policy, vec![Policy::Native, Policy::Libshare]);
+        assert!(parse(&["S4"]).is_err());
+        assert!(parse(&["S1", "--duration", "1"]).is_err());
+        assert!(parse(&["S1", "--json", "--markdown"]).is_err());
+        assert!(parse(&["S1", "--policy", "mps"]).is_err());
+    }
+
+    #[test]
+    fn static_split_caps_every_job_equally() {
+        let jobs = [
+            train("prod", &TRAIN, 1.0, &[]),
+            saturate("opp", 4, 1.0, 0.0),
+        ];
+        let Setup::Shared {
+            policy,
+            set,
+            all_opportunistic,
+        } = Policy::StaticSplit.setup(&jobs)
+        else {
+            panic!("static-split runs under the shim")
+        };
+        assert_eq!(policy, "libshare");
+        assert!(all_opportunistic);
+        assert_eq!(set.len(), 2);
+        assert!(set.iter().all(|(_, a)| a == &["--compute", "50%"]));
+        assert!(matches!(Policy::Native.setup(&jobs), Setup::Native));
+    }
+}
