@@ -187,10 +187,10 @@ pub struct DeviceState {
     /// The compute limit the container's environment asks for (`CUDA_DEVICE_SM_LIMIT`), in
     /// basis points of the device (1..=10000); 0 = none.
     pub env_compute: AtomicU32,
-    /// +1 at each drain (busy → drained): a futex the daemon may wait on.
-    pub drain_seq: AtomicU32,
-    /// Nonzero while a daemon waits on `drain_seq` (written by the daemon): a drain then wakes
-    /// it at once (one futex wake on the synchronising call's return, never on a launch).
+    /// +1 at each phase change (drained → busy, busy → drained): a futex the daemon waits on.
+    pub phase_seq: AtomicU32,
+    /// Nonzero while a daemon waits on `phase_seq` (written by the daemon): a phase change then
+    /// wakes it at once (one futex wake per phase, see `rate.rs`).
     pub daemon_listens: AtomicU32,
     pub _reserved_shim: [AtomicU64; 1],
 

@@ -8,6 +8,9 @@
 //! - `launches`: +1 per kernel or graph launch;
 //! - `busy_since`: [`now_ns`] of the first launch after the work was seen drained (one load per
 //!   launch; a clock read once per busy phase), see [`DeviceState::note_launch`];
+//! - `phase_seq` +1 at each of these two transitions, and a futex wake of the daemon when it
+//!   listens (`daemon_listens`), so it reacts to production's arrivals and drains at once
+//!   rather than at its next period;
 //! - `drained_at`, `busy_since = 0`: when a synchronising call (`cuCtxSynchronize`,
 //!   `cuStreamSynchronize`, `cuEventSynchronize`, or a query answering "done") returns with
 //!   the work done, see [`DeviceState::note_drained`]. A drain seen on one stream of a process
@@ -167,14 +170,20 @@ pub fn now_ns() -> u64 {
 
 impl DeviceState {
     /// A launch of the container (every class): counts it and marks the device busy. Hot path
-    /// of production launches: one atomic add and one load; a clock read only on the first
-    /// launch of a busy phase.
+    /// of production launches: one atomic add and one load; the first launch of a busy phase
+    /// also reads the clock and, when a daemon listens, wakes it ([`DeviceState::phase_changed`]).
     #[inline(always)]
     pub fn note_launch(&self) {
         self.launches.fetch_add(1, Relaxed);
         if self.busy_since.load(Relaxed) == 0 {
-            self.busy_since.store(now_ns().max(1), Relaxed);
+            self.busy_begins();
         }
+    }
+
+    #[cold]
+    fn busy_begins(&self) {
+        self.busy_since.store(now_ns().max(1), Relaxed);
+        self.phase_changed();
     }
 
     /// A synchronising call returned with the container's work on the device done.
@@ -184,22 +193,30 @@ impl DeviceState {
         if self.busy_since.load(Relaxed) != 0 {
             self.drained_at.store(now_ns(), Relaxed);
             self.busy_since.store(0, Release);
-            self.drain_seq.fetch_add(1, AcqRel);
-            if self.daemon_listens.load(Acquire) != 0 {
-                futex_wake(&self.drain_seq);
-            }
+            self.phase_changed();
+        }
+    }
+
+    /// A busy phase began or ended: `phase_seq` moves, and a listening daemon is woken (one
+    /// futex wake, a syscall of about a microsecond, once per phase: never in a steady stream
+    /// of launches, and nothing when no daemon listens).
+    fn phase_changed(&self) {
+        self.phase_seq.fetch_add(1, AcqRel);
+        if self.daemon_listens.load(Acquire) != 0 {
+            futex_wake(&self.phase_seq);
         }
     }
 
     /// The daemon's write of this device's gate: the window and the gate word, then the
-    /// heartbeat; a changed gate bumps `gate_seq` and wakes the threads waiting on it.
+    /// heartbeat; a changed gate bumps `gate_seq` and, unless it now pauses (a waiting thread
+    /// would only wait again), wakes the threads waiting on it.
     pub fn write_gate(&self, gate: Gate, window_end: u64, now: u64) {
         self.window_end.store(window_end, Release);
         let old = self.budget.swap(gate.encode(), AcqRel);
         self.refreshed.store(now, Release);
         if old != gate.encode() {
             self.gate_seq.fetch_add(1, AcqRel);
-            if self.held.load(Acquire) > 0 {
+            if gate != Gate::Paused && self.held.load(Acquire) > 0 {
                 futex_wake(&self.gate_seq);
             }
         }
@@ -446,21 +463,21 @@ mod tests {
         let d: &'static DeviceState = Box::leak(zeroed());
         d.daemon_listens.store(1, Release);
         d.note_launch();
-        let seq = d.drain_seq.load(Acquire);
+        let seq = d.phase_seq.load(Acquire);
         let shim = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(20));
             d.note_drained();
         });
         let start = std::time::Instant::now();
-        assert!(wait_any(&[(&d.drain_seq, seq)], now_ns() + 10_000_000_000));
+        assert!(wait_any(&[(&d.phase_seq, seq)], now_ns() + 10_000_000_000));
         assert!(
             start.elapsed() < std::time::Duration::from_secs(5),
             "woken by the drain"
         );
-        assert_eq!(d.drain_seq.load(Acquire), seq + 1);
+        assert_eq!(d.phase_seq.load(Acquire), seq + 1);
         shim.join().unwrap();
         let start = std::time::Instant::now();
-        assert!(wait_any(&[(&d.drain_seq, seq + 1)], now_ns() + 30_000_000));
+        assert!(wait_any(&[(&d.phase_seq, seq + 1)], now_ns() + 30_000_000));
         assert!(
             start.elapsed() >= std::time::Duration::from_millis(25),
             "slept to the deadline"
@@ -476,7 +493,15 @@ mod tests {
             while d.held.load(Acquire) == 0 {
                 std::thread::yield_now();
             }
-            d.write_gate(Gate::Paused, 0, 1);
+            d.write_gate(
+                Gate::Run {
+                    in_flight_us: 1_000,
+                    window: false,
+                    share: false,
+                },
+                0,
+                1,
+            );
         });
         let start = std::time::Instant::now();
         d.wait_gate(seq, 10_000_000_000);

@@ -2,7 +2,8 @@
 //! not accumulate): read every registered container's counters into a [`Snapshot`], run the
 //! pure policy, write each decided gate with `DeviceState::write_gate` (every tick, for every
 //! opportunistic container: `refreshed` is the daemon's heartbeat) and refill token buckets.
-//! The registry is rescanned about every second, between ticks. When the loop stops, gates are
+//! The registry is rescanned every 100 ms, between ticks (a new container runs ungated until
+//! then: its gate word starts open). When the loop stops, gates are
 //! left at a floor that stalls nobody ([`Controller::release`]).
 //!
 //! Which devices: a device is looked at when any container has launched on it (or has a busy
@@ -22,6 +23,7 @@ use crate::policy::{self, Class, Counters, Entry, PolicyKind, PolicyState, Snaps
 use crate::registry::Registry;
 use libshare_abi::rate::Gate;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
@@ -47,7 +49,7 @@ impl ControllerConfig {
             state_dir,
             period_ns,
             policy,
-            rescan_ns: 1_000_000_000,
+            rescan_ns: 100_000_000,
         }
     }
 
@@ -73,8 +75,8 @@ impl ControllerConfig {
 pub struct RunStats {
     /// Ticks at the period.
     pub ticks: u64,
-    /// Extra ticks run at once because a production container drained.
-    pub drain_ticks: u64,
+    /// Ticks run at once because a production container began or ended a busy phase.
+    pub event_ticks: u64,
     /// Mean and max of (wake-up time − deadline), ns.
     pub late_mean_ns: u64,
     pub late_max_ns: u64,
@@ -107,7 +109,16 @@ pub struct Controller {
     ticks: u64,
     /// Which container index each snapshot entry came from.
     owner: Vec<usize>,
+    /// `phase_seq` of each (container, device) at the last [`Controller::listen`] decision.
+    phases: FxHashMap<(u64, u8), u32>,
+    listen_at: u64,
 }
+
+/// How often the daemon decides whom to listen to.
+pub const LISTEN_WINDOW_NS: u64 = 100_000_000;
+/// A production container whose busy phases change more often than once per this (on average
+/// over [`LISTEN_WINDOW_NS`]) does not wake the daemon.
+pub const MIN_PHASE_NS: u64 = 1_000_000;
 
 fn read_counters(st: &State, d: usize) -> Counters {
     let s = st.device(d);
@@ -143,6 +154,8 @@ impl Controller {
             devices: 0,
             ticks: 0,
             owner: Vec::new(),
+            phases: FxHashMap::default(),
+            listen_at: 0,
         })
     }
 
@@ -206,33 +219,68 @@ impl Controller {
                 if let Some(r) = dec.refill {
                     dev.refill(r.ns, r.cap);
                 }
+                if tracing::enabled!(tracing::Level::DEBUG) && dev.gate() != dec.gate {
+                    tracing::debug!(
+                        container = %cs[self.owner[k]].name,
+                        device = dec.device,
+                        gate = ?dec.gate,
+                        window_us = dec.window_end.saturating_sub(now) / 1_000,
+                        now_us = now / 1_000,
+                        share_bp = dec.share_bp,
+                        "gate"
+                    );
+                }
                 dev.write_gate(dec.gate, dec.window_end, now);
             }
         }
-        decisions.len()
+        let n = decisions.len();
+        self.listen(now);
+        n
+    }
+
+    /// The phase words of the production containers listened to (see [`Controller::listen`]),
+    /// with their values now, for the loop to wait on.
+    pub fn phase_words<'a>(&'a self, out: &mut Vec<(&'a AtomicU32, u32)>) {
+        for c in self.registry.containers() {
+            for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
+                let dev = c.state.device(d);
+                if dev.daemon_listens.load(Relaxed) != 0 {
+                    out.push((&dev.phase_seq, dev.phase_seq.load(Acquire)));
+                }
+            }
+        }
+    }
+
+    /// Decides, every [`LISTEN_WINDOW_NS`], which production containers wake the loop: those
+    /// whose busy phases changed at most once per [`MIN_PHASE_NS`] on average. A job flipping
+    /// faster (e.g. one that queries an event after every launch) would make both it (a futex
+    /// wake per phase) and the daemon (a tick per phase) pay for nothing the period does not
+    /// already give: it is left to the periodic ticks.
+    fn listen(&mut self, now: u64) {
+        if now < self.listen_at {
+            return;
+        }
+        let window = now - self.listen_at + LISTEN_WINDOW_NS;
+        self.listen_at = now + LISTEN_WINDOW_NS;
+        for c in self.registry.containers() {
+            let production = c.state.header().class.load(Acquire) != CLASS_OPPORTUNISTIC;
+            for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
+                let dev = c.state.device(d);
+                let seq = dev.phase_seq.load(Acquire);
+                let before = self.phases.insert((c.id, d as u8), seq).unwrap_or(seq);
+                let changes = seq.wrapping_sub(before) as u64;
+                let listen = production && changes * MIN_PHASE_NS <= window;
+                if (dev.daemon_listens.load(Relaxed) != 0) != listen {
+                    dev.daemon_listens.store(listen as u32, Release);
+                }
+            }
+        }
     }
 
     /// Leaves every gate this daemon may have closed at a floor that cannot stall anyone: Open
     /// for production containers, at most [`EXIT_FLOOR_US`] of GPU work in flight (no window, no
     /// tokens) for opportunistic ones, so a stopped daemon never leaves a job paused and a
     /// production job's wait stays bounded until a daemon returns.
-    /// The drain words of the production containers on the devices in use, with their values
-    /// now, for the loop to wait on; marks them listened to.
-    pub fn drain_words<'a>(&'a self, out: &mut Vec<(&'a AtomicU32, u32)>) {
-        for c in self.registry.containers() {
-            if c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
-                continue;
-            }
-            for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
-                let dev = c.state.device(d);
-                if dev.daemon_listens.load(Relaxed) == 0 {
-                    dev.daemon_listens.store(1, Release);
-                }
-                out.push((&dev.drain_seq, dev.drain_seq.load(Acquire)));
-            }
-        }
-    }
-
     pub fn release(&self, now: u64) {
         for c in self.registry.containers() {
             for d in 0..MAX_DEVICES {
@@ -300,7 +348,9 @@ pub fn run_on(
         let now = host.now();
         ctl.tick(now);
         if early {
-            stats.drain_ticks += 1;
+            // An event tick refreshed every gate: the next periodic one is a period from now.
+            stats.event_ticks += 1;
+            deadline = now + period;
         } else {
             stats.ticks += 1;
             deadline += period;
@@ -313,10 +363,11 @@ pub fn run_on(
             stats.overruns += missed;
             deadline += missed * period;
         }
-        // Sleep to the next period, or less: a production drain wakes the loop at once, so the
-        // opportunistic containers get the idle GPU without waiting for the period.
+        // Sleep to the next period, or less: a production container beginning or ending a busy
+        // phase wakes the loop at once, so opportunistic work is paused on production's return
+        // and let in when it drains without waiting for the period.
         let mut words = Vec::new();
-        ctl.drain_words(&mut words);
+        ctl.phase_words(&mut words);
         host.wait_until(deadline, &words);
         drop(words);
         if stop.load(Acquire) {

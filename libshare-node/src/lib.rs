@@ -1,10 +1,11 @@
 //! libshare's node daemon as a library: `sharectl daemon` is a thin binary over it.
 //!
 //! - [`registry`]: the containers of a state directory (`<state dir>/containers/<name>/
-//!   state.shm`), rescanned every second; each mapped read-write through `libshare_abi::State`.
-//! - [`controller`]: the control loop: every period (default 1 ms, absolute deadlines on
-//!   `CLOCK_MONOTONIC`) read every container's counters into a [`policy::Snapshot`], call the
-//!   pure policy, write the gates and refill the token buckets.
+//!   state.shm`), rescanned every 100 ms; each mapped read-write through `libshare_abi::State`.
+//! - [`controller`]: the control loop: every period (default 5 ms, absolute deadlines on
+//!   `CLOCK_MONOTONIC`), and at once when a production container begins or ends a busy phase
+//!   (a futex wake from its shim, `futex_waitv`), read every container's counters into a
+//!   [`policy::Snapshot`], call the pure policy, write the gates and refill the token buckets.
 //! - [`policy`]: the pure sharing policy (`libshare` and the `time-slice` baseline), no I/O.
 //!
 //! Registration sockets, peer credentials, the admin socket, persistence and metrics come with

@@ -27,10 +27,14 @@
 //!
 //! Opportunistic gates per device (production containers are never gated: always Open):
 //! - any active production container busy → `Paused`;
-//! - all idle, every active one predictable (≥ [`MIN_SAMPLES`] intervals, jitter ≤ 10 % of the
-//!   period, idle for less than 2 × period + 10 ms) → `Run{window}` with `window_end` = the
-//!   earliest predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits
-//!   only launches whose estimated end fits before it;
+//! - all idle, every active one predictable → `Run{window}` with `window_end` = the earliest
+//!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
+//!   launches whose estimated end fits before it. Two predictions, the steadier (smaller
+//!   jitter) wins: a fixed rate (last arrival + median inter-arrival period: requests on a
+//!   clock) and a fixed idle gap (this idle phase's drain + median drain-to-arrival gap: a loop
+//!   that works or sleeps on the host after each synchronisation, whose GPU phase varies, e.g.
+//!   when it was itself delayed). Each needs ≥ [`MIN_SAMPLES`] samples, jitter ≤ 10 % of its
+//!   median, and production idle for less than 2 × the median + 10 ms;
 //! - idle but not predictable (or idle longer) → `Run{in_flight_us: 2000}`: production's return
 //!   waits at most ~2 ms of opportunistic work already queued;
 //! - no active production container → `Open`.
@@ -174,6 +178,8 @@ pub struct Tunables {
     /// launch once (one launch in flight): it progresses however busy production is, at a cost
     /// to production of one of its kernels per this interval.
     pub starve_ns: u64,
+    /// The in-flight bound of containers sharing the device by weight.
+    pub weighted_in_flight_us: u32,
 }
 
 impl Default for Tunables {
@@ -188,6 +194,7 @@ impl Default for Tunables {
             share_cap_ns: 10_000_000,
             slice_idle_ns: 10_000_000,
             starve_ns: 100_000_000,
+            weighted_in_flight_us: 1_000,
         }
     }
 }
@@ -238,6 +245,10 @@ struct Track {
     durations: Ring,
     /// (period, jitter), recomputed when an interval is added.
     period: Option<(u64, u64)>,
+    /// Idle gaps: from a drain to the next arrival.
+    gaps: Ring,
+    /// (gap, jitter), recomputed when a gap is added.
+    gap: Option<(u64, u64)>,
 }
 
 impl Track {
@@ -250,6 +261,17 @@ impl Track {
             self.launches = c.launches;
         }
         if c.busy_since != 0 && c.busy_since != self.busy_since {
+            // The drain that ended the previous phase (published before this arrival, whether
+            // or not a tick saw it in between).
+            if c.drained_at > self.last_arrival
+                && self.last_arrival != 0
+                && c.busy_since > c.drained_at
+            {
+                self.gaps.push(c.busy_since - c.drained_at);
+                self.gap = (self.gaps.len >= MIN_SAMPLES)
+                    .then(|| self.gaps.median_mad())
+                    .flatten();
+            }
             if self.last_arrival != 0 && c.busy_since > self.last_arrival {
                 self.intervals.push(c.busy_since - self.last_arrival);
                 self.period = (self.intervals.len >= MIN_SAMPLES)
@@ -288,6 +310,7 @@ struct Facts {
     moved_at: u64,
     last_arrival: u64,
     period: Option<(u64, u64)>,
+    gap: Option<(u64, u64)>,
 }
 
 /// Per-device state of the time-slice policy.
@@ -373,6 +396,7 @@ pub fn step(ps: &mut PolicyState, snap: &Snapshot, now: u64) -> Decisions {
             moved_at: tr.moved_at,
             last_arrival: tr.last_arrival,
             period: tr.period,
+            gap: tr.gap,
         });
     }
     if tick % 1024 == 0 {
@@ -423,15 +447,32 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
         } else {
             f.moved_at
         };
-        match f.period {
-            Some((period, jitter))
-                if jitter * FULL_BP as u64 <= period * t.max_jitter_bp
-                    && now.saturating_sub(idle_since) < 2 * period + 10_000_000 =>
-            {
+        // Two models of the next arrival; the steadier one is used: a fixed rate (the last
+        // arrival + the period: requests on a clock) or a fixed idle gap (the drain + the gap:
+        // a loop that sleeps or works on the host after each synchronisation, whose GPU phase
+        // varies).
+        let steady = |(m, jitter): (u64, u64)| jitter * FULL_BP as u64 <= m * t.max_jitter_bp;
+        let by_period = f
+            .period
+            .filter(|&p| steady(p) && now.saturating_sub(idle_since) < 2 * p.0 + 10_000_000)
+            .map(|(period, jitter)| (f.last_arrival + period, jitter));
+        let drained = e.c.busy_since == 0 && e.c.drained_at > f.last_arrival;
+        let by_gap = f
+            .gap
+            .filter(|&g| {
+                drained && steady(g) && now.saturating_sub(idle_since) < 2 * g.0 + 10_000_000
+            })
+            .map(|(gap, jitter)| (e.c.drained_at + gap, jitter));
+        let best = match (by_period, by_gap) {
+            (Some(a), Some(b)) => Some(if b.1 < a.1 { b } else { a }),
+            (a, b) => a.or(b),
+        };
+        match best {
+            Some((next, jitter)) => {
                 let guard = t.min_guard_ns.max(3 * jitter);
-                window_end = window_end.min((f.last_arrival + period).saturating_sub(guard));
+                window_end = window_end.min(next.saturating_sub(guard));
             }
-            _ => predictable = false,
+            None => predictable = false,
         }
     }
     if !active {
@@ -510,8 +551,15 @@ fn libshare_device(
             Some(bp) => {
                 let gate = match base {
                     Gate::Paused => Gate::Paused,
+                    // Containers splitting the device by weight keep little in flight, so
+                    // the engine's time slices pass between them as their tokens say rather
+                    // than in whole slices of queued work.
                     Gate::Open => Gate::Run {
-                        in_flight_us: 0,
+                        in_flight_us: if weighted.is_some() {
+                            t.weighted_in_flight_us
+                        } else {
+                            0
+                        },
                         window: false,
                         share: true,
                     },
@@ -535,9 +583,8 @@ fn libshare_device(
                 )
             }
         };
-        let starved = gate == Gate::Paused
-            && e.c.held > 0
-            && now.saturating_sub(f.moved_at) >= t.starve_ns;
+        let starved =
+            gate == Gate::Paused && e.c.held > 0 && now.saturating_sub(f.moved_at) >= t.starve_ns;
         let gate = if starved {
             Gate::Run {
                 in_flight_us: 1,

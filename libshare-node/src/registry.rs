@@ -1,7 +1,7 @@
 //! The containers the daemon steers: every `<state dir>/containers/<name>/state.shm` (the
 //! layout the shim uses, `libshare_abi::container_dir`), mapped read-write with
 //! `State::open_existing` (the same checks as the shim's: owner, mode, no symlink, valid
-//! header). [`Registry::rescan`] runs at start and about every second: a new file is opened, a
+//! header). [`Registry::rescan`] runs at start and every 100 ms: a new file is opened, a
 //! file whose inode changed is reopened (a new container id), a container whose file
 //! disappeared is dropped. A file that cannot be opened (being created, corrupt, foreign) is
 //! retried at each rescan and logged once when the same error persists.

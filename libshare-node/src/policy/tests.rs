@@ -575,5 +575,9 @@ fn a_starved_opportunistic_container_gets_one_launch_per_starve_interval() {
         now += MS;
     }
     // First sight counts as a launch; then one grant per 100 ms.
-    assert_eq!(granted, vec![100, 201, 302, 403, 504, 605, 706, 807, 908], "{granted:?}");
+    assert_eq!(
+        granted,
+        vec![100, 201, 302, 403, 504, 605, 706, 807, 908],
+        "{granted:?}"
+    );
 }
