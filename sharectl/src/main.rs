@@ -10,6 +10,7 @@
 mod bench;
 mod child;
 mod commands;
+mod daemon_child;
 mod demo;
 mod platform;
 mod status;

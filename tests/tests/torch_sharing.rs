@@ -108,7 +108,10 @@ fn production_pytorch_keeps_its_rate_beside_an_opportunistic_one() {
     let at = epoch_now() + SETUP;
     let prod = start_loop(&gpu, "prod", "production", at);
     let opp = start_loop(&gpu, "batch", "opportunistic", at);
-    let (prod, opp) = (rate(prod, "production", true), rate(opp, "opportunistic", false));
+    let (prod, opp) = (
+        rate(prod, "production", true),
+        rate(opp, "opportunistic", false),
+    );
     let ratio = prod / solo;
     println!("solo {solo:.1} it/s; shared: production {prod:.1} it/s ({ratio:.3} of solo), opportunistic {opp:.1} it/s");
     assert!(

@@ -6,12 +6,14 @@
 //! each container's memory, read from the shim's state files as `sharectl status` reads them.
 //! Phase 1 runs the production job alone for its solo throughput; phase 2 runs it next to an
 //! opportunistic job that keeps the GPU busy, and a second batch worker tries to grow the batch
-//! container past its quota (the shim refuses it). GPU time is not controlled yet (no daemon):
-//! phase 2's slowdown of the production job is the problem kernel-rate control will solve. The
-//! jobs are the ordinary CUDA programs of the `jobs` crate, started as child processes; the demo
-//! reads their JSON lines.
+//! container past its quota (the shim refuses it). Phase 2 shares compute natively (no daemon:
+//! every gate is open), so it shows the harm; phase 3 runs the same pair under a private
+//! `sharectl daemon` (policy `libshare`): production back to about its solo throughput, the
+//! opportunistic job in the GPU time production leaves idle. The jobs are the ordinary CUDA
+//! programs of the `jobs` crate, started as child processes; the demo reads their JSON lines.
 
 use crate::child::{self, Job, Msg, Role};
+use crate::daemon_child::Daemon;
 use crate::platform::{self, Gpu, StateDir};
 use crate::status;
 use anyhow::{anyhow, bail};
@@ -66,7 +68,8 @@ fn check_stdout() -> anyhow::Result<()> {
 /// next to the opportunistic job, which keeps the GPU busy, and a second batch worker tries to
 /// grow the batch container past its quota (the shim refuses it). Live throughput and
 /// per-container memory are printed once a second, then a summary. Kernel-rate control (the
-/// daemon that protects production's GPU time) is not built yet: compute is shared natively.
+/// daemon that protects production's GPU time) is not running in phase 2; phase 3 runs the pair
+/// again under `sharectl daemon`.
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
     /// Seconds per phase.
@@ -275,20 +278,40 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         shim: shim.as_ref().ok(),
         secs: args.duration,
         out,
+        daemon: std::cell::Cell::new(false),
     };
     out.intro(&gpu, &shim, &args);
 
-    out.phase_header(1, false, args.duration);
+    out.phase_header(1, if demo.shim.is_some() { 3 } else { 2 }, args.duration);
     let solo = demo.phase(None)?;
     let solo_rate = rate(&solo.production)?;
     out.phase_done(&solo);
 
+    let phases = if demo.shim.is_some() { 3 } else { 2 };
     check_stdout()?;
-    out.phase_header(2, true, args.duration);
+    out.phase_header(2, phases, args.duration);
     let co = demo.phase(Some(solo_rate))?;
     out.phase_done(&co);
 
-    out.summary(&gpu, demo.shim, &solo, &co);
+    // Phase 3: the same pair under the coordinator daemon (needs the shim).
+    let shared = match demo.shim {
+        Some(shim) => {
+            check_stdout()?;
+            out.phase_header(3, phases, args.duration);
+            let sharectl = std::env::current_exe()?;
+            let daemon = Daemon::start(&sharectl, &gpu, shim.state.path(), "libshare")?;
+            demo.daemon.set(true);
+            let r = demo.phase(Some(solo_rate));
+            demo.daemon.set(false);
+            daemon.finish()?;
+            let r = r?;
+            out.phase_done(&r);
+            Some(r)
+        }
+        None => None,
+    };
+
+    out.summary(&gpu, demo.shim, &solo, &co, shared.as_ref());
     Ok(())
 }
 
@@ -341,6 +364,8 @@ struct Demo<'a> {
     shim: Option<&'a Shim>,
     secs: f64,
     out: Output,
+    /// Whether the phase being run has the daemon.
+    daemon: std::cell::Cell<bool>,
 }
 
 impl Demo<'_> {
@@ -536,7 +561,7 @@ impl Demo<'_> {
                     Some("start") => {
                         live.production_started = Some(Instant::now());
                         // Both jobs hold their memory now: the batch container tries to grow.
-                        if solo.is_some() && self.shim.is_some() {
+                        if solo.is_some() && self.shim.is_some() && !self.daemon.get() {
                             live.grow_rx = Some(self.start_grow());
                         }
                     }
@@ -544,8 +569,14 @@ impl Demo<'_> {
                         let r = v["iters_per_s"].as_f64().unwrap_or(0.0);
                         let t = v["t"].as_f64().unwrap_or(0.0);
                         let containers = self.containers();
-                        self.out
-                            .live(t, r, solo, live.latest, containers.as_deref());
+                        self.out.live(
+                            t,
+                            r,
+                            solo,
+                            live.latest,
+                            containers.as_deref(),
+                            self.daemon.get(),
+                        );
                         live.snapshot = containers;
                     }
                     Some("final") => {
@@ -737,7 +768,7 @@ impl Output {
                     "shim": s.lib.display().to_string(),
                     "state_dir": s.state.path().display().to_string(),
                     "memory_quotas": true,
-                    "kernel_rate_control": false,
+                    "kernel_rate_control": true,
                 }),
                 Err(why) => json!({
                     "shim": null,
@@ -819,28 +850,33 @@ impl Output {
         say!("  All are ordinary, unmodified CUDA driver-API programs.");
         say!("");
         if shim.is_ok() {
-            say!("What libshare enforces today: per-container memory quotas (the shim). What it does not");
-            say!("enforce yet: GPU time. Kernel-rate control - the coordinator daemon that would keep the");
-            say!("production job running as if alone and give the opportunistic one only the GPU time it");
-            say!("leaves idle - is not built, so the jobs' kernels share the GPU natively. Phase 2 shows the");
-            say!("problem that control will solve.");
+            say!(
+                "What libshare enforces: per-container memory quotas (the shim), and GPU time: the"
+            );
+            say!("coordinator daemon keeps the production job running as if alone and gives the");
+            say!("opportunistic one the GPU time production leaves idle. Phase 2 runs the pair without the");
+            say!(
+                "daemon (compute shared natively: the problem); phase 3 runs it under the daemon."
+            );
         } else {
             say!("Without the shim nothing is enforced: the two jobs share the GPU natively, as they would");
             say!("without libshare. Phase 2 shows how much the production job slows down.");
         }
     }
 
-    fn phase_header(&self, n: u32, colocated: bool, secs: f64) {
+    fn phase_header(&self, n: u32, of: u32, secs: f64) {
         if self.json {
             return;
         }
         say!("");
-        if colocated {
-            say!(
-                "Phase {n}/2: production + opportunistic job together, compute natively co-located, {secs} s"
-            );
-        } else {
-            say!("Phase {n}/2: production job alone (solo throughput), {secs} s");
+        match n {
+            1 => say!("Phase 1/{of}: production job alone (solo throughput), {secs} s"),
+            2 => say!(
+                "Phase 2/{of}: production + opportunistic job together, compute natively co-located, {secs} s"
+            ),
+            _ => say!(
+                "Phase {n}/{of}: the same two jobs under libshare's daemon (production first, the opportunistic job in its idle time), {secs} s"
+            ),
         }
     }
 
@@ -851,11 +887,16 @@ impl Output {
         solo: Option<f64>,
         opp: Option<OppRate>,
         containers: Option<&[Value]>,
+        daemon: bool,
     ) {
         if self.json {
             let mut v = json!({
                 "event": "progress",
-                "phase": if solo.is_some() { "colocated" } else { "solo" },
+                "phase": match (solo.is_some(), daemon) {
+                    (false, _) => "solo",
+                    (true, false) => "colocated",
+                    (true, true) => "libshare",
+                },
                 "t": r3(t),
                 "production_iters_per_s": r3(rate),
             });
@@ -933,10 +974,26 @@ impl Output {
         say!("{line}");
     }
 
-    fn summary(&self, gpu: &Gpu, shim: Option<&Shim>, solo: &PhaseResult, co: &PhaseResult) {
+    fn summary(
+        &self,
+        gpu: &Gpu,
+        shim: Option<&Shim>,
+        solo: &PhaseResult,
+        co: &PhaseResult,
+        shared: Option<&PhaseResult>,
+    ) {
         let s = solo.production["iters_per_s"].as_f64().unwrap_or(0.0);
         let c = co.production["iters_per_s"].as_f64().unwrap_or(0.0);
         let ratio = if s > 0.0 { c / s } else { 0.0 };
+        let l = shared.map(|r| r.production["iters_per_s"].as_f64().unwrap_or(0.0));
+        let l_ratio = l.map(|l| if s > 0.0 { l / s } else { 0.0 });
+        // The GPU time production leaves idle under libshare, and the share of it the
+        // opportunistic job used (GPU-ms per second of wall time).
+        let idle_ms = l.map(|l| (1000.0 - l * PRODUCTION_GPU_MS).max(1.0));
+        let harvest = shared
+            .and_then(|r| r.opportunistic)
+            .zip(idle_ms)
+            .map(|(o, idle)| (o.gpu_ms_per_s / idle).min(1.0));
         let p99 = |r: &PhaseResult| r.production["iter_ms"]["p99"].as_f64();
         let p50 = |r: &PhaseResult| r.production["iter_ms"]["p50"].as_f64();
         if self.json {
@@ -944,10 +1001,10 @@ impl Output {
                 "event": "final",
                 "final": true,
                 "gpu": if gpu.is_sim() { "simgpu" } else { "real" },
-                "libshare": {
+                "libshare_enforced": {
                     "shim": shim.is_some(),
                     "memory_quotas": shim.is_some(),
-                    "kernel_rate_control": false,
+                    "kernel_rate_control": shared.is_some(),
                 },
                 "solo": {
                     "production_iters_per_s": s,
@@ -971,7 +1028,18 @@ impl Output {
                         "message": g.message,
                     })),
                 },
+                "libshare": shared.map(|r| json!({
+                    "production_iters_per_s": l,
+                    "production_gpu_ms_per_s": l.map(|l| r3(l * PRODUCTION_GPU_MS)),
+                    "production_iter_ms_p50": p50(r),
+                    "production_iter_ms_p99": p99(r),
+                    "opportunistic_iters_per_s": r.opportunistic.map(|o| r3(o.iters_per_s)),
+                    "opportunistic_gpu_ms_per_s": r.opportunistic.map(|o| r3(o.gpu_ms_per_s)),
+                    "containers": r.containers,
+                })),
                 "production_vs_solo": r3(ratio),
+                "production_vs_solo_libshare": l_ratio.map(r3),
+                "opportunistic_harvest": harvest.map(r3),
             }));
             return;
         }
@@ -981,42 +1049,53 @@ impl Output {
             "Summary ({}, {})",
             if gpu.is_sim() { "simgpu" } else { "real GPU" },
             if shim.is_some() {
-                "libshare shim: memory quotas; no GPU-time control yet"
+                "libshare: shim with memory quotas; daemon in phase 3"
             } else {
                 "no libshare"
             }
         );
-        say!("                                     alone   co-located");
+        let third = |f: &dyn Fn(&PhaseResult) -> Option<f64>| opt(shared.and_then(f));
+        say!("                                     alone   co-located     libshare");
         say!(
-            "  production iterations/s        {:>9.1}    {:>9.1}   ({:.0}% of solo)",
+            "  production iterations/s        {:>9.1}    {:>9.1}    {:>9}",
             s,
             c,
-            100.0 * ratio
+            opt(l)
         );
         say!(
-            "  production iteration p50 (ms)  {:>9}    {:>9}",
+            "    of solo                                 {:>8.0}%    {:>8}%",
+            100.0 * ratio,
+            l_ratio.map_or_else(|| "-".into(), |r| format!("{:.0}", 100.0 * r))
+        );
+        say!(
+            "  production iteration p50 (ms)  {:>9}    {:>9}    {:>9}",
             opt(p50(solo)),
-            opt(p50(co))
+            opt(p50(co)),
+            third(&|r| p50(r))
         );
         say!(
-            "  production iteration p99 (ms)  {:>9}    {:>9}",
+            "  production iteration p99 (ms)  {:>9}    {:>9}    {:>9}",
             opt(p99(solo)),
-            opt(p99(co))
+            opt(p99(co)),
+            third(&|r| p99(r))
         );
         say!(
-            "  production GPU-ms/s            {:>9.0}    {:>9.0}",
+            "  production GPU-ms/s            {:>9.0}    {:>9.0}    {:>9}",
             s * PRODUCTION_GPU_MS,
-            c * PRODUCTION_GPU_MS
+            c * PRODUCTION_GPU_MS,
+            l.map_or_else(|| "-".into(), |l| format!("{:.0}", l * PRODUCTION_GPU_MS))
         );
         say!(
-            "  opportunistic iterations/s     {:>9}    {:>9}",
+            "  opportunistic iterations/s     {:>9}    {:>9}    {:>9}",
             "-",
-            opt(co.opportunistic.map(|o| r1(o.iters_per_s)))
+            opt(co.opportunistic.map(|o| r1(o.iters_per_s))),
+            third(&|r| r.opportunistic.map(|o| r1(o.iters_per_s)))
         );
         say!(
-            "  opportunistic GPU-ms/s         {:>9}    {:>9}",
+            "  opportunistic GPU-ms/s         {:>9}    {:>9}    {:>9}",
             "-",
-            opt(co.opportunistic.map(|o| r1(o.gpu_ms_per_s)))
+            opt(co.opportunistic.map(|o| r1(o.gpu_ms_per_s))),
+            third(&|r| r.opportunistic.map(|o| r1(o.gpu_ms_per_s)))
         );
         say!("  (GPU-ms/s: kernel time completed per second; 1000 = the GPU always busy)");
         if let (Some(shim), Some(containers)) = (shim, co.containers.as_deref()) {
@@ -1058,9 +1137,14 @@ impl Output {
             "Compute: natively co-located, the production job ran at {:.0}% of its solo throughput.",
             100.0 * ratio
         );
-        say!("Kernel-rate control (the coordinator daemon) is not built yet; its goal (design section 7,");
-        say!("scenario S1): production at >= 97% of solo while the opportunistic job uses the GPU time");
-        say!("production leaves idle.");
+        if let (Some(lr), Some(h)) = (l_ratio, harvest) {
+            say!(
+                "Under libshare's daemon it ran at {:.0}% of solo, and the opportunistic job used {:.0}% of the",
+                100.0 * lr,
+                100.0 * h
+            );
+            say!("GPU time production left idle. `sharectl bench` measures this and more: BENCHMARKS.md.");
+        }
     }
 }
 
