@@ -1109,6 +1109,18 @@ impl State {
                 Some(fd) => lock::try_lock_byte(fd, SLOT_LOCK_BASE + i as u64).unwrap_or(false),
                 None => true, // anonymous: no other process can own a slot
             };
+            // A dying process (`kill -9`) drops its lock when its descriptors close, which may
+            // be before the driver has freed its device memory (that descriptor may close
+            // later in the same exit): its slot is left for a later reclaim until it is a
+            // zombie or gone, so the container never allocates over memory still held.
+            let slot = self.slot(i);
+            let dying = free && proc_exiting(slot.pid.load(Acquire), slot.start_time.load(Acquire));
+            if dying {
+                if let Some(fd) = self.rw_fd() {
+                    lock::unlock_byte(fd, SLOT_LOCK_BASE + i as u64);
+                }
+                continue;
+            }
             if free {
                 self.clear_slot(i);
                 if let Some(fd) = self.rw_fd() {
@@ -1405,6 +1417,29 @@ pub fn proc_alive(pid: u32, start_time: u64) -> bool {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     !zombie && (start_time == 0 || st == start_time)
+}
+
+/// Whether process `pid` (started at `start_time`, 0: any) is exiting but not yet a zombie:
+/// the kernel sets `PF_EXITING` (0x4 in `/proc/<pid>/stat`'s flags) when it starts tearing a
+/// process down, before it closes the process's descriptors and frees its memory. False for a
+/// process that is gone, a zombie, a pid reused by another process, or a live process (one
+/// that `exec`ed, for instance).
+pub fn proc_exiting(pid: u32, start_time: u64) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let mut buf = [0u8; 512];
+    let Some(s) = read_small(&format!("/proc/{pid}/stat"), &mut buf) else {
+        return false;
+    };
+    let Some((_, rest)) = s.rsplit_once(')') else {
+        return false;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let state = f.first().copied().unwrap_or("");
+    let flags: u64 = f.get(6).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let st: u64 = f.get(19).and_then(|v| v.parse().ok()).unwrap_or(0);
+    !matches!(state, "Z" | "X" | "x")
+        && (start_time == 0 || st == start_time)
+        && flags & PF_EXITING != 0
 }
 
 #[cfg(test)]

@@ -899,3 +899,32 @@ fn a_stuck_lifecycle_lock_does_not_hang_the_container() {
     assert!(st.charge(s, 0, 1));
     assert_eq!(used(&st, 0), 1);
 }
+
+#[test]
+fn only_a_process_being_torn_down_counts_as_exiting() {
+    let me = std::process::id();
+    assert!(
+        !crate::proc_exiting(me, crate::proc_start_time(me)),
+        "a running process"
+    );
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    // Wait until it is a zombie (exited, not reaped): its teardown is over.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.rsplit_once(')').unwrap().1.trim_start().starts_with('Z'))
+        .unwrap_or(false)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "child never became a zombie"
+        );
+        std::thread::yield_now();
+    }
+    assert!(
+        !crate::proc_exiting(pid, 0),
+        "a zombie has freed everything"
+    );
+    child.wait().unwrap();
+    assert!(!crate::proc_exiting(pid, 0), "a reaped process");
+}
