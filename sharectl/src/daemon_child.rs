@@ -1,6 +1,5 @@
 //! A private `sharectl daemon` child (the benchmark's runs and the demo's third phase).
 
-use crate::platform::Gpu;
 use anyhow::{anyhow, bail, Context};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -15,7 +14,7 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn start(sharectl: &Path, gpu: &Gpu, dir: &Path, policy: &str) -> anyhow::Result<Daemon> {
+    pub fn start(sharectl: &Path, dir: &Path, policy: &str) -> anyhow::Result<Daemon> {
         let mut cmd = Command::new(sharectl);
         cmd.arg("daemon")
             .arg("--state-dir")
@@ -24,12 +23,8 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        // NVML: on simgpu the daemon needs its library dir (never its state).
-        for (k, v) in gpu.job_env() {
-            if k == "LD_LIBRARY_PATH" || k == "SIMGPU_STATE_DIR" {
-                cmd.env(k, v);
-            }
-        }
+        // The daemon reads only the containers' state files: unlike the jobs, it gets none of
+        // the (simulated) GPU's environment.
         let mut child = cmd.spawn().context("cannot start sharectl daemon")?;
         // It must still be running a moment later (a bad flag or a missing subcommand exits).
         std::thread::sleep(Duration::from_millis(150));

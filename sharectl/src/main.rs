@@ -82,7 +82,7 @@ mod tests {
             panic!("demo")
         };
         assert_eq!(a.duration, 5.0);
-        assert!(!a.sim && !a.json);
+        assert!(!a.platform.sim && !a.json);
         let cli = Cli::try_parse_from([
             "sharectl",
             "demo",
@@ -98,8 +98,11 @@ mod tests {
             panic!("demo")
         };
         assert_eq!(a.duration, 2.5);
-        assert!(a.sim && a.json);
-        assert_eq!(a.simgpu_lib.as_deref(), Some(std::path::Path::new("/x")));
+        assert!(a.platform.sim && a.json);
+        assert_eq!(
+            a.platform.simgpu_lib.as_deref(),
+            Some(std::path::Path::new("/x"))
+        );
         assert!(a.shim.is_none() && !a.no_shim);
         let cli = Cli::try_parse_from(["sharectl", "demo", "--shim", "/l/libshare.so"]).unwrap();
         let Command::Demo(a) = cli.command else {

@@ -6,6 +6,30 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Where the jobs run: the options `demo` and `bench` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlatformArgs {
+    /// Use simgpu even if a real GPU is present.
+    #[arg(long)]
+    pub sim: bool,
+
+    /// simgpu's library directory (holding libcuda.so.1) [default: <target>/simgpu/lib next to
+    /// the sharectl binary, created if missing].
+    #[arg(long, value_name = "DIR")]
+    pub simgpu_lib: Option<PathBuf>,
+
+    /// Directory holding the simjob-* binaries [default: next to the sharectl binary].
+    #[arg(long, value_name = "DIR")]
+    pub jobs_dir: Option<PathBuf>,
+}
+
+impl PlatformArgs {
+    /// The GPU these options select.
+    pub fn gpu(&self) -> anyhow::Result<Gpu> {
+        Gpu::select(self.sim, self.simgpu_lib.as_deref())
+    }
+}
+
 /// The GPU the demo uses.
 pub enum Gpu {
     /// A real NVIDIA GPU (`nvidia-smi -L` worked): the jobs use the system driver.

@@ -191,7 +191,7 @@ impl Bench {
             for c in &spec.idle_containers {
                 self.set(dir, c, &["--class".into(), "opportunistic".into()])?;
             }
-            daemon = Some(Daemon::start(&self.sharectl, &self.gpu, dir, policy)?);
+            daemon = Some(Daemon::start(&self.sharectl, dir, policy)?);
             if spec.sample_gates {
                 let mut names: Vec<String> =
                     spec.jobs.iter().map(|j| j.container.clone()).collect();

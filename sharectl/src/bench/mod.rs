@@ -46,17 +46,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECS", default_value_t = 6.0, value_parser = parse_secs)]
     pub duration: f64,
 
-    /// Use simgpu even if a real GPU is present.
-    #[arg(long)]
-    pub sim: bool,
-
-    /// simgpu's library directory [default: <target>/simgpu/lib next to sharectl].
-    #[arg(long, value_name = "DIR")]
-    pub simgpu_lib: Option<PathBuf>,
-
-    /// Directory holding the simjob-* binaries [default: next to sharectl].
-    #[arg(long, value_name = "DIR")]
-    pub jobs_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub platform: crate::platform::PlatformArgs,
 
     /// The shim to preload [default: libshare.so next to sharectl, else <target>/dist/].
     #[arg(long, value_name = "FILE")]
@@ -166,13 +157,13 @@ pub fn monotonic_s() -> f64 {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let gpu = crate::platform::Gpu::select(args.sim, args.simgpu_lib.as_deref())?;
+    let gpu = args.platform.gpu()?;
     let shim = crate::platform::shim_library(args.shim.as_deref())?;
     let sharectl = std::env::current_exe().context("cannot locate the sharectl binary")?;
     let bench = Bench {
         gpu,
         shim,
-        jobs_dir: args.jobs_dir.clone(),
+        jobs_dir: args.platform.jobs_dir.clone(),
         sharectl,
     };
     if let Some(dir) = &args.plot {

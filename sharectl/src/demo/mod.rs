@@ -76,18 +76,8 @@ pub struct DemoArgs {
     #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
     pub duration: f64,
 
-    /// Use simgpu even if a real GPU is present.
-    #[arg(long)]
-    pub sim: bool,
-
-    /// simgpu's library directory (holding libcuda.so.1) [default: <target>/simgpu/lib next to
-    /// the sharectl binary, created if missing].
-    #[arg(long, value_name = "DIR")]
-    pub simgpu_lib: Option<PathBuf>,
-
-    /// Directory holding simjob-train [default: next to the sharectl binary].
-    #[arg(long, value_name = "DIR")]
-    pub jobs_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub platform: platform::PlatformArgs,
 
     /// The shim to preload [default: libshare.so next to the sharectl binary, else
     /// <target>/dist/libshare.so; without either the demo runs without the shim].
@@ -258,8 +248,8 @@ impl NoShim {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let gpu = Gpu::select(args.sim, args.simgpu_lib.as_deref())?;
-    let train_bin = platform::job_binary(args.jobs_dir.as_deref(), PRODUCTION.0)?;
+    let gpu = args.platform.gpu()?;
+    let train_bin = platform::job_binary(args.platform.jobs_dir.as_deref(), PRODUCTION.0)?;
     let shim = if args.no_shim {
         Err(NoShim::Asked)
     } else {
@@ -299,7 +289,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             check_stdout()?;
             out.phase_header(3, phases, args.duration);
             let sharectl = std::env::current_exe()?;
-            let daemon = Daemon::start(&sharectl, &gpu, shim.state.path(), "libshare")?;
+            let daemon = Daemon::start(&sharectl, shim.state.path(), "libshare")?;
             demo.daemon.set(true);
             let r = demo.phase(Some(solo_rate));
             demo.daemon.set(false);
