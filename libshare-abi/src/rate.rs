@@ -43,8 +43,8 @@
 //! which container runtimes do not do).
 
 use crate::DeviceState;
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::*;
-use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// What the gate says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,11 +323,6 @@ pub fn wait_any(words: &[(&AtomicU32, u32)], deadline_ns: u64) -> bool {
         )
     };
     !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
-}
-
-/// A reading of a 64-bit counter another process advances, for rates between two readings.
-pub fn delta(now: &AtomicU64, before: u64) -> u64 {
-    now.load(Acquire).saturating_sub(before)
 }
 
 #[cfg(test)]
