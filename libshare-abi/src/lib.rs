@@ -110,6 +110,7 @@ pub mod rate;
 mod sigbus;
 pub mod slots;
 pub mod units;
+pub mod wire;
 
 pub use error::StateError;
 pub use slots::SlotTable;

@@ -20,6 +20,7 @@ pub mod error;
 pub mod host;
 pub mod policy;
 pub mod registry;
+pub mod server;
 
 pub use controller::{run, Controller, ControllerConfig, RunStats};
 pub use error::NodeError;
