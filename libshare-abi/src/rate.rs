@@ -99,6 +99,20 @@ impl Gate {
     }
 }
 
+/// How long the daemon's heartbeat (`refreshed`, written every period for every opportunistic
+/// container) may be silent before the shims stop trusting its last word.
+pub const DAEMON_SILENT_NS: u64 = 500_000_000;
+
+/// Where opportunistic work stands without a daemon that arbitrates (stopped, or silent for
+/// [`DAEMON_SILENT_NS`]): at most 2 ms of GPU work in flight per process, no window, no tokens.
+/// A production request then waits for at most that much opportunistic work, and nothing
+/// stays paused waiting for a daemon that is gone.
+pub const FLOOR: Gate = Gate::Run {
+    in_flight_us: 2_000,
+    window: false,
+    share: false,
+};
+
 /// What an opportunistic launch should do now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -226,6 +240,22 @@ impl DeviceState {
     #[inline(always)]
     pub fn gate(&self) -> Gate {
         Gate::decode(self.budget.load(Acquire))
+    }
+
+    /// The gate an opportunistic launch obeys at `now`: the daemon's word while its heartbeat
+    /// is fresh, [`FLOOR`] once a daemon that was there has been silent for
+    /// [`DAEMON_SILENT_NS`] (killed, hung, or stopped), whatever it last wrote — a paused job
+    /// resumes at the floor, an open one falls to it. A state no daemon ever wrote
+    /// (`refreshed == 0`) keeps its word (open: no daemon, no gate).
+    #[inline]
+    pub fn gate_at(&self, now: u64) -> Gate {
+        let gate = self.gate();
+        let beat = self.refreshed.load(Acquire);
+        if beat != 0 && now.saturating_sub(beat) > DAEMON_SILENT_NS {
+            FLOOR
+        } else {
+            gate
+        }
     }
 
     /// Adds `ns` to the GPU-time bucket, keeping it at most `cap` (the daemon's refill).
@@ -505,6 +535,38 @@ mod tests {
             "woken, not timed out"
         );
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_daemon_leaves_opportunistic_work_at_the_floor() {
+        let d = zeroed();
+        assert_eq!(d.gate_at(u64::MAX), Gate::Open, "no daemon ever: open");
+        d.write_gate(Gate::Paused, 0, 1_000);
+        assert_eq!(d.gate_at(1_000 + DAEMON_SILENT_NS), Gate::Paused);
+        assert_eq!(
+            d.gate_at(1_001 + DAEMON_SILENT_NS),
+            FLOOR,
+            "paused by a dead daemon"
+        );
+        d.write_gate(Gate::Open, 0, 5_000);
+        assert_eq!(
+            d.gate_at(5_001 + DAEMON_SILENT_NS),
+            FLOOR,
+            "open, then silent"
+        );
+        d.write_gate(Gate::Paused, 0, 9 * DAEMON_SILENT_NS);
+        assert_eq!(d.gate_at(9 * DAEMON_SILENT_NS + 1), Gate::Paused, "back");
+        assert_ne!(
+            admit(
+                FLOOR,
+                Ask {
+                    outstanding_ns: 1_500_000,
+                    est_ns: 1_000_000,
+                    ..Ask::default()
+                }
+            ),
+            Verdict::Go
+        );
     }
 
     fn zeroed() -> Box<DeviceState> {

@@ -27,9 +27,6 @@ use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
-/// The in-flight bound opportunistic gates are left at when the daemon stops.
-pub const EXIT_FLOOR_US: u32 = 2_000;
-
 /// How often (in ticks) the set of devices in use is recomputed.
 pub const DEVICE_SCAN_TICKS: u64 = 8;
 
@@ -278,8 +275,8 @@ impl Controller {
     }
 
     /// Leaves every gate this daemon may have closed at a floor that cannot stall anyone: Open
-    /// for production containers, at most [`EXIT_FLOOR_US`] of GPU work in flight (no window, no
-    /// tokens) for opportunistic ones, so a stopped daemon never leaves a job paused and a
+    /// for production containers, [`libshare_abi::rate::FLOOR`] for opportunistic ones (where
+    /// their shims put them anyway once the heartbeat is silent), so a stopped daemon never leaves a job paused and a
     /// production job's wait stays bounded until a daemon returns.
     pub fn release(&self, now: u64) {
         for c in self.registry.containers() {
@@ -293,11 +290,7 @@ impl Controller {
                     continue;
                 }
                 let gate = if opportunistic {
-                    Gate::Run {
-                        in_flight_us: EXIT_FLOOR_US,
-                        window: false,
-                        share: false,
-                    }
+                    libshare_abi::rate::FLOOR
                 } else {
                     Gate::Open
                 };

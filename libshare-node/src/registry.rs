@@ -11,6 +11,7 @@
 
 use crate::error::NodeError;
 use crate::policy::ContainerId;
+use libshare_abi::slots::SlotTable;
 use libshare_abi::{State, STATE_FILE};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -37,6 +38,8 @@ pub struct Registry {
 /// What a rescan changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ScanReport {
+    /// Slots of dead processes released (their memory back in the quota).
+    pub reclaimed: usize,
     pub added: usize,
     pub dropped: usize,
     pub failed: usize,
@@ -126,6 +129,16 @@ impl Registry {
             }
         }
         self.containers.sort_by_key(|c| c.id);
+        // A process gone without its exit handler (`kill -9`, a crash) holds no slot lock: its
+        // memory goes back to its container's quota here, whether or not another process of
+        // the container ever starts.
+        for c in &self.containers {
+            let n = c.state.reclaim_dead();
+            if n > 0 {
+                tracing::info!(container = %c.name, processes = n, "memory of dead processes returned to the quota");
+                rep.reclaimed += n;
+            }
+        }
         Ok(rep)
     }
 }

@@ -231,7 +231,7 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
     let mut held_since = None;
     loop {
         let seq = d.gate_seq.load(Acquire);
-        let gate = d.gate();
+        let gate = d.gate_at(now_ns());
         let (outstanding, delay) = {
             let mut t = TRACKER.lock();
             let o = t.reap(ops, d, dev, now_ns());

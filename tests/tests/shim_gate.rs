@@ -154,6 +154,17 @@ fn sample_max(
     })
 }
 
+/// Keeps the gate's heartbeat fresh every 5 ms until `stop`, as a daemon would (a silent one
+/// leaves the job at `rate::FLOOR`).
+fn heartbeat(d: &'static DeviceState, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Relaxed) {
+            d.refreshed.store(now_ns(), Relaxed);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
 fn saturate(gpu: &SimGpu, secs: f64) -> Running {
     let mut cmd = gpu.command(artifacts().bin("simjob-saturate"));
     cmd.args([
@@ -206,6 +217,8 @@ fn shim_gate_bounds_what_an_opportunistic_job_has_in_flight() {
     let open_max = open.join().unwrap();
 
     // Bounded: once what was queued before drained, never more than the bound and one kernel.
+    let stop_beat = Arc::new(AtomicBool::new(false));
+    let beat = heartbeat(d, stop_beat.clone());
     d.write_gate(
         Gate::Run {
             in_flight_us: (BOUND_NS / 1000) as u32,
@@ -225,6 +238,8 @@ fn shim_gate_bounds_what_an_opportunistic_job_has_in_flight() {
     stop.store(true, Relaxed);
     let bounded_max = bounded.join().unwrap();
     let busy = (d.gpu_ns.load(Acquire) - gpu0) as f64 / t0.elapsed().as_nanos() as f64;
+    stop_beat.store(true, Relaxed);
+    beat.join().unwrap();
     let out = job.finish();
     assert!(out.status.success(), "{}", describe(&out));
     eprintln!("in flight: open max {open_max} ns, bounded max {bounded_max} ns, busy {busy:.2}");
@@ -274,6 +289,7 @@ fn shim_gate_share_gives_an_opportunistic_job_its_tokens_worth() {
                 std::thread::sleep(Duration::from_millis(1));
                 let now = now_ns();
                 d.refill(((now - last) as f64 * 0.3) as i64, 4_000_000);
+                d.refreshed.store(now, Relaxed); // the daemon's heartbeat
                 last = now;
                 refills.fetch_add(1, Relaxed);
             }
