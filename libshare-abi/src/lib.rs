@@ -1377,6 +1377,38 @@ pub fn default_state_dir() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(format!("/tmp/libshare-{}", fsafe::euid())))
 }
 
+/// The daemon's claim on its state directory: created (0700) if missing, every component
+/// checked as `fsafe` says; it must belong to us (the daemon's user). Read and search rights of
+/// group and others (an older shim's or an operator's `mkdir`) are removed: the containers'
+/// files are reached through the daemon (registration passes each process its container's
+/// file) or bind-mounted one by one, never by listing the directory. Returns whether the mode
+/// was tightened.
+pub fn claim_state_dir(path: &Path) -> Result<bool, StateError> {
+    use std::os::fd::AsRawFd;
+    let dir = fsafe::open_dir(path, true)?;
+    let st = fsafe::fstat(dir.as_raw_fd(), path)?;
+    let uid = fsafe::euid();
+    if st.st_uid != uid {
+        return Err(StateError::ForeignOwner {
+            path: path.to_path_buf(),
+            owner: st.st_uid,
+            uid,
+        });
+    }
+    if st.st_mode & 0o077 == 0 {
+        return Ok(false);
+    }
+    // SAFETY: fchmod on the directory descriptor we just opened and own.
+    if unsafe { libc::fchmod(dir.as_raw_fd(), 0o700) } != 0 {
+        return Err(StateError::io(
+            "chmod",
+            path,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(true)
+}
+
 /// The directory of container `name` under a state directory.
 pub fn container_dir(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join("containers").join(name)

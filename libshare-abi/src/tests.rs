@@ -928,3 +928,19 @@ fn only_a_process_being_torn_down_counts_as_exiting() {
     child.wait().unwrap();
     assert!(!crate::proc_exiting(pid, 0), "a reaped process");
 }
+
+#[test]
+fn the_daemon_claims_its_state_directory_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run/libshare");
+    assert!(!crate::claim_state_dir(&dir).unwrap(), "created private");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(crate::claim_state_dir(&dir).unwrap(), "tightened");
+    assert_eq!(mode(&dir), 0o700);
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert!(crate::claim_state_dir(&file).is_err(), "a file is refused");
+}

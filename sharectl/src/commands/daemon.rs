@@ -93,6 +93,9 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let dir = super::state_dir(args.state_dir);
     let cfg = ControllerConfig::new(dir.clone(), args.period, policy);
     cfg.check()?;
+    if libshare_abi::claim_state_dir(&dir)? {
+        tracing::info!(state_dir = %dir.display(), "state directory made private (0700)");
+    }
     let nice = raise_priority();
     tracing::info!(
         nice,
