@@ -976,3 +976,36 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+/// A `sharectl daemon` the test started (`target/release/sharectl`), killed with SIGKILL when
+/// dropped (what a crash does; [`Daemon::kill9`] to do it on purpose).
+pub struct Daemon(pub std::process::Child);
+
+impl Daemon {
+    /// `sharectl daemon --state-dir DIR ARGS...`, its log on the test's stderr.
+    pub fn start(state_dir: &Path, args: &[&str]) -> Daemon {
+        std::fs::create_dir_all(state_dir).unwrap();
+        let child = Command::new(artifacts().bin("sharectl"))
+            .args(["daemon", "--state-dir"])
+            .arg(state_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sharectl daemon");
+        Daemon(child)
+    }
+
+    pub fn kill9(mut self) {
+        self.0.kill().expect("SIGKILL the daemon");
+        self.0.wait().expect("reap the daemon");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

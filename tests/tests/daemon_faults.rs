@@ -15,44 +15,13 @@
 
 use libshare_abi::rate::{now_ns, FLOOR};
 use libshare_abi::{DeviceState, State};
-use libshare_tests::{artifacts, compile_gcc, SimGpu};
+use libshare_tests::{artifacts, compile_gcc, Daemon, SimGpu};
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-/// A `sharectl daemon` on `state_dir`, killed (SIGKILL) when dropped.
-struct Daemon(Child);
-
-impl Daemon {
-    fn start(state_dir: &Path) -> Daemon {
-        std::fs::create_dir_all(state_dir).unwrap();
-        let child = Command::new(artifacts().bin("sharectl"))
-            .args(["daemon", "--state-dir"])
-            .arg(state_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start sharectl daemon");
-        Daemon(child)
-    }
-
-    fn kill9(mut self) {
-        self.0.kill().expect("SIGKILL the daemon");
-        self.0.wait().expect("reap the daemon");
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.
 fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
@@ -89,7 +58,7 @@ fn daemon_returns_a_killed_jobs_memory_within_a_second() {
         .with_shim()
         .quota("1GiB")
         .env("LIBSHARE_CONTAINER", "batch");
-    let _daemon = Daemon::start(&gpu.shim_state_dir());
+    let _daemon = Daemon::start(&gpu.shim_state_dir(), &[]);
     let mut cmd = Command::new(&prog);
     cmd.args(["hold", "600"])
         .stdin(Stdio::null())
@@ -194,7 +163,7 @@ fn watch(prod: &DeviceState, opp: &DeviceState, span: Duration) -> Watch {
 #[test]
 fn daemon_killed_under_load_leaves_production_running_and_opportunistic_at_the_floor() {
     let gpu = SimGpu::new().with_shim().quota("2GiB");
-    let mut daemon = Some(Daemon::start(&gpu.shim_state_dir()));
+    let mut daemon = Some(Daemon::start(&gpu.shim_state_dir(), &[]));
     let prod_job = train(&gpu, 40);
     let opp_job = saturate(&gpu, 40);
     let (prod_st, opp_st) = (state_of(&gpu, "prod"), state_of(&gpu, "opp"));
@@ -246,7 +215,7 @@ fn daemon_killed_under_load_leaves_production_running_and_opportunistic_at_the_f
 
     // Restart: every live job re-attached (the new daemon's heartbeat) within 1 s, quotas intact.
     let restart_ns = now_ns();
-    let _daemon = Daemon::start(&gpu.shim_state_dir());
+    let _daemon = Daemon::start(&gpu.shim_state_dir(), &[]);
     let took = until(Duration::from_secs(5), || {
         opp.refreshed.load(Acquire) > restart_ns && opp.gate_at(now_ns()) != FLOOR
     })
@@ -287,7 +256,7 @@ fn a_job_started_while_the_daemon_is_down_attaches_when_it_returns() {
         "the environment's limit applies"
     );
     let start_ns = now_ns();
-    let _daemon = Daemon::start(&gpu.shim_state_dir());
+    let _daemon = Daemon::start(&gpu.shim_state_dir(), &[]);
     let took = until(Duration::from_secs(5), || {
         opp.refreshed.load(Acquire) > start_ns && opp.held_ns.load(Acquire) > held0
     })

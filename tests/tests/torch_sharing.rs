@@ -12,9 +12,9 @@
 //! its own cores. Both loops measure the same wall-clock interval (they warm up until an agreed
 //! start time).
 
-use libshare_tests::{artifacts, describe, python_source, shim_lib, torch_python, SimGpu};
+use libshare_tests::{describe, python_source, shim_lib, torch_python, Daemon, SimGpu};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Seconds each loop is measured.
@@ -71,15 +71,6 @@ fn epoch_now() -> f64 {
         .as_secs_f64()
 }
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn production_pytorch_keeps_its_rate_beside_an_opportunistic_one() {
     if !torch_python().exists() {
@@ -91,14 +82,7 @@ fn production_pytorch_keeps_its_rate_beside_an_opportunistic_one() {
     }
     let state = tempfile::tempdir().unwrap();
     let gpu = machine(state.path());
-    let mut daemon = Command::new(artifacts().bin("sharectl"));
-    daemon
-        .args(["daemon", "--state-dir"])
-        .arg(state.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let _daemon = Daemon(daemon.spawn().expect("start sharectl daemon"));
+    let _daemon = Daemon::start(state.path(), &[]);
 
     // Solo: production alone under the shim and the daemon.
     let solo = start_loop(&gpu, "prod", "production", epoch_now() + SETUP / 2.0);
