@@ -14,6 +14,7 @@ mod daemon_child;
 mod demo;
 mod platform;
 mod status;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -43,6 +44,9 @@ enum Command {
     /// place before its first launch. For now this is a direct write; the node service's admin
     /// socket will replace it.
     Set(commands::set::SetArgs),
+    /// A live view of the node (in the manner of nvtop): per device and container memory,
+    /// class, gate, launch rate, GPU time and throttled time; refreshes every second, q quits.
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
