@@ -43,14 +43,21 @@ struct Rates {
     throttled: f64,
 }
 
+/// Per (container, device).
+type ByDevice<T> = HashMap<(String, usize), T>;
+
+/// The cumulative counters rates are taken from: launches, gpu_ns, held_ns.
+type Totals = (u64, u64, u64);
+
 /// Two successive reads: the latest and the counters of the one before.
 struct Sampler {
     dir: PathBuf,
-    last: Option<(Instant, HashMap<(String, usize), (u64, u64, u64)>)>,
+    /// When the last read was, and its (launches, gpu_ns, held_ns).
+    last: Option<(Instant, ByDevice<Totals>)>,
 }
 
 impl Sampler {
-    fn read(&mut self) -> Result<(NodeView, HashMap<(String, usize), Rates>)> {
+    fn read(&mut self) -> Result<(NodeView, ByDevice<Rates>)> {
         let v = view::read(&self.dir)?;
         let now = Instant::now();
         let counters: HashMap<_, _> = v
@@ -144,7 +151,7 @@ const HEADERS: [&str; 11] = [
 ];
 
 /// One row per (container, device); a container on no device gets one row of dashes.
-fn container_rows(v: &NodeView, rates: &HashMap<(String, usize), Rates>) -> Vec<Vec<String>> {
+fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
     let mut rows = Vec::new();
     for c in &v.containers {
         let procs = c.processes.len().to_string();
@@ -186,7 +193,7 @@ fn container_rows(v: &NodeView, rates: &HashMap<(String, usize), Rates>) -> Vec<
 }
 
 /// Per device: memory held by all containers, sum of their quotas, containers, launches/s.
-fn device_lines(v: &NodeView, rates: &HashMap<(String, usize), Rates>) -> Vec<String> {
+fn device_lines(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<String> {
     let mut devs: std::collections::BTreeMap<usize, (u64, u64, usize, f64, f64)> =
         Default::default();
     for c in &v.containers {
@@ -254,7 +261,7 @@ pub fn run(args: TopArgs) -> Result<()> {
     restored.map_err(|e| anyhow!("cannot restore the terminal: {e}"))
 }
 
-fn plain(dir: &Path, v: &NodeView, rates: &HashMap<(String, usize), Rates>) -> Vec<String> {
+fn plain(dir: &Path, v: &NodeView, rates: &ByDevice<Rates>) -> Vec<String> {
     let mut out = vec![format!("libshare top — {}", dir.display())];
     out.extend(device_lines(v, rates));
     let rows = container_rows(v, rates);
@@ -312,7 +319,7 @@ fn live(
     }
 }
 
-fn draw(f: &mut ratatui::Frame, dir: &Path, v: &NodeView, rates: &HashMap<(String, usize), Rates>) {
+fn draw(f: &mut ratatui::Frame, dir: &Path, v: &NodeView, rates: &ByDevice<Rates>) {
     let devices = device_lines(v, rates);
     let [head, devs, table, foot] = Layout::vertical([
         Constraint::Length(1),
