@@ -1,7 +1,7 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module: `demo`, `status`, and `commands/` (`daemon`, `set`,
-//! thin layers over `libshare-node`); `top`, `get`, `reset`, `cdi`, `hook` come with the node
+//! Each subcommand lives in its own module: `demo`, `status`, `top`, and `commands/` (`daemon`,
+//! `set`, thin layers over `libshare-node`); `get`, `reset`, `cdi`, `hook` come with the node
 //! service.
 
 #![deny(unsafe_op_in_unsafe_fn)]
