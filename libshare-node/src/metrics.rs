@@ -39,18 +39,17 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("cannot listen on {addr} for metrics: {source} (is another process using it? choose another --metrics-addr)")]
+    #[error("cannot listen on {addr} for metrics: {err} (choose another --metrics-addr)")]
     Bind {
         addr: SocketAddr,
-        source: std::io::Error,
+        err: std::io::Error,
     },
     #[error("metrics address {0} is not a loopback address: metrics are served on localhost only (e.g. 127.0.0.1:9400)")]
     NotLoopback(SocketAddr),
-    #[error("cannot write the metrics textfile {}: {source}", path.display())]
-    Textfile {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot start the metrics thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("cannot write the metrics textfile {}: {err}", path.display())]
+    Textfile { path: PathBuf, err: std::io::Error },
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -399,14 +398,14 @@ pub fn serve_http(
     if !addr.ip().is_loopback() {
         return Err(MetricsError::NotLoopback(addr));
     }
-    let listener = TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    let listener = TcpListener::bind(addr).map_err(|err| MetricsError::Bind { addr, err })?;
     let bound = listener.local_addr().unwrap_or(addr);
     tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
     let ctx = Arc::new((state_dir, health));
     Ok(std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || accept_loop(listener, ctx, stop))
-        .expect("spawn the metrics thread"))
+        .map_err(MetricsError::Spawn)?)
 }
 
 fn accept_loop(listener: TcpListener, ctx: Arc<(PathBuf, Arc<Health>)>, stop: &AtomicBool) {
@@ -530,9 +529,9 @@ fn respond(mut stream: &TcpStream, status: &str, ctype: &str, body: &[u8]) {
 
 /// Writes the metrics to `path` once: to a temporary file beside it, then renamed over it.
 pub fn write_textfile(path: &Path, text: &str) -> Result<(), MetricsError> {
-    let err = |source| MetricsError::Textfile {
+    let err = |err| MetricsError::Textfile {
         path: path.to_path_buf(),
-        source,
+        err,
     };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".{}.tmp", std::process::id()));
@@ -576,7 +575,7 @@ pub fn write_textfile_every(
                 }
             }
         })
-        .expect("spawn the textfile thread"))
+        .map_err(MetricsError::Spawn)?)
 }
 
 #[cfg(test)]

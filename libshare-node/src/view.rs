@@ -16,11 +16,8 @@ use std::sync::atomic::Ordering::Acquire;
 /// it is one line of [`NodeView::errors`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
-    #[error("cannot read {}: {source}", path.display())]
-    ReadDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot read {}: {err}", path.display())]
+    ReadDir { path: PathBuf, err: std::io::Error },
 }
 
 /// A container's class, as its state file says.
@@ -207,7 +204,7 @@ pub fn read(dir: &Path) -> Result<NodeView, ViewError> {
             })
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(source) => return Err(ViewError::ReadDir { path: root, source }),
+        Err(err) => return Err(ViewError::ReadDir { path: root, err }),
     };
     names.sort();
     let mut containers = Vec::new();
