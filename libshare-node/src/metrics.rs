@@ -402,10 +402,10 @@ pub fn serve_http(
     let bound = listener.local_addr().unwrap_or(addr);
     tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
     let ctx = Arc::new((state_dir, health));
-    Ok(std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || accept_loop(listener, ctx, stop))
-        .map_err(MetricsError::Spawn)?)
+        .map_err(MetricsError::Spawn)
 }
 
 fn accept_loop(listener: TcpListener, ctx: Arc<(PathBuf, Arc<Health>)>, stop: &AtomicBool) {
@@ -559,7 +559,7 @@ pub fn write_textfile_every(
 ) -> Result<std::thread::JoinHandle<()>, MetricsError> {
     let text = |dir: &Path, h: &Health| to_prometheus_text(&render(dir, Some(h)));
     write_textfile(&path, &text(&state_dir, &health))?;
-    Ok(std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("metrics-textfile".into())
         .spawn(move || {
             let mut next = std::time::Instant::now() + every;
@@ -575,7 +575,7 @@ pub fn write_textfile_every(
                 }
             }
         })
-        .map_err(MetricsError::Spawn)?)
+        .map_err(MetricsError::Spawn)
 }
 
 #[cfg(test)]
