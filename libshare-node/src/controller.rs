@@ -390,6 +390,9 @@ pub fn run_on(
             stats.overruns += missed;
             deadline += missed * period;
         }
+        health.ticks.store(stats.ticks, Relaxed);
+        health.event_ticks.store(stats.event_ticks, Relaxed);
+        health.overruns.store(stats.overruns, Relaxed);
         // Sleep to the next period, or less: a production container beginning or ending a busy
         // phase wakes the loop at once, so opportunistic work is paused on production's return
         // and let in when it drains without waiting for the period.
@@ -406,11 +409,8 @@ pub fn run_on(
             let late = woke - deadline;
             late_sum += late as u128;
             stats.late_max_ns = stats.late_max_ns.max(late);
+            health.late_max_ns.store(stats.late_max_ns, Relaxed);
         }
-        health.ticks.store(stats.ticks, Relaxed);
-        health.event_ticks.store(stats.event_ticks, Relaxed);
-        health.overruns.store(stats.overruns, Relaxed);
-        health.late_max_ns.store(stats.late_max_ns, Relaxed);
     }
     health.running.store(0, Release);
     ctl.release(host.now());
@@ -418,5 +418,6 @@ pub fn run_on(
     stats.cpu_ns = host.thread_cpu_ns().saturating_sub(cpu0);
     stats.late_mean_ns = late_sum.checked_div(stats.ticks as u128).unwrap_or(0) as u64;
     stats.containers = ctl.registry().containers().len();
+    health.cpu_ns.store(stats.cpu_ns, Relaxed);
     Ok(stats)
 }
