@@ -34,6 +34,16 @@ if ! command -v strace >/dev/null; then
   step "installing strace (the shim's no-side-effects test traces system calls)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace
 fi
+if ! command -v promtool >/dev/null; then
+  step "installing promtool (Debian's prometheus package: daemon_metrics checks /metrics with it)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } \
+    || echo "cannot install promtool: daemon_metrics will print SKIP for its promtool checks" >&2
+fi
+if ! command -v tmux >/dev/null; then
+  step "installing tmux (daemon_metrics drives sharectl top in it)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux; } \
+    || echo "cannot install tmux: daemon_metrics will print SKIP for sharectl top" >&2
+fi
 # Another fetch-cuda.sh (e.g. a background torch install) must finish first: never run two.
 while pgrep -f "scripts/fetch-cuda.sh" >/dev/null 2>&1; do
   echo "waiting for a running scripts/fetch-cuda.sh to finish..."; sleep 10

@@ -25,7 +25,8 @@ use libshare_abi::rate::Gate;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
 
 /// How often (in ticks) the set of devices in use is recomputed.
 pub const DEVICE_SCAN_TICKS: u64 = 8;
@@ -38,6 +39,25 @@ pub struct ControllerConfig {
     pub policy: PolicyKind,
     /// How often the registry rescans the state directory.
     pub rescan_ns: u64,
+    /// Live counters of the loop, for the metrics (clone the `Arc` before [`run`]).
+    pub health: Arc<Health>,
+}
+
+/// The loop's live counters (the metrics' daemon health): plain stores by the loop, readable
+/// from any thread. Ticks, overruns and lateness are updated every tick; CPU time and the
+/// number of containers at every rescan (every 100 ms).
+#[derive(Debug, Default)]
+pub struct Health {
+    pub ticks: AtomicU64,
+    pub event_ticks: AtomicU64,
+    pub overruns: AtomicU64,
+    /// Worst (wake-up time − deadline) since the loop started, ns.
+    pub late_max_ns: AtomicU64,
+    /// CPU time of the loop's thread, ns.
+    pub cpu_ns: AtomicU64,
+    pub containers: AtomicU64,
+    /// Nonzero while the loop runs.
+    pub running: AtomicU32,
 }
 
 impl ControllerConfig {
@@ -47,6 +67,7 @@ impl ControllerConfig {
             period_ns,
             policy,
             rescan_ns: 100_000_000,
+            health: Arc::default(),
         }
     }
 
@@ -330,6 +351,8 @@ pub fn run_on(
     let mut next_rescan = start + cfg.rescan_ns;
     let mut deadline = start;
     let mut early = false;
+    let health = &*cfg.health;
+    health.running.store(1, Release);
     while !stop.load(Acquire) {
         let now = host.now();
         if now >= next_rescan {
@@ -337,6 +360,10 @@ pub fn run_on(
                 tracing::warn!("{e}");
             }
             next_rescan = now + cfg.rescan_ns;
+            let cpu = host.thread_cpu_ns().saturating_sub(cpu0);
+            health.cpu_ns.store(cpu, Relaxed);
+            let n = ctl.registry().containers().len() as u64;
+            health.containers.store(n, Relaxed);
         }
         let now = host.now();
         ctl.tick(now);
@@ -356,6 +383,9 @@ pub fn run_on(
             stats.overruns += missed;
             deadline += missed * period;
         }
+        health.ticks.store(stats.ticks, Relaxed);
+        health.event_ticks.store(stats.event_ticks, Relaxed);
+        health.overruns.store(stats.overruns, Relaxed);
         // Sleep to the next period, or less: a production container beginning or ending a busy
         // phase wakes the loop at once, so opportunistic work is paused on production's return
         // and let in when it drains without waiting for the period.
@@ -372,12 +402,15 @@ pub fn run_on(
             let late = woke - deadline;
             late_sum += late as u128;
             stats.late_max_ns = stats.late_max_ns.max(late);
+            health.late_max_ns.store(stats.late_max_ns, Relaxed);
         }
     }
+    health.running.store(0, Release);
     ctl.release(host.now());
     stats.wall_ns = host.now() - start;
     stats.cpu_ns = host.thread_cpu_ns().saturating_sub(cpu0);
     stats.late_mean_ns = late_sum.checked_div(stats.ticks as u128).unwrap_or(0) as u64;
     stats.containers = ctl.registry().containers().len();
+    health.cpu_ns.store(stats.cpu_ns, Relaxed);
     Ok(stats)
 }

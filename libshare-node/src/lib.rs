@@ -7,6 +7,10 @@
 //!   (a futex wake from its shim, `futex_waitv`), read every container's counters into a
 //!   [`policy::Snapshot`], call the pure policy, write the gates and refill the token buckets.
 //! - [`policy`]: the pure sharing policy (`libshare` and the `time-slice` baseline), no I/O.
+//! - [`view`]: a typed read-only snapshot of every container's state file (`sharectl status`,
+//!   `sharectl top` and the metrics read through it).
+//! - [`metrics`]: Prometheus metrics (`prometheus-client`) of the view and of the loop's
+//!   [`controller::Health`], served on a localhost HTTP address and/or written to a textfile.
 //!
 //! Registration sockets, peer credentials, the admin socket, persistence and metrics come with
 //! the node service; they plug in through [`registry::Registry`] (the set of containers) and
@@ -18,9 +22,11 @@
 pub mod controller;
 pub mod error;
 pub mod host;
+pub mod metrics;
 pub mod policy;
 pub mod registry;
 pub mod server;
+pub mod view;
 
 pub use controller::{run, Controller, ControllerConfig, RunStats};
 pub use error::NodeError;

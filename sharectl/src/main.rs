@@ -1,7 +1,7 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module: `demo`, `status`, and `commands/` (`daemon`, `set`,
-//! thin layers over `libshare-node`); `top`, `get`, `reset`, `cdi`, `hook` come with the node
+//! Each subcommand lives in its own module: `demo`, `status`, `top`, and `commands/` (`daemon`,
+//! `set`, thin layers over `libshare-node`); `get`, `reset`, `cdi`, `hook` come with the node
 //! service.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -14,6 +14,7 @@ mod daemon_child;
 mod demo;
 mod platform;
 mod status;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -43,6 +44,9 @@ enum Command {
     /// place before its first launch. For now this is a direct write; the node service's admin
     /// socket will replace it.
     Set(commands::set::SetArgs),
+    /// A live view of the node (in the manner of nvtop): per device and container memory,
+    /// class, gate, launch rate, GPU time and throttled time; refreshes every second, q quits.
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

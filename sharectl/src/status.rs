@@ -7,14 +7,12 @@
 //! shim uses; a dead process's memory is shown until a process of its container (or the daemon)
 //! reclaims it.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use libshare_abi::units::format_size;
-use libshare_abi::SlotTable;
-use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
+use libshare_node::view::{self, ContainerView};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Acquire;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -26,42 +24,28 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-/// One container's figures, as JSON.
-fn container(name: &str, st: &State) -> Value {
-    let class = if st.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
-        "opportunistic"
-    } else {
-        "production"
-    };
-    let live = st.live_slots();
-    let devices: Vec<Value> = (0..MAX_DEVICES)
-        .filter_map(|d| {
-            let dev = st.device(d);
-            let (quota, used) = (dev.quota.load(Acquire), dev.used.load(Acquire));
-            let launches: u64 = live
-                .iter()
-                .map(|(i, _)| st.slot(*i).launches[d].load(Acquire))
-                .sum();
-            (quota > 0 || used > 0 || launches > 0).then(|| {
-                json!({
-                    "device": d, "quota_bytes": quota, "used_bytes": used,
-                    "peak_bytes": dev.peak.load(Acquire), "allocs": dev.allocs.load(Acquire),
-                    "frees": dev.frees.load(Acquire), "refused_over_quota": dev.oom.load(Acquire),
-                    "launches_live_processes": launches,
-                })
+/// One container's figures, as JSON (the devices `sharectl status` has always listed: with a
+/// quota, memory held, or launches by a live process).
+fn container(c: &ContainerView) -> Value {
+    let devices: Vec<Value> = c
+        .devices
+        .iter()
+        .filter(|d| d.quota > 0 || d.used > 0 || d.launches_live_processes > 0)
+        .map(|d| {
+            json!({
+                "device": d.device, "quota_bytes": d.quota, "used_bytes": d.used,
+                "peak_bytes": d.peak, "allocs": d.allocs,
+                "frees": d.frees, "refused_over_quota": d.refused,
+                "launches_live_processes": d.launches_live_processes,
             })
         })
         .collect();
-    let processes: Vec<Value> = live
+    let processes: Vec<Value> = c
+        .processes
         .iter()
-        .map(|(i, pid)| {
-            let s = st.slot(*i);
-            let used = s.net_total();
-            let launches: u64 = s.launches.iter().map(|u| u.load(Acquire)).sum();
-            json!({ "pid": pid, "used_bytes": used, "launches": launches })
-        })
+        .map(|p| json!({ "pid": p.pid, "used_bytes": p.used, "launches": p.launches }))
         .collect();
-    json!({ "container": name, "class": class, "devices": devices, "processes": processes })
+    json!({ "container": c.name, "class": c.class.as_str(), "devices": devices, "processes": processes })
 }
 
 /// The state directory `sharectl status` reads: `--state-dir`, else `$LIBSHARE_STATE_DIR`, else
@@ -75,38 +59,8 @@ fn state_dir(arg: Option<PathBuf>) -> PathBuf {
 /// `sharectl status --json`), and one error line per state file that could not be read. Used by
 /// `status` and by the demo's live numbers.
 pub fn read_containers(dir: &Path) -> Result<(Vec<Value>, Vec<String>)> {
-    let root = dir.join("containers");
-    let mut errors = Vec::new();
-    let mut names: Vec<String> = match std::fs::read_dir(&root) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                // Never follow a symlink (DirEntry::file_type does not).
-                if e.file_type().is_ok_and(|t| t.is_symlink()) {
-                    errors.push(format!(
-                        "container {name}: {} is a symbolic link: not followed (remove it)",
-                        e.path().display()
-                    ));
-                    return None;
-                }
-                Some(name)
-            })
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", root.display())),
-    };
-    names.sort();
-    let mut containers = Vec::new();
-    for name in names {
-        let path = libshare_abi::container_dir(dir, &name).join(libshare_abi::STATE_FILE);
-        match State::snapshot(&path) {
-            Ok(st) => containers.push(container(&name, &st)),
-            Err(e) => errors.push(format!("container {name}: {e}")),
-        }
-    }
-    errors.sort();
-    Ok((containers, errors))
+    let v = view::read(dir)?;
+    Ok((v.containers.iter().map(container).collect(), v.errors))
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
@@ -186,7 +140,7 @@ pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libshare_abi::{ProcSlot, SLOT_LOCK_BASE};
+    use libshare_abi::{ProcSlot, State, SLOT_LOCK_BASE};
     use std::io::BufRead;
     use std::sync::atomic::Ordering::Release;
     use std::time::Duration;

@@ -29,6 +29,16 @@ pub struct DaemonArgs {
     /// Time-slice quantum (policy time-slice).
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub quantum: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Also write the metrics to this file every --metrics-interval (for node-exporter's
+    /// textfile collector; written beside it and renamed over it).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
+    /// How often the metrics textfile is rewritten (100ms..1h).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub metrics_interval: u64,
 }
 
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -95,6 +105,21 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     cfg.check()?;
     if libshare_abi::claim_state_dir(&dir)? {
         tracing::info!(state_dir = %dir.display(), "state directory made private (0700)");
+    }
+    if let Some(addr) = args.metrics_addr {
+        libshare_node::metrics::serve_http(addr, dir.clone(), cfg.health.clone(), &STOP)?;
+    }
+    if let Some(path) = &args.metrics_textfile {
+        if !(100_000_000..=3_600_000_000_000).contains(&args.metrics_interval) {
+            return Err(anyhow!("--metrics-interval must be between 100ms and 1h"));
+        }
+        libshare_node::metrics::write_textfile_every(
+            path.clone(),
+            std::time::Duration::from_nanos(args.metrics_interval),
+            dir.clone(),
+            cfg.health.clone(),
+            &STOP,
+        )?;
     }
     let nice = raise_priority();
     tracing::info!(

@@ -1,0 +1,640 @@
+//! Prometheus metrics: every container's figures (read through [`crate::view`] at each scrape,
+//! so they are those of the state files at that instant) and the control loop's health
+//! ([`Health`]), encoded by the `prometheus-client` crate as OpenMetrics text (served to
+//! Prometheus, which asks for it) and turned into Prometheus' text format 0.0.4 for everyone
+//! else (`promtool`, node-exporter's textfile collector): [`to_prometheus_text`].
+//!
+//! Served by [`serve_http`] on a localhost address (`GET /metrics`; a small thread per
+//! connection, at most [`MAX_CONNECTIONS`] at once, each with a bounded request and a read
+//! timeout, so a client that never speaks holds only its own thread), and/or written by
+//! [`write_textfile_every`] to a file (written beside it, then renamed over it: a reader never
+//! sees half a file).
+
+use crate::controller::Health;
+use crate::view::{self, gate_parts, NodeView};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The content type of what [`render`] returns.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of [`to_prometheus_text`]'s output.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// Connections served at once; more are answered 503 and closed.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Longest request head read (request line and headers); longer is answered 431.
+pub const MAX_REQUEST: usize = 8 * 1024;
+/// How long a client may take to send its request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("cannot listen on {addr} for metrics: {err} (choose another --metrics-addr)")]
+    Bind {
+        addr: SocketAddr,
+        err: std::io::Error,
+    },
+    #[error("metrics address {0} is not a loopback address: metrics are served on localhost only (e.g. 127.0.0.1:9400)")]
+    NotLoopback(SocketAddr),
+    #[error("cannot start the metrics thread: {0}")]
+    Spawn(std::io::Error),
+    #[error("cannot write the metrics textfile {}: {err}", path.display())]
+    Textfile { path: PathBuf, err: std::io::Error },
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Dev {
+    container: String,
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateState {
+    container: String,
+    device: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Info {
+    container: String,
+    class: String,
+    daemon_managed: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Container {
+    container: String,
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+type CounterF = Counter<f64, AtomicU64>;
+
+/// A per-(container, device) metric, registered and returned.
+fn fam<M>(r: &mut Registry, name: &str, help: &str, unit: Option<Unit>) -> Family<Dev, M>
+where
+    M: prometheus_client::encoding::EncodeMetric
+        + prometheus_client::metrics::TypedMetric
+        + Clone
+        + Default
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let f = Family::<Dev, M>::default();
+    match unit {
+        Some(u) => r.register_with_unit(name, help, u, f.clone()),
+        None => r.register(name, help, f.clone()),
+    }
+    f
+}
+
+/// The metrics of `v` (and of the loop, when `health` is given) as OpenMetrics text.
+pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
+    let mut r = Registry::with_prefix("libshare");
+    let info = Family::<Info, Gauge>::default();
+    r.register(
+        "container_info",
+        "A container (always 1): its class (production or opportunistic) and whether a daemon manages it",
+        info.clone(),
+    );
+    let procs = Family::<Container, Gauge>::default();
+    r.register(
+        "container_processes",
+        "Live processes of the container (holding a slot of its state file)",
+        procs.clone(),
+    );
+    let used = fam::<Gauge>(
+        &mut r,
+        "memory_used",
+        "Device memory the container holds",
+        Some(Unit::Bytes),
+    );
+    let quota = fam::<Gauge>(
+        &mut r,
+        "memory_quota",
+        "The container's device memory quota (0: no limit)",
+        Some(Unit::Bytes),
+    );
+    let peak = fam::<Gauge>(
+        &mut r,
+        "memory_peak",
+        "Highest device memory the container held, as its shims recorded it in its state file (since the file was created, not since the daemon started)",
+        Some(Unit::Bytes),
+    );
+    let refused = fam::<Counter>(
+        &mut r,
+        "memory_refused",
+        "Allocations refused because they would exceed the container's quota",
+        None,
+    );
+    let allocs = fam::<Counter>(&mut r, "memory_allocs", "Device memory allocations", None);
+    let frees = fam::<Counter>(&mut r, "memory_frees", "Device memory frees", None);
+    let launches = fam::<Counter>(
+        &mut r,
+        "launches",
+        "Kernel and graph launches of the container (every process, alive or not)",
+        None,
+    );
+    let gpu = fam::<CounterF>(
+        &mut r,
+        "gpu",
+        "GPU time of the container's launches measured by its shims with events; opportunistic containers only (production launches are not timed, they stay at 0)",
+        Some(Unit::Seconds),
+    );
+    let throttled = fam::<CounterF>(
+        &mut r,
+        "throttled",
+        "Time the container's launches were held at its compute gate (summed over waiting threads)",
+        Some(Unit::Seconds),
+    );
+    let held = fam::<Gauge>(
+        &mut r,
+        "gate_held_threads",
+        "Threads waiting at the gate now",
+        None,
+    );
+    let in_flight = fam::<GaugeF>(
+        &mut r,
+        "gate_in_flight",
+        "Estimated GPU time of the container's gated launches outstanding now",
+        Some(Unit::Seconds),
+    );
+    let gate_state = Family::<GateState, Gauge>::default();
+    r.register(
+        "gate_state",
+        "The compute gate the daemon wrote, one of open, paused, run (1 for the current state)",
+        gate_state.clone(),
+    );
+    let bound = fam::<GaugeF>(
+        &mut r,
+        "gate_in_flight_bound",
+        "In a run gate, the most GPU time the container may have outstanding (0: no bound)",
+        Some(Unit::Seconds),
+    );
+    let window = fam::<Gauge>(
+        &mut r,
+        "gate_window",
+        "1 if the gate bounds the container's work to a window (production's idle gap)",
+        None,
+    );
+    let share = fam::<Gauge>(
+        &mut r,
+        "gate_share",
+        "1 if the gate meters the container's work with its compute share (token bucket)",
+        None,
+    );
+    let compute = fam::<GaugeF>(
+        &mut r,
+        "compute_share",
+        "Compute share set by an admin (sharectl set --compute), fraction of the device (0: none)",
+        Some(Unit::Other("ratio".into())),
+    );
+    let env_compute = fam::<GaugeF>(
+        &mut r,
+        "compute_env_share",
+        "Compute share the container's environment asks for (CUDA_DEVICE_SM_LIMIT), fraction (0: none)",
+        Some(Unit::Other("ratio".into())),
+    );
+    let weight = fam::<Gauge>(
+        &mut r,
+        "weight",
+        "The container's weight among opportunistic containers",
+        None,
+    );
+    let busy = fam::<Gauge>(
+        &mut r,
+        "busy",
+        "1 while the container has launched work not yet seen drained",
+        None,
+    );
+    for c in &v.containers {
+        info.get_or_create(&Info {
+            container: c.name.clone(),
+            class: c.class.as_str().to_string(),
+            daemon_managed: c.daemon_managed.to_string(),
+        })
+        .set(1);
+        procs
+            .get_or_create(&Container {
+                container: c.name.clone(),
+            })
+            .set(c.processes.len() as i64);
+        for d in &c.devices {
+            let l = Dev {
+                container: c.name.clone(),
+                device: d.device.to_string(),
+            };
+            let i = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+            used.get_or_create(&l).set(i(d.used));
+            quota.get_or_create(&l).set(i(d.quota));
+            peak.get_or_create(&l).set(i(d.peak));
+            refused.get_or_create(&l).inc_by(d.refused);
+            allocs.get_or_create(&l).inc_by(d.allocs);
+            frees.get_or_create(&l).inc_by(d.frees);
+            launches.get_or_create(&l).inc_by(d.launches);
+            gpu.get_or_create(&l).inc_by(d.gpu_ns as f64 / 1e9);
+            throttled.get_or_create(&l).inc_by(d.held_ns as f64 / 1e9);
+            held.get_or_create(&l).set(d.held_threads.into());
+            in_flight.get_or_create(&l).set(d.in_flight_ns as f64 / 1e9);
+            let (state, bound_us, win, sh) = gate_parts(d.gate);
+            for s in ["open", "paused", "run"] {
+                gate_state
+                    .get_or_create(&GateState {
+                        container: c.name.clone(),
+                        device: l.device.clone(),
+                        state: s.to_string(),
+                    })
+                    .set((s == state).into());
+            }
+            bound.get_or_create(&l).set(bound_us as f64 / 1e6);
+            window.get_or_create(&l).set(win.into());
+            share.get_or_create(&l).set(sh.into());
+            compute.get_or_create(&l).set(d.compute_bp as f64 / 1e4);
+            env_compute
+                .get_or_create(&l)
+                .set(d.env_compute_bp as f64 / 1e4);
+            weight.get_or_create(&l).set(d.weight.max(1).into());
+            busy.get_or_create(&l).set(d.busy.into());
+        }
+    }
+    let errors = Gauge::<i64>::default();
+    errors.set(v.errors.len() as i64);
+    r.register(
+        "state_read_errors",
+        "Container state files that could not be read at this scrape (see sharectl status)",
+        errors,
+    );
+    if let Some(h) = health {
+        let g = |r: &mut Registry, name: &str, help: &str, v: i64| {
+            let m = Gauge::<i64>::default();
+            m.set(v);
+            r.register(name, help, m);
+        };
+        let c = |r: &mut Registry, name: &str, help: &str, v: u64| {
+            let m = Counter::<u64>::default();
+            m.inc_by(v);
+            r.register(name, help, m);
+        };
+        let sub = r.sub_registry_with_prefix("daemon");
+        g(
+            sub,
+            "up",
+            "1 while the daemon's control loop runs",
+            h.running.load(Acquire).into(),
+        );
+        c(
+            sub,
+            "ticks",
+            "Control-loop ticks at the period",
+            h.ticks.load(Relaxed),
+        );
+        c(
+            sub,
+            "event_ticks",
+            "Control-loop ticks run at once on a production container's phase change",
+            h.event_ticks.load(Relaxed),
+        );
+        c(
+            sub,
+            "overruns",
+            "Period deadlines skipped because a tick ended past the next one",
+            h.overruns.load(Relaxed),
+        );
+        let late = GaugeF::default();
+        late.set(h.late_max_ns.load(Relaxed) as f64 / 1e9);
+        sub.register_with_unit(
+            "late_max",
+            "Worst lateness of a periodic wake-up since the daemon started",
+            Unit::Seconds,
+            late,
+        );
+        let cpu = CounterF::default();
+        cpu.inc_by(h.cpu_ns.load(Relaxed) as f64 / 1e9);
+        sub.register_with_unit(
+            "cpu",
+            "CPU time of the control loop's thread (updated every 100 ms)",
+            Unit::Seconds,
+            cpu,
+        );
+        g(
+            sub,
+            "containers",
+            "Containers the control loop steers",
+            h.containers.load(Relaxed) as i64,
+        );
+    }
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+    out
+}
+
+/// The same metrics in Prometheus' text format 0.0.4 (what `promtool check metrics`,
+/// node-exporter's textfile collector and clients that do not ask for OpenMetrics read).
+/// `prometheus-client` writes OpenMetrics only; the two formats differ in three points, fixed
+/// here line by line: a counter family is named with its `_total` suffix in `# HELP` and
+/// `# TYPE`, and there is no `# UNIT` nor `# EOF` line. Samples are left as they are (same
+/// syntax; our HELP texts hold no quote, which OpenMetrics would escape and 0.0.4 would not).
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let lines: Vec<&str> = openmetrics.lines().collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            i += 1;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            // The family's TYPE line follows its HELP line.
+            let name = rest.split(' ').next().unwrap_or("");
+            let counter = lines
+                .get(i + 1)
+                .is_some_and(|t| *t == format!("# TYPE {name} counter"));
+            if counter {
+                out.push_str(&format!("# HELP {name}_total{}\n", &rest[name.len()..]));
+                out.push_str(&format!("# TYPE {name}_total counter\n"));
+                i += 2;
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+        i += 1;
+    }
+    out
+}
+
+/// Reads the state directory and encodes its metrics. A directory that cannot be read gives
+/// the health metrics alone and one read error.
+pub fn render(state_dir: &Path, health: Option<&Health>) -> String {
+    let v = view::read(state_dir).unwrap_or_else(|e| NodeView {
+        containers: Vec::new(),
+        errors: vec![e.to_string()],
+    });
+    encode(&v, health)
+}
+
+/// Serves `GET /metrics` on `addr` (a loopback address) until `stop` is set, on a thread of its
+/// own (returned). Bound before returning, so an address in use is an error here.
+pub fn serve_http(
+    addr: SocketAddr,
+    state_dir: PathBuf,
+    health: Arc<Health>,
+    stop: &'static AtomicBool,
+) -> Result<std::thread::JoinHandle<()>, MetricsError> {
+    if !addr.ip().is_loopback() {
+        return Err(MetricsError::NotLoopback(addr));
+    }
+    let listener = TcpListener::bind(addr).map_err(|err| MetricsError::Bind { addr, err })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
+    let ctx = Arc::new((state_dir, health));
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || accept_loop(listener, ctx, stop))
+        .map_err(MetricsError::Spawn)
+}
+
+fn accept_loop(listener: TcpListener, ctx: Arc<(PathBuf, Arc<Health>)>, stop: &AtomicBool) {
+    use nix::poll::{poll, PollFd, PollFlags};
+    let active = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Acquire) {
+        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        // Wake every 200 ms to see `stop`.
+        match poll(&mut fds, 200u16) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("metrics: poll: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        }
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::debug!("metrics: accept: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+        if active.fetch_add(1, AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, AcqRel);
+            respond(&stream, "503 Service Unavailable", "text/plain", b"busy\n");
+            continue;
+        }
+        let (active, ctx) = (active.clone(), ctx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("metrics-conn".into())
+            .spawn(move || {
+                handle(stream, &ctx.0, &ctx.1);
+                active.fetch_sub(1, AcqRel);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("metrics: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+/// What to answer a request head: status, content type, body (None: the metrics).
+fn route(head: &[u8]) -> (&'static str, Option<&'static str>) {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let line = std::str::from_utf8(line)
+        .unwrap_or("")
+        .trim_end_matches('\r');
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return ("400 Bad Request", Some("bad request\n"));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return ("400 Bad Request", Some("bad request\n"));
+    }
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => ("200 OK", None),
+        ("GET", _) => ("404 Not Found", Some("not found: try /metrics\n")),
+        _ => ("405 Method Not Allowed", Some("only GET /metrics\n")),
+    }
+}
+
+fn handle(mut stream: TcpStream, state_dir: &Path, health: &Health) {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    loop {
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            break;
+        }
+        if head.len() > MAX_REQUEST {
+            respond(
+                &stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"request too large\n",
+            );
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            return; // a client trickling bytes gets no more than READ_TIMEOUT in all
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return, // timeout or reset: nothing to answer
+        }
+    }
+    match route(&head) {
+        ("200 OK", None) => {
+            // Prometheus asks for OpenMetrics in its Accept header; others get the 0.0.4 text.
+            let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let body = render(state_dir, Some(health));
+            if head.contains("application/openmetrics-text") {
+                respond(&stream, "200 OK", CONTENT_TYPE, body.as_bytes());
+            } else {
+                let body = to_prometheus_text(&body);
+                respond(&stream, "200 OK", PROMETHEUS_CONTENT_TYPE, body.as_bytes());
+            }
+        }
+        (status, body) => respond(&stream, status, "text/plain", body.unwrap_or("").as_bytes()),
+    }
+}
+
+fn respond(mut stream: &TcpStream, status: &str, ctype: &str, body: &[u8]) {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(body));
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// Writes the metrics to `path` once: to a temporary file beside it, then renamed over it.
+pub fn write_textfile(path: &Path, text: &str) -> Result<(), MetricsError> {
+    let err = |err| MetricsError::Textfile {
+        path: path.to_path_buf(),
+        err,
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(e)
+    })
+}
+
+/// Writes the textfile at once (an error here is returned: a wrong path is seen at start) and
+/// then every `every` on a thread of its own until `stop` is set (later errors are logged).
+pub fn write_textfile_every(
+    path: PathBuf,
+    every: Duration,
+    state_dir: PathBuf,
+    health: Arc<Health>,
+    stop: &'static AtomicBool,
+) -> Result<std::thread::JoinHandle<()>, MetricsError> {
+    let text = |dir: &Path, h: &Health| to_prometheus_text(&render(dir, Some(h)));
+    write_textfile(&path, &text(&state_dir, &health))?;
+    std::thread::Builder::new()
+        .name("metrics-textfile".into())
+        .spawn(move || {
+            let mut next = std::time::Instant::now() + every;
+            while !stop.load(Acquire) {
+                let now = std::time::Instant::now();
+                if now < next {
+                    std::thread::sleep((next - now).min(Duration::from_millis(100)));
+                    continue;
+                }
+                next = now + every;
+                if let Err(e) = write_textfile(&path, &text(&state_dir, &health)) {
+                    tracing::warn!("{e}");
+                }
+            }
+        })
+        .map_err(MetricsError::Spawn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(route(b"GET /metrics HTTP/1.1\r\n\r\n").0, "200 OK");
+        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").0, "200 OK");
+        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n").0, "404 Not Found");
+        assert_eq!(
+            route(b"POST /metrics HTTP/1.1\r\n\r\n").0,
+            "405 Method Not Allowed"
+        );
+        assert_eq!(route(b"\x00\xff garbage\r\n\r\n").0, "400 Bad Request");
+        assert_eq!(route(b"GET /metrics SMTP\r\n\r\n").0, "400 Bad Request");
+    }
+
+    #[test]
+    fn encodes_a_container_and_the_health() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = libshare_abi::State::open_or_create(&libshare_abi::container_dir(dir.path(), "a"))
+            .unwrap();
+        st.set_quota(0, 4096);
+        st.device(0).used.store(100, Release);
+        st.device(0).held_ns.store(1_500_000_000, Release);
+        let h = Health::default();
+        h.ticks.store(42, Relaxed);
+        let text = render(dir.path(), Some(&h));
+        for want in [
+            "libshare_memory_quota_bytes{container=\"a\",device=\"0\"} 4096",
+            "libshare_memory_used_bytes{container=\"a\",device=\"0\"} 100",
+            "libshare_throttled_seconds_total{container=\"a\",device=\"0\"} 1.5",
+            "libshare_container_info{container=\"a\",class=\"production\",daemon_managed=\"false\"} 1",
+            "libshare_gate_state{container=\"a\",device=\"0\",state=\"open\"} 1",
+            "libshare_daemon_ticks_total 42",
+            "libshare_daemon_up 0",
+        ] {
+            assert!(text.contains(want), "{want} missing in:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+        let p = to_prometheus_text(&text);
+        assert!(p.contains(
+            "# TYPE libshare_daemon_ticks_total counter\nlibshare_daemon_ticks_total 42\n"
+        ));
+        assert!(p.contains("# HELP libshare_daemon_ticks_total Control-loop ticks"));
+        assert!(!p.contains("# EOF") && !p.contains("# UNIT"));
+        assert!(p.contains("# TYPE libshare_memory_used_bytes gauge\n"));
+    }
+
+    #[test]
+    fn textfile_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("libshare.prom");
+        write_textfile(&p, "a 1\n").unwrap();
+        write_textfile(&p, "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "a 2\n");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert!(write_textfile(&dir.path().join("no/such/dir/x.prom"), "").is_err());
+    }
+}
