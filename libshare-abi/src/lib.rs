@@ -103,6 +103,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod error;
 mod fsafe;
 mod lock;

@@ -41,6 +41,8 @@ pub struct ControllerConfig {
     pub rescan_ns: u64,
     /// Live counters of the loop, for the metrics (clone the `Arc` before [`run`]).
     pub health: Arc<Health>,
+    /// Called for every container the registry finds (the persisted settings).
+    pub seed: Option<crate::registry::Seed>,
 }
 
 /// The loop's live counters (the metrics' daemon health): plain stores by the loop, readable
@@ -68,6 +70,7 @@ impl ControllerConfig {
             policy,
             rescan_ns: 100_000_000,
             health: Arc::default(),
+            seed: None,
         }
     }
 
@@ -163,7 +166,7 @@ fn in_use(st: &State, d: usize) -> bool {
 impl Controller {
     pub fn new(cfg: &ControllerConfig) -> Result<Self, NodeError> {
         cfg.check()?;
-        let mut registry = Registry::new(&cfg.state_dir);
+        let mut registry = Registry::new(&cfg.state_dir).with_seed(cfg.seed.clone());
         registry.rescan()?;
         Ok(Controller {
             registry,

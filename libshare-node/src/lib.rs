@@ -19,13 +19,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod admin;
 pub mod controller;
 pub mod error;
 pub mod host;
 pub mod metrics;
+pub mod nvml;
 pub mod policy;
 pub mod registry;
 pub mod server;
+pub mod settings;
 pub mod view;
 
 pub use controller::{run, Controller, ControllerConfig, RunStats};

@@ -26,9 +26,21 @@ pub struct Container {
     key: (u64, u64),
 }
 
+/// Called with every container the registry finds (the daemon's persisted settings are written
+/// into its state before the first tick sees it).
+#[derive(Clone)]
+pub struct Seed(pub std::sync::Arc<dyn Fn(&str, &State) + Send + Sync>);
+
+impl std::fmt::Debug for Seed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seed")
+    }
+}
+
 /// The containers of one state directory.
 pub struct Registry {
     dir: PathBuf,
+    seed: Option<Seed>,
     containers: Vec<Container>,
     next_id: ContainerId,
     /// The last open error per name (logged when it repeats).
@@ -49,10 +61,17 @@ impl Registry {
     pub fn new(state_dir: &Path) -> Self {
         Registry {
             dir: state_dir.to_path_buf(),
+            seed: None,
             containers: Vec::new(),
             next_id: 1,
             failing: HashMap::new(),
         }
+    }
+
+    /// Calls `seed` for each container found from now on.
+    pub fn with_seed(mut self, seed: Option<Seed>) -> Self {
+        self.seed = seed;
+        self
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -106,6 +125,9 @@ impl Registry {
                     let id = self.next_id;
                     self.next_id += 1;
                     tracing::info!(container = %name, id, "container registered");
+                    if let Some(seed) = &self.seed {
+                        (seed.0)(&name, &state);
+                    }
                     self.failing.remove(&name);
                     self.containers.push(Container {
                         id,

@@ -1,8 +1,8 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
 //! Each subcommand lives in its own module: `demo`, `status`, `top`, and `commands/` (`daemon`,
-//! `set`, thin layers over `libshare-node`); `get`, `reset`, `cdi`, `hook` come with the node
-//! service.
+//! `set`/`get`/`reset`, thin layers over `libshare-node`); `cdi`, `hook` come with the
+//! containers issue.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -38,12 +38,17 @@ enum Command {
     Status(status::StatusArgs),
     /// The node daemon: steers every container's GPU gate each period until SIGTERM.
     Daemon(commands::daemon::DaemonArgs),
-    /// Set a container's compute share, weight or class (writes its state file directly).
+    /// Set a container's memory quota, compute share, weight or class, through the daemon.
     ///
-    /// The state file is created if the container has not started yet, so the setting is in
-    /// place before its first launch. For now this is a direct write; the node service's admin
-    /// socket will replace it.
+    /// The daemon writes it into the container's state (created if the container has not
+    /// started yet, so the setting is in place before its first allocation or launch) and keeps
+    /// it across restarts. `--offline` writes the state file directly, without a daemon.
     Set(commands::set::SetArgs),
+    /// Show a container's settings and what its state holds (quota, used, share), from the daemon.
+    Get(commands::set::NameArgs),
+    /// Forget the daemon's settings for a container (the defaults apply; its quota stays until
+    /// a job of the container starts with its own limit).
+    Reset(commands::set::NameArgs),
     /// A live view of the node (in the manner of nvtop): per device and container memory,
     /// class, gate, launch rate, GPU time and throttled time; refreshes every second, q quits.
     Top(top::TopArgs),
@@ -57,6 +62,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
+        Command::Get(args) => commands::set::get(args),
+        Command::Reset(args) => commands::set::reset(args),
         Command::Top(args) => top::run(args),
     };
     match result {

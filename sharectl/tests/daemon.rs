@@ -40,7 +40,7 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
     let prod = State::open_or_create(&container_dir(dir, "prod")).unwrap();
     // The opportunistic container is declared before it starts, as an admin would.
     let st = sharectl()
-        .args(["set", "batch", "--state-dir"])
+        .args(["set", "batch", "--offline", "--state-dir"])
         .arg(dir)
         .args(["--class", "opportunistic", "--weight", "3"])
         .status()

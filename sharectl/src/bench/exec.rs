@@ -223,11 +223,12 @@ impl Bench {
         }
     }
 
-    /// `sharectl set NAME --state-dir DIR ARGS...`.
+    /// `sharectl set NAME --offline --state-dir DIR ARGS...` (before the private daemon starts).
     fn set(&self, dir: &Path, name: &str, args: &[String]) -> anyhow::Result<()> {
         let out = Command::new(&self.sharectl)
             .arg("set")
             .arg(name)
+            .arg("--offline")
             .arg("--state-dir")
             .arg(dir)
             .args(args)

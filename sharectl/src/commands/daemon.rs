@@ -5,6 +5,7 @@ use clap::{Args, ValueEnum};
 use libshare_node::{ControllerConfig, PolicyKind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PolicyArg {
@@ -39,6 +40,13 @@ pub struct DaemonArgs {
     /// How often the metrics textfile is rewritten (100ms..1h).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub metrics_interval: u64,
+    /// Where `sharectl set` settings persist (default: <state dir>/settings.toml).
+    #[arg(long, value_name = "PATH")]
+    pub settings: Option<PathBuf>,
+    /// Defaults for every container (TOML: `[defaults] class = "opportunistic"`,
+    /// `[defaults.all] memory = 8589934592`).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -106,6 +114,52 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if libshare_abi::claim_state_dir(&dir)? {
         tracing::info!(state_dir = %dir.display(), "state directory made private (0700)");
     }
+    let defaults = match &args.config {
+        Some(p) => libshare_node::settings::Config::load(p)?.defaults,
+        None => Default::default(),
+    };
+    let settings_path = args
+        .settings
+        .clone()
+        .unwrap_or_else(|| dir.join("settings.toml"));
+    let settings = Arc::new(Mutex::new(libshare_node::settings::Settings::load(
+        settings_path,
+        defaults,
+    )?));
+    let mut cfg = cfg;
+    cfg.seed = Some(libshare_node::registry::Seed({
+        let settings = settings.clone();
+        Arc::new(move |name, state| {
+            settings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .apply(name, state)
+        })
+    }));
+    let totals = match libshare_node::nvml::device_totals() {
+        Ok(t) => Some(t),
+        Err(why) => {
+            tracing::warn!("quotas are not checked against the devices' memory: {why}");
+            None
+        }
+    };
+    let admin = libshare_node::server::Server::bind(libshare_node::server::ServerConfig::new(
+        dir.join("admin.sock"),
+        0o600,
+    ))
+    .map_err(|e| {
+        anyhow!(
+            "cannot create the admin socket {}: {e}",
+            dir.join("admin.sock").display()
+        )
+    })?;
+    let admin_thread = {
+        let mut service =
+            libshare_node::admin::AdminService::new(dir.clone(), settings.clone(), totals);
+        std::thread::Builder::new()
+            .name("admin".into())
+            .spawn(move || admin.serve(&mut service, &STOP))?
+    };
     if let Some(addr) = args.metrics_addr {
         libshare_node::metrics::serve_http(addr, dir.clone(), cfg.health.clone(), &STOP)?;
     }
@@ -130,7 +184,10 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         quantum_ms = args.quantum / 1_000_000,
         "daemon started"
     );
-    let s = libshare_node::run(&cfg, &STOP)?;
+    let s = libshare_node::run(&cfg, &STOP);
+    STOP.store(true, Ordering::Release);
+    let _ = admin_thread.join();
+    let s = s?;
     tracing::info!(
         ticks = s.ticks,
         event_ticks = s.event_ticks,

@@ -1,14 +1,19 @@
-//! `sharectl set`: a container's compute share, weight and class, written straight into its
-//! state file (created if the container has not started yet, so the setting is in place before
-//! its first launch). The admin socket of the node service will replace the direct write.
+//! `sharectl set`, `get`, `reset`: a container's settings through the daemon's admin socket
+//! (`<state dir>/admin.sock`, root only). The daemon applies a change to the container's state
+//! file before it answers (a running job sees it at its next allocation or launch) and keeps it
+//! across restarts. `set --offline` writes the state file directly, without a daemon (the
+//! setting then does not persist, and a daemon started later overrides it with its own).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
+use libshare_abi::admin::{self, ContainerReport, Request, Response, SetRequest};
+use libshare_abi::units::format_size;
 use libshare_abi::{
     State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, FLAG_DAEMON_MANAGED, MAX_DEVICES,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Release};
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ClassArg {
@@ -16,7 +21,6 @@ pub enum ClassArg {
     Opportunistic,
 }
 
-/// Writes the state file directly (the admin socket comes with the node service).
 #[derive(Args, Debug)]
 pub struct SetArgs {
     /// The container's name (its directory under <state dir>/containers).
@@ -28,6 +32,9 @@ pub struct SetArgs {
     /// Only this GPU (default: every GPU).
     #[arg(long)]
     pub device: Option<usize>,
+    /// Memory quota: 8GiB, 512MiB, 8Gi (GB/MB are powers of 10).
+    #[arg(long, value_parser = parse_memory)]
+    pub memory: Option<u64>,
     /// Compute share of an opportunistic container: 30% or 30 (0 or 100% = no limit).
     #[arg(long, value_parser = parse_compute)]
     pub compute: Option<u32>,
@@ -37,6 +44,30 @@ pub struct SetArgs {
     /// Class (overrides the container's LIBSHARE_CLASS from now on).
     #[arg(long, value_enum)]
     pub class: Option<ClassArg>,
+    /// Write the state file directly, without a daemon (not persisted).
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// `get` and `reset`.
+#[derive(Args, Debug)]
+pub struct NameArgs {
+    /// The container's name.
+    pub container: String,
+    /// State directory (default: $LIBSHARE_STATE_DIR, else /run/libshare, else
+    /// /tmp/libshare-<uid>).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Print the daemon's answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `8GiB`, `512MiB`, `8Gi`, `1073741824` → bytes (above 0).
+pub fn parse_memory(s: &str) -> Result<u64, String> {
+    libshare_abi::units::parse_size(s)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{s:?} is not a memory size (e.g. 8GiB, 512MiB)"))
 }
 
 /// `30%`, `30`, `12.5%` → basis points; 0 and 100 % mean no limit (0).
@@ -54,19 +85,136 @@ pub fn parse_compute(s: &str) -> Result<u32, String> {
     Ok(if bp >= 10_000 { 0 } else { bp })
 }
 
-fn valid_name(n: &str) -> bool {
-    !n.is_empty() && n != "." && n != ".." && !n.contains('/') && !n.contains('\0')
+/// One request to the daemon of `state_dir`; its report, or its one-line error.
+fn ask(state_dir: &Path, req: &Request) -> Result<ContainerReport> {
+    let sock = state_dir.join("admin.sock");
+    let (body, _) = libshare_abi::wire::call(&sock, &req.encode(), Duration::from_secs(5))
+        .map_err(|e| match e {
+            libshare_abi::wire::WireError::Connect { err, .. }
+                if err.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                anyhow!("not allowed: {} is root's (run as root)", sock.display())
+            }
+            e => anyhow!("{e} (or pass --offline to write the state file directly)"),
+        })?;
+    match Response::decode(&body).map_err(|e| anyhow!(e))? {
+        Response::Ok { report } => Ok(report),
+        Response::Error { message } => Err(anyhow!(message)),
+    }
+}
+
+fn print(r: &ContainerReport, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).expect("a report serialises"));
+        return;
+    }
+    let class = r
+        .class
+        .map_or("-".to_string(), |c| format!("{c:?}").to_lowercase());
+    let set = toml_line(&r.settings);
+    println!(
+        "{}: class {class}{}; settings: {set}",
+        r.container,
+        if r.present { "" } else { " (not started)" }
+    );
+    for d in &r.devices {
+        println!(
+            "  gpu {}: {} used of {}{}{}",
+            d.device,
+            format_size(d.used),
+            if d.quota == 0 {
+                "no quota".to_string()
+            } else {
+                format_size(d.quota)
+            },
+            if d.compute == 0 {
+                String::new()
+            } else {
+                format!(", compute {:.1}%", d.compute as f64 / 100.0)
+            },
+            if d.weight == 0 {
+                String::new()
+            } else {
+                format!(", weight {}", d.weight)
+            },
+        );
+    }
+}
+
+fn toml_line(s: &admin::ContainerSettings) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = s.class {
+        parts.push(format!("class={}", format!("{c:?}").to_lowercase()));
+    }
+    let dev = |p: &mut Vec<String>, at: &str, d: &admin::DeviceSettings| {
+        if let Some(m) = d.memory {
+            p.push(format!("memory{at}={}", format_size(m)));
+        }
+        if let Some(c) = d.compute {
+            p.push(format!("compute{at}={:.1}%", c as f64 / 100.0));
+        }
+        if let Some(w) = d.weight {
+            p.push(format!("weight{at}={w}"));
+        }
+    };
+    dev(&mut parts, "", &s.all);
+    for (k, d) in &s.devices {
+        dev(&mut parts, &format!("[gpu {k}]"), d);
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+pub fn get(a: NameArgs) -> Result<()> {
+    let r = ask(
+        &super::state_dir(a.state_dir),
+        &Request::Get {
+            container: a.container,
+        },
+    )?;
+    print(&r, a.json);
+    Ok(())
+}
+
+pub fn reset(a: NameArgs) -> Result<()> {
+    let r = ask(
+        &super::state_dir(a.state_dir),
+        &Request::Reset {
+            container: a.container,
+        },
+    )?;
+    print(&r, a.json);
+    Ok(())
 }
 
 pub fn run(a: SetArgs) -> Result<()> {
-    if !valid_name(&a.container) {
+    if !admin::valid_container_name(&a.container) {
         bail!(
-            "{:?} is not a container name (no '/', not '.' or '..')",
+            "{:?} is not a container name (1-128 bytes, no '/', not '.' or '..')",
             a.container
         );
     }
-    if a.compute.is_none() && a.weight.is_none() && a.class.is_none() {
-        bail!("nothing to set: give --compute, --weight or --class");
+    if a.compute.is_none() && a.weight.is_none() && a.class.is_none() && a.memory.is_none() {
+        bail!("nothing to set: give --memory, --compute, --weight or --class");
+    }
+    if !a.offline {
+        let req = Request::Set(SetRequest {
+            container: a.container.clone(),
+            device: a.device.map(|d| d as u32),
+            class: a.class.map(|c| match c {
+                ClassArg::Production => admin::Class::Production,
+                ClassArg::Opportunistic => admin::Class::Opportunistic,
+            }),
+            memory: a.memory,
+            compute: a.compute,
+            weight: a.weight,
+        });
+        let r = ask(&super::state_dir(a.state_dir), &req)?;
+        print(&r, false);
+        return Ok(());
     }
     let devices = match a.device {
         Some(d) if d >= MAX_DEVICES => bail!("--device {d}: devices are 0..{}", MAX_DEVICES - 1),
@@ -77,12 +225,18 @@ pub fn run(a: SetArgs) -> Result<()> {
     let st = State::open_or_create(&dir).with_context(|| format!("container {}", a.container))?;
     for d in devices {
         let dev = st.device(d);
+        if let Some(m) = a.memory {
+            st.set_quota(d, m);
+        }
         if let Some(bp) = a.compute {
             dev.compute.store(bp, Release);
         }
         if let Some(w) = a.weight {
             dev.weight.store(w, Release);
         }
+    }
+    if a.memory.is_some() {
+        st.header().flags.fetch_or(FLAG_DAEMON_MANAGED, AcqRel);
     }
     if let Some(c) = a.class {
         let h = st.header();

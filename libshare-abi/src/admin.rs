@@ -1,0 +1,250 @@
+//! The admin socket's protocol (`<state dir>/admin.sock`, root only): one JSON request per
+//! connection in a [`crate::wire`] frame, one JSON answer. `sharectl set/get/reset` are its
+//! clients, the daemon (`libshare_node::admin`) its server. A container's settings are the
+//! daemon's word for it: they persist across daemon restarts and are written into the
+//! container's state file (quota, class, compute share, weight) when it changes or appears.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    Production,
+    Opportunistic,
+}
+
+impl Class {
+    pub fn word(self) -> u32 {
+        match self {
+            Class::Production => crate::CLASS_PRODUCTION,
+            Class::Opportunistic => crate::CLASS_OPPORTUNISTIC,
+        }
+    }
+}
+
+/// What the daemon sets on one device (or on every device: [`ContainerSettings::all`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSettings {
+    /// Memory quota, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+    /// Compute share, basis points (0: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<u32>,
+    /// Weight among the opportunistic containers of a device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+impl DeviceSettings {
+    /// `self`, with what it leaves unset taken from `under`.
+    pub fn over(self, under: DeviceSettings) -> DeviceSettings {
+        DeviceSettings {
+            memory: self.memory.or(under.memory),
+            compute: self.compute.or(under.compute),
+            weight: self.weight.or(under.weight),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == DeviceSettings::default()
+    }
+}
+
+/// A container's settings: its class, what applies to every device, and per device (by index)
+/// what differs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<Class>,
+    #[serde(default, skip_serializing_if = "DeviceSettings::is_empty")]
+    pub all: DeviceSettings,
+    /// Keys are device indices ("0", "1", …: TOML keys are strings).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, DeviceSettings>,
+}
+
+impl ContainerSettings {
+    /// What applies on device `d`.
+    pub fn device(&self, d: usize) -> DeviceSettings {
+        self.devices
+            .get(&d.to_string())
+            .copied()
+            .unwrap_or_default()
+            .over(self.all)
+    }
+
+    /// `self`, with what it leaves unset taken from `under` (the daemon's defaults).
+    pub fn over(&self, under: &ContainerSettings) -> ContainerSettings {
+        let mut devices = under.devices.clone();
+        for (k, v) in &self.devices {
+            let below = devices.get(k).copied().unwrap_or_default();
+            devices.insert(k.clone(), v.over(below));
+        }
+        ContainerSettings {
+            class: self.class.or(under.class),
+            all: self.all.over(under.all),
+            devices,
+        }
+    }
+}
+
+/// `set`: the fields given change, the others stay.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetRequest {
+    pub container: String,
+    /// One device (default: every device).
+    #[serde(default)]
+    pub device: Option<u32>,
+    #[serde(default)]
+    pub class: Option<Class>,
+    #[serde(default)]
+    pub memory: Option<u64>,
+    #[serde(default)]
+    pub compute: Option<u32>,
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Request {
+    Set(SetRequest),
+    Get { container: String },
+    Reset { container: String },
+}
+
+/// A container as the daemon sees it: its settings and what its state file holds now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerReport {
+    pub container: String,
+    /// The daemon's settings for it (persisted).
+    pub settings: ContainerSettings,
+    /// Whether the container has a state file (it has started, or was set before it started).
+    pub present: bool,
+    /// Per device in use: quota and used bytes as the state file says.
+    #[serde(default)]
+    pub devices: Vec<DeviceReport>,
+    #[serde(default)]
+    pub class: Option<Class>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    pub device: u32,
+    pub quota: u64,
+    pub used: u64,
+    pub compute: u32,
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum Response {
+    Ok {
+        report: ContainerReport,
+    },
+    /// One line saying what is wrong and what to do.
+    Error {
+        message: String,
+    },
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a request serialises")
+    }
+
+    /// Any bytes: a request, or one line saying why not.
+    pub fn decode(b: &[u8]) -> Result<Request, String> {
+        serde_json::from_slice(b).map_err(|e| format!("malformed request: {e}"))
+    }
+}
+
+impl Response {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a response serialises")
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Response, String> {
+        serde_json::from_slice(b).map_err(|e| format!("malformed answer from the daemon: {e}"))
+    }
+
+    pub fn error(message: impl Into<String>) -> Response {
+        Response::Error {
+            message: message.into(),
+        }
+    }
+}
+
+/// A container name the daemon accepts: a directory name (no '/', NUL, not '.' or '..'), at
+/// most 128 bytes.
+pub fn valid_container_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 128 && n != "." && n != ".." && !n.contains(['/', '\0'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_round_trip_and_device_settings_layer() {
+        let r = Request::Set(SetRequest {
+            container: "web".into(),
+            device: Some(1),
+            class: Some(Class::Production),
+            memory: Some(8 << 30),
+            compute: None,
+            weight: Some(3),
+        });
+        assert_eq!(Request::decode(&r.encode()), Ok(r));
+        assert!(Request::decode(br#"{"op":"set","container":"x","bogus":1}"#).is_err());
+        assert!(Request::decode(br#"{"op":"set","container":"x","memory":-1}"#).is_err());
+        let mut s = ContainerSettings::default();
+        s.all.memory = Some(10);
+        s.devices.insert(
+            "1".into(),
+            DeviceSettings {
+                memory: Some(20),
+                compute: Some(3000),
+                weight: None,
+            },
+        );
+        assert_eq!(s.device(0).memory, Some(10));
+        assert_eq!(s.device(1).memory, Some(20));
+        let mut d = ContainerSettings::default();
+        d.all.weight = Some(2);
+        d.class = Some(Class::Opportunistic);
+        let e = s.over(&d);
+        assert_eq!(e.device(1).weight, Some(2));
+        assert_eq!(e.device(1).compute, Some(3000));
+        assert_eq!(e.class, Some(Class::Opportunistic));
+        assert!(valid_container_name("web-1"));
+        for bad in ["", ".", "..", "a/b", "a\0b", &"x".repeat(129)] {
+            assert!(!valid_container_name(bad), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn any_bytes_decode_to_a_request_or_an_error(b in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = Request::decode(&b);
+            let _ = Response::decode(&b);
+        }
+
+        #[test]
+        fn set_requests_round_trip(container in "[a-z0-9._-]{1,40}", device in proptest::option::of(0u32..16),
+                                   memory in proptest::option::of(any::<u64>()), compute in proptest::option::of(0u32..=10_000),
+                                   weight in proptest::option::of(any::<u32>())) {
+            let r = Request::Set(SetRequest { container, device, class: None, memory, compute, weight });
+            prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The admin socket (`<state dir>/admin.sock`, mode 0600, and only root or the daemon's own
+//! user is served, by the kernel's peer credentials): `set`, `get`, `reset` of a container's
+//! settings ([`crate::settings`]), each applied to the container's state file before the answer
+//! goes back, so a running job sees it at its next allocation or launch.
+
+use crate::server::{Peer, Refusal, Reply, Service};
+use crate::settings::{write_into, Settings};
+use libshare_abi::admin::{
+    valid_container_name, Class, ContainerReport, DeviceReport, Request, Response, SetRequest,
+};
+use libshare_abi::{container_dir, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, MAX_DEVICES};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::{Arc, Mutex};
+
+pub struct AdminService {
+    state_dir: PathBuf,
+    settings: Arc<Mutex<Settings>>,
+    /// Each device's memory (NVML), when known.
+    totals: Option<Vec<u64>>,
+    uid: u32,
+}
+
+impl AdminService {
+    pub fn new(
+        state_dir: PathBuf,
+        settings: Arc<Mutex<Settings>>,
+        totals: Option<Vec<u64>>,
+    ) -> Self {
+        AdminService {
+            state_dir,
+            settings,
+            totals,
+            // SAFETY: geteuid cannot fail.
+            uid: unsafe { libc::geteuid() },
+        }
+    }
+
+    fn state(&self, name: &str, create: bool) -> Result<Option<State>, String> {
+        let dir = container_dir(&self.state_dir, name);
+        if !create && !dir.join(libshare_abi::STATE_FILE).exists() {
+            return Ok(None);
+        }
+        State::open_or_create(&dir)
+            .map(Some)
+            .map_err(|e| format!("container {name}: {e}"))
+    }
+
+    fn report(&self, name: &str, settings: &Settings) -> Result<ContainerReport, String> {
+        let mut r = ContainerReport {
+            container: name.to_string(),
+            settings: settings.get(name).cloned().unwrap_or_default(),
+            ..Default::default()
+        };
+        if let Some(st) = self.state(name, false)? {
+            r.present = true;
+            r.class = Some(if st.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
+                Class::Opportunistic
+            } else {
+                Class::Production
+            });
+            for d in 0..MAX_DEVICES {
+                let dev = st.device(d);
+                let rep = DeviceReport {
+                    device: d as u32,
+                    quota: dev.quota.load(Acquire),
+                    used: dev.used.load(Acquire),
+                    compute: dev.compute.load(Acquire),
+                    weight: dev.weight.load(Acquire),
+                };
+                if rep.quota != 0 || rep.used != 0 || dev.launches.load(Acquire) != 0 {
+                    r.devices.push(rep);
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn set(&self, q: SetRequest) -> Result<ContainerReport, String> {
+        if q.class.is_none() && q.memory.is_none() && q.compute.is_none() && q.weight.is_none() {
+            return Err("nothing to set: give --class, --memory, --compute or --weight".into());
+        }
+        if let Some(d) = q.device {
+            if d as usize >= MAX_DEVICES {
+                return Err(format!(
+                    "device {d} does not exist (devices are 0..{})",
+                    MAX_DEVICES - 1
+                ));
+            }
+            if let Some(t) = &self.totals {
+                if d as usize >= t.len() {
+                    return Err(format!(
+                        "device {d} does not exist: this node has {} GPU(s)",
+                        t.len()
+                    ));
+                }
+            }
+        }
+        if q.compute.is_some_and(|c| c > 10_000) {
+            return Err("a compute share is between 0% and 100%".into());
+        }
+        if let (Some(m), Some(t)) = (q.memory, &self.totals) {
+            let devices: Vec<usize> = match q.device {
+                Some(d) => vec![d as usize],
+                None => (0..t.len()).collect(),
+            };
+            if let Some(&d) = devices.iter().find(|&&d| m > t[d]) {
+                return Err(format!(
+                    "a quota of {} is above device {d}'s memory ({})",
+                    libshare_abi::units::format_size(m),
+                    libshare_abi::units::format_size(t[d])
+                ));
+            }
+        }
+        if q.memory == Some(0) {
+            return Err("a memory quota must be above 0".into());
+        }
+        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = settings.get(&q.container).cloned().unwrap_or_default();
+        if q.class.is_some() {
+            s.class = q.class;
+        }
+        let target = match q.device {
+            Some(d) => s.devices.entry(d.to_string()).or_default(),
+            None => &mut s.all,
+        };
+        target.memory = q.memory.or(target.memory);
+        target.compute = q.compute.or(target.compute);
+        target.weight = q.weight.or(target.weight);
+        if q.device.is_none() {
+            // A setting for every device replaces what single devices had for the same field.
+            for d in s.devices.values_mut() {
+                d.memory = if q.memory.is_some() { None } else { d.memory };
+                d.compute = if q.compute.is_some() { None } else { d.compute };
+                d.weight = if q.weight.is_some() { None } else { d.weight };
+            }
+            s.devices.retain(|_, d| !d.is_empty());
+        }
+        // The state first (created if the container has not started, so the setting is in place
+        // before its first allocation), then the file: a failed save changes neither.
+        let st = self.state(&q.container, true)?.expect("created");
+        settings
+            .put(&q.container, Some(s))
+            .map_err(|e| e.to_string())?;
+        settings.apply(&q.container, &st);
+        self.report(&q.container, &settings)
+    }
+
+    fn reset(&self, name: &str) -> Result<ContainerReport, String> {
+        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.state(name, false)?;
+        if settings.get(name).is_none() && st.is_none() {
+            return Err(format!(
+                "unknown container {name}: nothing is set for it and it has not started"
+            ));
+        }
+        settings.put(name, None).map_err(|e| e.to_string())?;
+        if let Some(st) = st {
+            // Back to the defaults; the quota stays until a job of the container starts with
+            // its own limit (never unlimited behind the operator's back).
+            for d in 0..MAX_DEVICES {
+                st.device(d).compute.store(0, Release);
+                st.device(d).weight.store(0, Release);
+            }
+            st.header().flags.fetch_and(!FLAG_DAEMON_MANAGED, AcqRel);
+            write_into(&settings.effective(name), &st);
+        }
+        self.report(name, &settings)
+    }
+
+    fn answer(&self, req: Request) -> Result<ContainerReport, String> {
+        let name = match &req {
+            Request::Set(q) => &q.container,
+            Request::Get { container } | Request::Reset { container } => container,
+        };
+        if !valid_container_name(name) {
+            return Err(format!(
+                "{name:?} is not a container name (1-128 bytes, no '/', not '.' or '..')"
+            ));
+        }
+        match req {
+            Request::Set(q) => self.set(q),
+            Request::Get { container } => {
+                let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+                let r = self.report(&container, &settings)?;
+                if !r.present && settings.get(&container).is_none() {
+                    return Err(format!("unknown container {container}: nothing is set for it and it has not started"));
+                }
+                Ok(r)
+            }
+            Request::Reset { container } => self.reset(&container),
+        }
+    }
+}
+
+impl Service for AdminService {
+    fn admit(&self, peer: &Peer) -> bool {
+        peer.uid == 0 || peer.uid == self.uid
+    }
+
+    fn handle(&mut self, _peer: &Peer, request: &[u8]) -> Reply {
+        let resp = match Request::decode(request).and_then(|r| self.answer(r)) {
+            Ok(report) => Response::Ok { report },
+            Err(message) => Response::error(message),
+        };
+        Reply::body(resp.encode())
+    }
+
+    fn refusal(&self, why: Refusal) -> Vec<u8> {
+        Response::error(why.message()).encode()
+    }
+}

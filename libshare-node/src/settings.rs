@@ -1,0 +1,246 @@
+//! The daemon's settings per container (class; memory quota, compute share and weight, on every
+//! device or one), persisted in a TOML file and written into each container's state file.
+//!
+//! - Persistence: the whole file is rewritten on every change, atomically (a temporary file in
+//!   the same directory, `fsync`, `rename`, `fsync` of the directory), so a crash leaves the
+//!   old or the new settings, never half of them. A file that does not parse stops the daemon
+//!   with one line rather than dropping quotas.
+//! - Defaults (`--config`, `[defaults]`): what a container without its own value gets.
+//! - [`Settings::apply`] writes a container's effective settings into its state: the quota per
+//!   device, the class (with `FLAG_DAEMON_MANAGED`, so its jobs' environment no longer sets it;
+//!   an environment limit stays a ceiling, see the shim), compute share and weight. Values the
+//!   daemon has no word on are left as they are.
+
+use libshare_abi::admin::{ContainerSettings, DeviceSettings};
+use libshare_abi::{State, FLAG_DAEMON_MANAGED, MAX_DEVICES};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{AcqRel, Release};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("cannot read {}: {err} (fix or remove it; the daemon will not start without its settings)", path.display())]
+    Read { path: PathBuf, err: String },
+    #[error("cannot save the settings to {}: {err} (is the directory writable?)", path.display())]
+    Write { path: PathBuf, err: String },
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    containers: BTreeMap<String, ContainerSettings>,
+}
+
+/// The daemon's configuration file (`--config`): defaults for every container.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub defaults: ContainerSettings,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SettingsError::Read {
+            path: path.into(),
+            err: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| SettingsError::Read {
+            path: path.into(),
+            err: one_line(&e.to_string()),
+        })
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The settings of every container the admin named, and where they persist.
+#[derive(Debug)]
+pub struct Settings {
+    path: PathBuf,
+    file: File,
+    defaults: ContainerSettings,
+}
+
+impl Settings {
+    /// Loads `path` (missing: no settings yet).
+    pub fn load(path: PathBuf, defaults: ContainerSettings) -> Result<Settings, SettingsError> {
+        let file = match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| SettingsError::Read {
+                path: path.clone(),
+                err: one_line(&e.to_string()),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
+            Err(e) => {
+                return Err(SettingsError::Read {
+                    path,
+                    err: e.to_string(),
+                })
+            }
+        };
+        Ok(Settings {
+            path,
+            file,
+            defaults,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The admin's own settings for `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&ContainerSettings> {
+        self.file.containers.get(name)
+    }
+
+    /// What applies to `name`: its settings over the defaults.
+    pub fn effective(&self, name: &str) -> ContainerSettings {
+        self.get(name)
+            .cloned()
+            .unwrap_or_default()
+            .over(&self.defaults)
+    }
+
+    /// Replaces `name`'s settings (None: forgets them) and saves the file; on a failed save
+    /// nothing changes.
+    pub fn put(&mut self, name: &str, s: Option<ContainerSettings>) -> Result<(), SettingsError> {
+        let mut next = self.file.clone();
+        match s {
+            Some(s) => next.containers.insert(name.to_string(), s),
+            None => next.containers.remove(name),
+        };
+        save(&self.path, &next)?;
+        self.file = next;
+        Ok(())
+    }
+
+    /// Writes `name`'s effective settings into its state (see the module doc).
+    pub fn apply(&self, name: &str, state: &State) {
+        write_into(&self.effective(name), state);
+    }
+}
+
+/// Writes settings into a container's state: values given replace the state's, others stay.
+pub fn write_into(s: &ContainerSettings, state: &State) {
+    for d in 0..MAX_DEVICES {
+        let DeviceSettings {
+            memory,
+            compute,
+            weight,
+        } = s.device(d);
+        let dev = state.device(d);
+        if let Some(m) = memory {
+            state.set_quota(d, m);
+        }
+        if let Some(c) = compute {
+            dev.compute.store(c, Release);
+        }
+        if let Some(w) = weight {
+            dev.weight.store(w, Release);
+        }
+    }
+    if let Some(c) = s.class {
+        state.header().class.store(c.word(), Release);
+    }
+    if s.class.is_some() || s.all.memory.is_some() || s.devices.values().any(|d| d.memory.is_some())
+    {
+        // The class and quotas come from the daemon now, not from the jobs' environment.
+        state.header().flags.fetch_or(FLAG_DAEMON_MANAGED, AcqRel);
+    }
+}
+
+/// Replaces `path` with `f`'s TOML atomically.
+fn save(path: &Path, f: &File) -> Result<(), SettingsError> {
+    let err = |e: std::io::Error| SettingsError::Write {
+        path: path.into(),
+        err: e.to_string(),
+    };
+    let text = toml::to_string(f).map_err(|e| SettingsError::Write {
+        path: path.into(),
+        err: e.to_string(),
+    })?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("settings"),
+        std::process::id()
+    ));
+    {
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err)?;
+        out.write_all(b"# libshare daemon settings: written by `sharectl set`/`reset`; edit with the daemon stopped\n")
+            .and_then(|_| out.write_all(text.as_bytes()))
+            .and_then(|_| out.sync_all())
+            .map_err(err)?;
+    }
+    std::fs::rename(&tmp, path).map_err(err)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::admin::Class;
+    use std::sync::atomic::Ordering::Acquire;
+
+    #[test]
+    fn settings_persist_layer_over_defaults_and_apply() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("settings.toml");
+        let mut defaults = ContainerSettings::default();
+        defaults.class = Some(Class::Opportunistic);
+        let mut s = Settings::load(path.clone(), defaults.clone()).unwrap();
+        let mut web = ContainerSettings {
+            class: Some(Class::Production),
+            ..Default::default()
+        };
+        web.all.memory = Some(8 << 30);
+        web.devices.insert(
+            "1".into(),
+            DeviceSettings {
+                memory: Some(4 << 30),
+                ..Default::default()
+            },
+        );
+        s.put("web", Some(web.clone())).unwrap();
+        let again = Settings::load(path.clone(), defaults).unwrap();
+        assert_eq!(again.get("web"), Some(&web));
+        assert_eq!(again.effective("batch").class, Some(Class::Opportunistic));
+
+        let st = State::open_or_create(&tmp.path().join("c/web")).unwrap();
+        again.apply("web", &st);
+        assert_eq!(st.device(0).quota.load(Acquire), 8 << 30);
+        assert_eq!(st.device(1).quota.load(Acquire), 4 << 30);
+        assert_eq!(
+            st.header().class.load(Acquire),
+            libshare_abi::CLASS_PRODUCTION
+        );
+        assert_ne!(st.header().flags.load(Acquire) & FLAG_DAEMON_MANAGED, 0);
+
+        // A corrupt file is an error, not an empty set of settings.
+        std::fs::write(&path, "containers = 3").unwrap();
+        let e = Settings::load(path, ContainerSettings::default()).unwrap_err();
+        assert!(e.to_string().contains("will not start"), "{e}");
+    }
+}
