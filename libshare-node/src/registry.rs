@@ -29,7 +29,10 @@ pub struct Container {
 /// Called with every container the registry finds (the daemon's persisted settings are written
 /// into its state before the first tick sees it).
 #[derive(Clone)]
-pub struct Seed(pub std::sync::Arc<dyn Fn(&str, &State) + Send + Sync>);
+pub struct Seed(pub std::sync::Arc<SeedFn>);
+
+/// What a [`Seed`] calls: the container's name and state.
+pub type SeedFn = dyn Fn(&str, &State) + Send + Sync;
 
 impl std::fmt::Debug for Seed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
