@@ -208,8 +208,10 @@ mod tests {
     fn settings_persist_layer_over_defaults_and_apply() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("settings.toml");
-        let mut defaults = ContainerSettings::default();
-        defaults.class = Some(Class::Opportunistic);
+        let defaults = ContainerSettings {
+            class: Some(Class::Opportunistic),
+            ..Default::default()
+        };
         let mut s = Settings::load(path.clone(), defaults.clone()).unwrap();
         let mut web = ContainerSettings {
             class: Some(Class::Production),
