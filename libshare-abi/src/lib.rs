@@ -109,6 +109,7 @@ mod error;
 mod fsafe;
 mod lock;
 pub mod rate;
+pub mod register;
 mod sigbus;
 pub mod slots;
 pub mod units;
@@ -707,7 +708,7 @@ impl State {
     /// Maps a state handed over as a descriptor (a daemon's sealed memfd, or an initialised
     /// file): it must be at least FILE_SIZE long; a zero header is initialised.
     pub fn from_fd(f: File) -> Result<State, StateError> {
-        let path = PathBuf::from("(descriptor)");
+        let path = PathBuf::from(DESCRIPTOR_PATH);
         let f = HeldFile::new(f, &path)?;
         let len = fsafe::fstat(f.fd(), &path)?.st_size as u64;
         if len != FILE_SIZE as u64 {
@@ -1026,8 +1027,16 @@ impl State {
     /// removed but the second name (`.state.shm.keep`) is still this file, the name is linked
     /// back first. Err: the file was removed or replaced (see the module doc). Cold: a few
     /// system calls, never closes the State's descriptor.
+    /// A new descriptor of this State's file (for the daemon to pass to a registering process).
+    pub fn dup_file(&self) -> Option<File> {
+        self.file.as_ref().and_then(|f| f.file.try_clone().ok())
+    }
+
     pub fn check_path(&self) -> Result<(), StateError> {
-        if self.mode != Mode::Shared || self.path.as_os_str().is_empty() {
+        if self.mode != Mode::Shared
+            || self.path.as_os_str().is_empty()
+            || self.path == Path::new(DESCRIPTOR_PATH)
+        {
             return Ok(());
         }
         let same = |p: &Path| {
@@ -1410,6 +1419,10 @@ pub fn claim_state_dir(path: &Path) -> Result<bool, StateError> {
     }
     Ok(true)
 }
+
+/// The path a [`State::from_fd`] shows (a state passed by the daemon has no path of its own
+/// for this process, and none to check).
+pub const DESCRIPTOR_PATH: &str = "(descriptor)";
 
 /// The directory of container `name` under a state directory.
 pub fn container_dir(state_dir: &Path, name: &str) -> PathBuf {

@@ -22,6 +22,9 @@ pub struct Config {
     pub container: String,
     /// The container's directory holding `state.shm`.
     pub container_dir: PathBuf,
+    /// The daemon's registration socket to try first: `LIBSHARE_SOCKET`, else
+    /// `<state dir>/register.sock` (none when `LIBSHARE_CONTAINER_DIR` names the file's place).
+    pub socket: Option<PathBuf>,
     /// Device memory charged once per process and device for its context (the driver's own use,
     /// invisible to allocation hooks; a few hundred MiB on a real GPU). Default 0.
     pub context_overhead: u64,
@@ -39,6 +42,7 @@ pub const KNOWN: &[&str] = &[
     "LIBSHARE_CONTAINER",
     "LIBSHARE_CONTAINER_DIR",
     "LIBSHARE_STATE_DIR",
+    "LIBSHARE_SOCKET",
     "LIBSHARE_LOG",
     "LIBSHARE_REAL_LIBCUDA",
     "LIBSHARE_REAL_LIBNVML",
@@ -298,6 +302,12 @@ impl Config {
             }
             None => libshare_abi::container_dir(&state_dir, &container),
         };
+        let socket = match get("LIBSHARE_SOCKET") {
+            Some(d) if d.starts_with('/') => Some(PathBuf::from(d)),
+            Some(d) => return Err(invalid("LIBSHARE_SOCKET", d, "expected an absolute path")),
+            None if get("LIBSHARE_CONTAINER_DIR").is_some() => None,
+            None => Some(state_dir.join("register.sock")),
+        };
         let context_overhead = match get("LIBSHARE_CONTEXT_OVERHEAD") {
             None => 0,
             Some(v) => parse_size(v).ok_or_else(|| {
@@ -339,6 +349,7 @@ impl Config {
             class,
             container,
             container_dir,
+            socket,
             compute_percent,
             log: get("LIBSHARE_LOG").map(String::from),
             warnings,

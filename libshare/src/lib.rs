@@ -46,6 +46,7 @@ pub mod pools;
 pub mod procaddr;
 pub mod process;
 pub mod rate;
+pub mod register;
 pub mod sync;
 
 pub use shim_headers::types;

@@ -214,14 +214,35 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
             .try_init();
     }
     let devices = check_limits(&cfg, ops)?;
-    // The container's state or nothing: a private fallback would let every process enforce the
-    // whole quota on its own.
-    let state = State::open_or_create(&cfg.container_dir).map_err(|e| {
-        format!("libshare: {e} (the container's memory quota cannot be enforced; check LIBSHARE_STATE_DIR)")
-    })?;
+    // The daemon's word first (registration: the container from the process's cgroup, the
+    // state file passed as a descriptor); without a daemon, the container's state by path or
+    // nothing: a private fallback would let every process enforce the whole quota on its own.
+    let (state, container, env_applies) = match crate::register::register(&cfg) {
+        crate::register::Outcome::Registered {
+            state,
+            container,
+            env_trusted,
+        } => (*state, container, env_trusted),
+        crate::register::Outcome::NoDaemon => {
+            let state = State::open_or_create(&cfg.container_dir).map_err(|e| {
+                format!("libshare: {e} (the container's memory quota cannot be enforced; check LIBSHARE_STATE_DIR)")
+            })?;
+            (state, cfg.container.clone(), true)
+        }
+    };
     let managed = state.header().flags.load(Acquire) & libshare_abi::FLAG_DAEMON_MANAGED != 0;
+    if !env_applies {
+        // The daemon does not trust the environment: its settings are the only word.
+        if let Some(src) = cfg.memory_limit_source.iter().find(|s| !s.is_empty()) {
+            eprintln!(
+                "libshare: container {container}'s quota comes from the daemon; {src} is ignored"
+            );
+        }
+    }
     for (d, limit) in cfg.memory_limit.iter().enumerate().take(devices) {
-        let Some(l) = *limit else { continue };
+        let Some(l) = limit.filter(|_| env_applies) else {
+            continue;
+        };
         let cur = state.device(d).quota.load(Acquire);
         if !managed {
             state.set_quota(d, l);
@@ -236,7 +257,7 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
             );
         }
     }
-    if !managed {
+    if !managed && env_applies {
         state.header().class.store(cfg.class, Release);
     }
     // The environment's compute limit, published for the daemon (basis points; 0 = none).
@@ -249,10 +270,12 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
         format!(
             "libshare: more than {} processes in container {}",
             libshare_abi::MAX_PROCS,
-            cfg.container
+            container
         )
     })?;
-    tracing::info!(container = %cfg.container, class = cfg.class, slot, "libshare initialised");
+    tracing::info!(container = %container, class = cfg.class, slot, "libshare initialised");
+    let mut cfg = cfg;
+    cfg.container = container;
     let launch_counters = AtomicPtr::new(&state.slot(slot).launches as *const _ as *mut _);
     Ok(Shim {
         cfg,

@@ -20,6 +20,8 @@ impl Daemon {
             .arg("--state-dir")
             .arg(dir)
             .args(["--policy", policy, "--quantum", "100ms"])
+            // The jobs run on this host, named by LIBSHARE_CONTAINER (no container runtime).
+            .arg("--trust-env")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

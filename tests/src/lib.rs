@@ -986,7 +986,8 @@ impl Daemon {
     pub fn start(state_dir: &Path, args: &[&str]) -> Daemon {
         std::fs::create_dir_all(state_dir).unwrap();
         let child = Command::new(artifacts().bin("sharectl"))
-            .args(["daemon", "--state-dir"])
+            // The tests' jobs run on this host, named by LIBSHARE_CONTAINER.
+            .args(["daemon", "--trust-env", "--state-dir"])
             .arg(state_dir)
             .args(args)
             .stdin(Stdio::null())

@@ -26,7 +26,7 @@ fn daemon(gpu: &SimGpu) -> Daemon {
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = Command::new(artifacts().bin("sharectl"));
     gpu.configure(&mut cmd); // NVML (the devices' memory) comes from simgpu here
-    cmd.args(["daemon", "--state-dir"])
+    cmd.args(["daemon", "--trust-env", "--state-dir"])
         .arg(&dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -67,12 +67,18 @@ impl Drop for Daemon {
 /// log line) and, if given, a textfile rewritten every 200 ms.
 fn start_daemon(state_dir: &Path, textfile: Option<&Path>) -> Daemon {
     let mut cmd = Command::new(artifacts().bin("sharectl"));
-    cmd.args(["daemon", "--metrics-addr", "127.0.0.1:0", "--state-dir"])
-        .arg(state_dir)
-        .env("LIBSHARE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "daemon",
+        "--trust-env",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--state-dir",
+    ])
+    .arg(state_dir)
+    .env("LIBSHARE_LOG", "info")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     if let Some(t) = textfile {
         cmd.arg("--metrics-textfile")
             .arg(t)

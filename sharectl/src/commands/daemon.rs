@@ -43,6 +43,20 @@ pub struct DaemonArgs {
     /// Where `sharectl set` settings persist (default: <state dir>/settings.toml).
     #[arg(long, value_name = "PATH")]
     pub settings: Option<PathBuf>,
+    /// The registration socket shims ask for their container's state (default:
+    /// <state dir>/register.sock; mode 0666, identity from the kernel; bind-mount it into
+    /// containers).
+    #[arg(long, value_name = "PATH")]
+    pub register_socket: Option<PathBuf>,
+    /// Trust the processes' environment: LIBSHARE_CONTAINER names the container of a process
+    /// whose cgroup maps to none, and its limits and class apply where the daemon has no
+    /// settings (plain hosts and tests, not multi-tenant nodes).
+    #[arg(long)]
+    pub trust_env: bool,
+    /// A cgroup path prefix whose children are containers: PREFIX/<name>/... is container
+    /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in).
+    #[arg(long, value_name = "PREFIX")]
+    pub cgroup_prefix: Vec<String>,
     /// Defaults for every container (TOML: `[defaults] class = "opportunistic"`,
     /// `[defaults.all] memory = 8589934592`).
     #[arg(long, value_name = "PATH")]
@@ -160,6 +174,33 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             .name("admin".into())
             .spawn(move || admin.serve(&mut service, &STOP))?
     };
+    let register_path = args
+        .register_socket
+        .clone()
+        .unwrap_or_else(|| dir.join("register.sock"));
+    let register = libshare_node::server::Server::bind(libshare_node::server::ServerConfig::new(
+        register_path.clone(),
+        0o666,
+    ))
+    .map_err(|e| {
+        anyhow!(
+            "cannot create the registration socket {}: {e}",
+            register_path.display()
+        )
+    })?;
+    let register_thread = {
+        let mut service = libshare_node::register::RegisterService::new(
+            dir.clone(),
+            libshare_node::identity::IdentityConfig {
+                prefixes: args.cgroup_prefix.clone(),
+                trust_env: args.trust_env,
+            },
+            cfg.seed.clone(),
+        );
+        std::thread::Builder::new()
+            .name("register".into())
+            .spawn(move || register.serve(&mut service, &STOP))?
+    };
     if let Some(addr) = args.metrics_addr {
         libshare_node::metrics::serve_http(addr, dir.clone(), cfg.health.clone(), &STOP)?;
     }
@@ -187,6 +228,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let s = libshare_node::run(&cfg, &STOP);
     STOP.store(true, Ordering::Release);
     let _ = admin_thread.join();
+    let _ = register_thread.join();
     let s = s?;
     tracing::info!(
         ticks = s.ticks,

@@ -1,0 +1,88 @@
+//! The registration socket (`<state dir>/register.sock` by default, mode 0666: anyone local may
+//! ask, the kernel says who asks). A shim sends a `Hello`; the daemon takes the peer's host pid
+//! from `SO_PEERCRED`, its container from `/proc/<pid>/cgroup` ([`crate::identity`]), opens or
+//! creates that container's state file (0700 directory, 0600 file, the daemon's), writes the
+//! daemon's settings into it (the seed) and answers `Welcome` with the file's descriptor. One
+//! open and one `sendmsg` per process: O(1), no lock held across clients.
+
+use crate::identity::{resolve, IdentityConfig};
+use crate::registry::Seed;
+use crate::server::{Peer, Refusal, Reply, Service};
+use libshare_abi::register::{Hello, Welcome};
+use libshare_abi::{container_dir, State};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+pub struct RegisterService {
+    state_dir: PathBuf,
+    identity: IdentityConfig,
+    seed: Option<Seed>,
+    /// Containers' states opened so far (each file opened once; the descriptor passed is a dup).
+    open: HashMap<String, State>,
+}
+
+impl RegisterService {
+    pub fn new(state_dir: PathBuf, identity: IdentityConfig, seed: Option<Seed>) -> Self {
+        RegisterService {
+            state_dir,
+            identity,
+            seed,
+            open: HashMap::new(),
+        }
+    }
+
+    fn register(&mut self, peer: &Peer, hello: &Hello) -> Result<(String, std::fs::File), String> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", peer.pid)).ok();
+        let name = resolve(cgroups.as_deref(), &hello.claimed, &self.identity);
+        if !self.open.contains_key(&name) {
+            let st = State::open_or_create(&container_dir(&self.state_dir, &name))
+                .map_err(|e| format!("the daemon cannot open container {name}'s state: {e}"))?;
+            self.open.insert(name.clone(), st);
+        }
+        let st = &self.open[&name];
+        // A file removed or replaced since (its container restarted): open it again.
+        if st.check_path().is_err() {
+            self.open.remove(&name);
+            return self.register(peer, hello);
+        }
+        if let Some(seed) = &self.seed {
+            (seed.0)(&name, st);
+        }
+        let f = st
+            .dup_file()
+            .ok_or_else(|| format!("container {name}'s state has no descriptor to pass"))?;
+        tracing::debug!(pid = peer.pid, uid = peer.uid, container = %name, claimed = %hello.claimed, "registered");
+        Ok((name, f))
+    }
+}
+
+impl Service for RegisterService {
+    fn admit(&self, _: &Peer) -> bool {
+        true
+    }
+
+    fn handle(&mut self, peer: &Peer, request: &[u8]) -> Reply {
+        let result = Hello::decode(request).and_then(|h| self.register(peer, &h));
+        match result {
+            Ok((container, f)) => Reply {
+                body: Welcome::Ok {
+                    container,
+                    env_trusted: self.identity.trust_env,
+                }
+                .encode(),
+                fd: Some(f.into()),
+            },
+            Err(reason) => {
+                tracing::info!(pid = peer.pid, "registration refused: {reason}");
+                Reply::body(Welcome::Refused { reason }.encode())
+            }
+        }
+    }
+
+    fn refusal(&self, why: Refusal) -> Vec<u8> {
+        Welcome::Refused {
+            reason: why.message().into(),
+        }
+        .encode()
+    }
+}
