@@ -1,0 +1,256 @@
+//! Issue 10, identity, with real cgroups (v1 `pids` hierarchy, created by the test) and a
+//! real `sharectl daemon` that does not trust the environment:
+//! - a job in the cgroup the daemon maps to container A is registered as A although its
+//!   environment says `LIBSHARE_CONTAINER=B`: its memory is charged to A, under the quota the
+//!   daemon set for A (not the environment's), and B gets nothing;
+//! - a non-root process cannot open any container's state file by path (the state directory is
+//!   the daemon's, 0700): the files reach processes only as the descriptors registration passes;
+//! - a job that registers with no daemon listening (a stale socket file) runs as without one;
+//! - bad input on the registration socket is refused and the daemon keeps registering.
+
+use libshare_abi::register::{Hello, Welcome};
+use libshare_abi::{State, STATE_FILE};
+use libshare_tests::{artifacts, compile_gcc, SimGpu};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::Acquire;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// Two cgroups `<root>/A` and `<root>/B` in the v1 `pids` hierarchy, removed when dropped.
+struct Cgroups {
+    root: PathBuf,
+    /// The prefix as `/proc/<pid>/cgroup` shows it.
+    prefix: String,
+}
+
+impl Cgroups {
+    fn create() -> Option<Cgroups> {
+        let name = format!("libshare-test-{}", std::process::id());
+        let root = Path::new("/sys/fs/cgroup/pids").join(&name);
+        for c in ["A", "B"] {
+            if let Err(e) = std::fs::create_dir_all(root.join(c)) {
+                eprintln!("SKIP: cannot create cgroups under /sys/fs/cgroup/pids: {e}");
+                return None;
+            }
+        }
+        Some(Cgroups {
+            root,
+            prefix: format!("/{name}"),
+        })
+    }
+
+    fn procs(&self, c: &str) -> PathBuf {
+        self.root.join(c).join("cgroup.procs")
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for c in ["A", "B"] {
+            // Move anything left back to the root, then remove.
+            if let Ok(pids) = std::fs::read_to_string(self.procs(c)) {
+                for p in pids.lines() {
+                    let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", p);
+                }
+            }
+            let _ = std::fs::remove_dir(self.root.join(c));
+        }
+        let _ = std::fs::remove_dir(&self.root);
+    }
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if cond() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+/// `sharectl daemon` without --trust-env, mapping `<prefix>/<name>` to container `<name>`.
+fn daemon(gpu: &SimGpu, prefix: &str) -> Daemon {
+    let dir = gpu.shim_state_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = Command::new(artifacts().bin("sharectl"));
+    gpu.configure(&mut cmd);
+    cmd.args(["daemon", "--cgroup-prefix", prefix, "--state-dir"])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
+    until(Duration::from_secs(10), || {
+        UnixStream::connect(dir.join("register.sock")).is_ok()
+            && UnixStream::connect(dir.join("admin.sock")).is_ok()
+    })
+    .expect("the daemon's sockets never appeared");
+    d
+}
+
+/// `hold_memory hold MIB`, started in cgroup `cg` (moved there by the test before it execs).
+fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> Child {
+    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg("read go; exec \"$0\" hold 64")
+        .arg(&prog)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    gpu.configure(&mut cmd);
+    cmd.env("LIBSHARE_CONTAINER", env_container)
+        .env("LIBSHARE_MEMORY_LIMIT", "4GiB");
+    let mut child = cmd.spawn().unwrap();
+    std::fs::write(cgroups.procs(cg), child.id().to_string())
+        .expect("move the job into its cgroup");
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("\"result\":0"),
+        "the job could not allocate: {line}"
+    );
+    child
+}
+
+fn state_path(gpu: &SimGpu, c: &str) -> PathBuf {
+    gpu.shim_state_dir()
+        .join("containers")
+        .join(c)
+        .join(STATE_FILE)
+}
+
+#[test]
+fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
+    let Some(cg) = Cgroups::create() else { return };
+    let gpu = SimGpu::new().with_shim();
+    let _d = daemon(&gpu, &cg.prefix);
+    let set = Command::new(artifacts().bin("sharectl"))
+        .args(["set", "A", "--memory", "256MiB", "--state-dir"])
+        .arg(gpu.shim_state_dir())
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+
+    // In cgroup A, claiming B (and a 4 GiB limit) in its environment.
+    let mut job = holder_in(&gpu, &cg, "A", "B");
+    let a = State::open_existing(&state_path(&gpu, "A")).unwrap();
+    assert_eq!(a.device(0).used.load(Acquire), 64 * MIB, "charged to A");
+    assert_eq!(
+        a.device(0).quota.load(Acquire),
+        256 * MIB,
+        "the daemon's quota, not the environment's"
+    );
+    assert!(
+        !state_path(&gpu, "B").exists(),
+        "B was never created: nothing of this job is B's"
+    );
+
+    // A non-root user reaches no state file by path (the directory is the daemon's, 0700).
+    for c in ["A", "B"] {
+        let mut cmd = Command::new("/bin/cat");
+        cmd.arg(state_path(&gpu, c)).uid(65534).gid(65534);
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "nobody read {c}'s state");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("Permission denied"), "{c}: {err}");
+    }
+    let mode = std::fs::metadata(gpu.shim_state_dir()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o700
+    );
+
+    job.kill().unwrap();
+    job.wait().unwrap();
+}
+
+#[test]
+fn daemon_identity_registration_survives_bad_clients_and_a_stale_socket_falls_back() {
+    let gpu = SimGpu::new().with_shim().quota("1GiB");
+    {
+        let _d = daemon(&gpu, "/nothing-maps-here");
+        let sock = gpu.shim_state_dir().join("register.sock");
+        let answer = |bytes: &[u8], close: bool| -> Vec<u8> {
+            let mut s = UnixStream::connect(&sock).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(bytes).unwrap();
+            if close {
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            }
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            out
+        };
+        let refused = |b: Vec<u8>| match Welcome::decode(&b[4.min(b.len())..]) {
+            Ok(Welcome::Refused { reason }) => reason,
+            other => panic!("not refused: {other:?}"),
+        };
+        let _silent = UnixStream::connect(&sock).unwrap();
+        println!(
+            "garbage: {}",
+            refused(answer(&libshare_abi::wire::frame(b"hello?"), false))
+        );
+        println!(
+            "oversized: {}",
+            refused(answer(&(1u32 << 30).to_le_bytes(), false))
+        );
+        println!("truncated: {}", refused(answer(&[40, 0, 0, 0, b'L'], true)));
+        // A valid registration still works: unmapped and untrusted, it lands in `host`.
+        let (body, fd) = libshare_abi::wire::call(
+            &sock,
+            &Hello {
+                claimed: "B".into(),
+            }
+            .encode(),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        assert_eq!(
+            Welcome::decode(&body),
+            Ok(Welcome::Ok {
+                container: "host".into(),
+                env_trusted: false
+            })
+        );
+        let st = State::from_fd(std::fs::File::from(fd.expect("a descriptor"))).unwrap();
+        drop(st);
+    }
+    // The daemon is gone; its socket file may remain. A job starts as without a daemon.
+    let sock = gpu.shim_state_dir().join("register.sock");
+    let _stale = std::os::unix::net::UnixListener::bind(&sock).map(|l| {
+        drop(l); // bound then closed: a socket file nobody listens on
+    });
+    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let out = gpu.run_ok(&prog, &["try", "64"]);
+    assert_eq!(libshare_tests::json_check(&out, "try")["result"], 0);
+    let st = gpu.container_state("default");
+    assert_eq!(
+        st.device(0).quota.load(Acquire),
+        1 << 30,
+        "the environment's limit, as without a daemon"
+    );
+}
