@@ -1,15 +1,27 @@
 /* hold_memory hold MIB   allocate MIB of device memory, print {"check":"held",...}, then sleep
  * hold_memory try MIB    try to allocate MIB, print {"check":"try","result":<CUresult>}, exit
+ * hold_memory init 0     time cuInit (where the shim registers with a daemon), print
+ *                        {"check":"init","ns":<ns>,"result":<CUresult>}, exit
  * A plain driver-API program (linked with -lcuda) for the shim's kill -9 test. */
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     size_t bytes = (size_t)atoi(argv[2]) << 20;
+    if (!strcmp(argv[1], "init")) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        CUresult r = cuInit(0);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        long long ns = (b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+        printf("{\"check\":\"init\",\"ns\":%lld,\"result\":%d}\n", ns, (int)r);
+        return r != 0;
+    }
     CUdevice d;
     CUcontext c;
     CUdeviceptr p;
