@@ -1010,3 +1010,34 @@ impl Drop for Daemon {
         let _ = self.0.wait();
     }
 }
+
+/// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.
+pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if cond() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    None
+}
+
+impl SimGpu {
+    /// Maps `container`'s state once its shim (or the daemon) created and initialised it
+    /// (panics after 30 s).
+    pub fn wait_container_state(&self, container: &str) -> libshare_abi::State {
+        let path = self
+            .shim_state_dir()
+            .join("containers")
+            .join(container)
+            .join(libshare_abi::STATE_FILE);
+        let mut st = None;
+        until(Duration::from_secs(30), || {
+            st = libshare_abi::State::open_existing(&path).ok();
+            st.is_some()
+        })
+        .unwrap_or_else(|| panic!("{container} never started ({})", path.display()));
+        st.unwrap()
+    }
+}

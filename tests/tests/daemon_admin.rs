@@ -9,8 +9,8 @@
 //!   above the device; malformed sizes and percentages) gets one clear line, changes nothing,
 //!   and the daemon keeps serving.
 
-use libshare_abi::{State, CLASS_OPPORTUNISTIC, STATE_FILE};
-use libshare_tests::{artifacts, compile_gcc, Daemon, SimGpu};
+use libshare_abi::CLASS_OPPORTUNISTIC;
+use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -79,32 +79,6 @@ fn refused(out: &Output) -> String {
     first
 }
 
-fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if cond() {
-            return Some(t0.elapsed());
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    None
-}
-
-fn state(gpu: &SimGpu, c: &str) -> State {
-    let path = gpu
-        .shim_state_dir()
-        .join("containers")
-        .join(c)
-        .join(STATE_FILE);
-    let mut st = None;
-    until(Duration::from_secs(20), || {
-        st = State::open_existing(&path).ok();
-        st.is_some()
-    })
-    .unwrap_or_else(|| panic!("{c} never started"));
-    st.unwrap()
-}
-
 /// `hold_memory hold MIB` in `container`, running until killed.
 fn holder(gpu: &SimGpu, container: &str, mib: u32) -> Child {
     let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
@@ -155,7 +129,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
     let gpu = SimGpu::new().with_shim().quota("1GiB");
     let mut d = Some(daemon(&gpu));
     let mut job = holder(&gpu, "web", 64);
-    let st = state(&gpu, "web");
+    let st = gpu.wait_container_state("web");
     assert_eq!(st.device(0).quota.load(Acquire), 1 << 30);
 
     let mem = set_and_time(&gpu, &["web", "--memory", "128MiB"], || {
@@ -220,7 +194,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
     drop(st);
     std::fs::remove_dir_all(gpu.shim_state_dir().join("containers/web")).unwrap();
     let mut job = holder(&gpu, "web", 64);
-    let st = state(&gpu, "web");
+    let st = gpu.wait_container_state("web");
     let took = until(Duration::from_secs(5), || {
         st.device(0).quota.load(Acquire) == 128 * MIB
             && st.header().class.load(Acquire) == CLASS_OPPORTUNISTIC
@@ -296,7 +270,7 @@ fn daemon_admin_socket_refuses_other_users_and_bad_clients() {
         "a silent client held the daemon up"
     );
     drop(silent);
-    let st = state(&gpu, "batch");
+    let st = gpu.wait_container_state("batch");
     assert_eq!(st.device(0).weight.load(Acquire), 2, "nothing changed");
     assert!(Path::new(&sock).exists());
 }

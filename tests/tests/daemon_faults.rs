@@ -14,42 +14,14 @@
 //! `sharectl status` reads them; simgpu's own state is not used.
 
 use libshare_abi::rate::{now_ns, FLOOR};
-use libshare_abi::{DeviceState, State};
-use libshare_tests::{artifacts, compile_gcc, Daemon, SimGpu};
+use libshare_abi::DeviceState;
+use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-/// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.
-fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if cond() {
-            return Some(t0.elapsed());
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    None
-}
-
-/// Maps a container's state once its shim created and initialised it.
-fn state_of(gpu: &SimGpu, container: &str) -> &'static State {
-    let path = gpu
-        .shim_state_dir()
-        .join("containers")
-        .join(container)
-        .join(libshare_abi::STATE_FILE);
-    let mut st = None;
-    until(Duration::from_secs(30), || {
-        st = State::open_existing(&path).ok();
-        st.is_some()
-    })
-    .unwrap_or_else(|| panic!("{container} never started ({})", path.display()));
-    Box::leak(Box::new(st.unwrap()))
-}
 
 #[test]
 fn daemon_returns_a_killed_jobs_memory_within_a_second() {
@@ -74,7 +46,7 @@ fn daemon_returns_a_killed_jobs_memory_within_a_second() {
         line.contains("\"result\":0"),
         "the holder could not allocate: {line}"
     );
-    let st = state_of(&gpu, "batch");
+    let st = Box::leak(Box::new(gpu.wait_container_state("batch")));
     let used = || st.device(0).used.load(Acquire);
     assert!(used() >= 600 * MIB, "600 MiB charged: {}", used());
 
@@ -166,7 +138,10 @@ fn daemon_killed_under_load_leaves_production_running_and_opportunistic_at_the_f
     let mut daemon = Some(Daemon::start(&gpu.shim_state_dir(), &[]));
     let prod_job = train(&gpu, 40);
     let opp_job = saturate(&gpu, 40);
-    let (prod_st, opp_st) = (state_of(&gpu, "prod"), state_of(&gpu, "opp"));
+    let (prod_st, opp_st) = (
+        Box::leak(Box::new(gpu.wait_container_state("prod"))),
+        Box::leak(Box::new(gpu.wait_container_state("opp"))),
+    );
     let (prod, opp) = (prod_st.device(0), opp_st.device(0));
     // Steered: the daemon's heartbeat reaches the opportunistic job, which is held at times.
     until(Duration::from_secs(20), || {
@@ -244,7 +219,10 @@ fn a_job_started_while_the_daemon_is_down_attaches_when_it_returns() {
     let gpu = SimGpu::new().with_shim().quota("512MiB");
     let prod_job = train(&gpu, 30);
     let opp_job = saturate(&gpu, 30);
-    let (prod_st, opp_st) = (state_of(&gpu, "prod"), state_of(&gpu, "opp"));
+    let (prod_st, opp_st) = (
+        Box::leak(Box::new(gpu.wait_container_state("prod"))),
+        Box::leak(Box::new(gpu.wait_container_state("opp"))),
+    );
     let opp = opp_st.device(0);
     until(Duration::from_secs(20), || opp.gpu_ns.load(Acquire) > 0)
         .expect("the opportunistic job runs without a daemon");

@@ -10,14 +10,14 @@
 
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{State, STATE_FILE};
-use libshare_tests::{artifacts, compile_gcc, SimGpu};
+use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::Acquire;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -62,26 +62,6 @@ impl Drop for Cgroups {
         }
         let _ = std::fs::remove_dir(&self.root);
     }
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let t0 = Instant::now();
-    while t0.elapsed() < limit {
-        if cond() {
-            return Some(t0.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    None
 }
 
 /// `sharectl daemon` without --trust-env, mapping `<prefix>/<name>` to container `<name>`.
