@@ -15,6 +15,14 @@ pub enum Class {
 }
 
 impl Class {
+    /// As the CLI and the settings file spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Production => "production",
+            Class::Opportunistic => "opportunistic",
+        }
+    }
+
     pub fn word(self) -> u32 {
         match self {
             Class::Production => crate::CLASS_PRODUCTION,

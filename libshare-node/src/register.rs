@@ -34,17 +34,20 @@ impl RegisterService {
     fn register(&mut self, peer: &Peer, hello: &Hello) -> Result<(String, std::fs::File), String> {
         let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", peer.pid)).ok();
         let name = resolve(cgroups.as_deref(), &hello.claimed, &self.identity);
+        // A cached file removed or replaced since (its container was re-created) is reopened.
+        if self
+            .open
+            .get(&name)
+            .is_some_and(|st| st.check_path().is_err())
+        {
+            self.open.remove(&name);
+        }
         if !self.open.contains_key(&name) {
             let st = State::open_or_create(&container_dir(&self.state_dir, &name))
                 .map_err(|e| format!("the daemon cannot open container {name}'s state: {e}"))?;
             self.open.insert(name.clone(), st);
         }
         let st = &self.open[&name];
-        // A file removed or replaced since (its container restarted): open it again.
-        if st.check_path().is_err() {
-            self.open.remove(&name);
-            return self.register(peer, hello);
-        }
         if let Some(seed) = &self.seed {
             (seed.0)(&name, st);
         }

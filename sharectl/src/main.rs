@@ -62,8 +62,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
-        Command::Get(args) => commands::set::get(args),
-        Command::Reset(args) => commands::set::reset(args),
+        Command::Get(args) => commands::set::get_or_reset(args, false),
+        Command::Reset(args) => commands::set::get_or_reset(args, true),
         Command::Top(args) => top::run(args),
     };
     match result {

@@ -1041,3 +1041,29 @@ impl SimGpu {
         st.unwrap()
     }
 }
+
+impl SimGpu {
+    /// `hold_memory hold MIB` (tests/cuda/hold_memory.c) in `container`, once it holds the
+    /// memory (panics if the allocation failed); it runs until killed.
+    pub fn hold_memory(&self, container: &str, mib: u32) -> std::process::Child {
+        use std::io::BufRead;
+        let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+        let mut cmd = Command::new(&prog);
+        cmd.args(["hold", &mib.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        self.configure(&mut cmd);
+        cmd.env("LIBSHARE_CONTAINER", container);
+        let mut child = cmd.spawn().expect("spawn hold_memory");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains("\"result\":0"),
+            "hold_memory could not allocate {mib} MiB: {line}"
+        );
+        child
+    }
+}

@@ -11,11 +11,11 @@
 
 use libshare_abi::CLASS_OPPORTUNISTIC;
 use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::{Duration, Instant};
 
@@ -79,28 +79,6 @@ fn refused(out: &Output) -> String {
     first
 }
 
-/// `hold_memory hold MIB` in `container`, running until killed.
-fn holder(gpu: &SimGpu, container: &str, mib: u32) -> Child {
-    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
-    let mut cmd = Command::new(&prog);
-    cmd.args(["hold", &mib.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    gpu.configure(&mut cmd);
-    cmd.env("LIBSHARE_CONTAINER", container);
-    let mut child = cmd.spawn().expect("spawn holder");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("\"result\":0"),
-        "the holder could not allocate: {line}"
-    );
-    child
-}
-
 fn try_alloc(gpu: &SimGpu, container: &str, mib: u32) -> i64 {
     let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
     let mut cmd = Command::new(&prog);
@@ -128,7 +106,7 @@ fn set_and_time(gpu: &SimGpu, args: &[&str], applied: impl FnMut() -> bool) -> D
 fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() {
     let gpu = SimGpu::new().with_shim().quota("1GiB");
     let mut d = Some(daemon(&gpu));
-    let mut job = holder(&gpu, "web", 64);
+    let mut job = gpu.hold_memory("web", 64);
     let st = gpu.wait_container_state("web");
     assert_eq!(st.device(0).quota.load(Acquire), 1 << 30);
 
@@ -193,7 +171,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
     job.wait().unwrap();
     drop(st);
     std::fs::remove_dir_all(gpu.shim_state_dir().join("containers/web")).unwrap();
-    let mut job = holder(&gpu, "web", 64);
+    let mut job = gpu.hold_memory("web", 64);
     let st = gpu.wait_container_state("web");
     let took = until(Duration::from_secs(5), || {
         st.device(0).quota.load(Acquire) == 128 * MIB

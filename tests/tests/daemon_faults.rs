@@ -15,9 +15,7 @@
 
 use libshare_abi::rate::{now_ns, FLOOR};
 use libshare_abi::DeviceState;
-use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use libshare_tests::{artifacts, until, Daemon, SimGpu};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::{Duration, Instant};
 
@@ -25,27 +23,9 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn daemon_returns_a_killed_jobs_memory_within_a_second() {
-    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
-    let gpu = SimGpu::new()
-        .with_shim()
-        .quota("1GiB")
-        .env("LIBSHARE_CONTAINER", "batch");
+    let gpu = SimGpu::new().with_shim().quota("1GiB");
     let _daemon = Daemon::start(&gpu.shim_state_dir(), &[]);
-    let mut cmd = Command::new(&prog);
-    cmd.args(["hold", "600"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    gpu.configure(&mut cmd);
-    let mut holder = cmd.spawn().expect("spawn holder");
-    let mut line = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("\"result\":0"),
-        "the holder could not allocate: {line}"
-    );
+    let mut holder = gpu.hold_memory("batch", 600);
     let st = Box::leak(Box::new(gpu.wait_container_state("batch")));
     let used = || st.device(0).used.load(Acquire);
     assert!(used() >= 600 * MIB, "600 MiB charged: {}", used());

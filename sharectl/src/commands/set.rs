@@ -108,9 +108,7 @@ fn print(r: &ContainerReport, json: bool) {
         println!("{}", serde_json::to_string(r).expect("a report serialises"));
         return;
     }
-    let class = r
-        .class
-        .map_or("-".to_string(), |c| format!("{c:?}").to_lowercase());
+    let class = r.class.map_or("-", admin::Class::name);
     let set = toml_line(&r.settings);
     println!(
         "{}: class {class}{}; settings: {set}",
@@ -144,7 +142,7 @@ fn print(r: &ContainerReport, json: bool) {
 fn toml_line(s: &admin::ContainerSettings) -> String {
     let mut parts = Vec::new();
     if let Some(c) = s.class {
-        parts.push(format!("class={}", format!("{c:?}").to_lowercase()));
+        parts.push(format!("class={}", c.name()));
     }
     let dev = |p: &mut Vec<String>, at: &str, d: &admin::DeviceSettings| {
         if let Some(m) = d.memory {
@@ -168,25 +166,15 @@ fn toml_line(s: &admin::ContainerSettings) -> String {
     }
 }
 
-pub fn get(a: NameArgs) -> Result<()> {
-    let r = ask(
-        &super::state_dir(a.state_dir),
-        &Request::Get {
-            container: a.container,
-        },
-    )?;
-    print(&r, a.json);
-    Ok(())
-}
-
-pub fn reset(a: NameArgs) -> Result<()> {
-    let r = ask(
-        &super::state_dir(a.state_dir),
-        &Request::Reset {
-            container: a.container,
-        },
-    )?;
-    print(&r, a.json);
+/// `get` (`reset: false`) or `reset` of one container, printed.
+pub fn get_or_reset(a: NameArgs, reset: bool) -> Result<()> {
+    let container = a.container;
+    let req = if reset {
+        Request::Reset { container }
+    } else {
+        Request::Get { container }
+    };
+    print(&ask(&super::state_dir(a.state_dir), &req)?, a.json);
     Ok(())
 }
 
