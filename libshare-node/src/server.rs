@@ -219,12 +219,17 @@ impl Server {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
-            conns.push(Conn {
+            let mut c = Conn {
                 stream,
                 peer,
                 buf: Vec::new(),
                 deadline: Instant::now() + self.cfg.deadline,
-            });
+            };
+            // A client usually sends with its connect: served now, without a poll round.
+            match self.progress(&mut c, service) {
+                Some(done) => finish(&c.stream, done),
+                None => conns.push(c),
+            }
         }
     }
 

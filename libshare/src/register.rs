@@ -44,6 +44,7 @@ pub fn register(cfg: &Config) -> Outcome {
         );
         Outcome::NoDaemon
     };
+    let t0 = std::time::Instant::now();
     let (body, fd) = match libshare_abi::wire::call(sock, &hello.encode(), Duration::from_secs(1)) {
         Ok(r) => r,
         Err(libshare_abi::wire::WireError::Connect { err, .. })
@@ -65,11 +66,19 @@ pub fn register(cfg: &Config) -> Outcome {
                 return fail("no state file came with the answer".into());
             };
             match State::from_fd(std::fs::File::from(fd)) {
-                Ok(state) => Outcome::Registered {
-                    state: Box::new(state),
-                    container,
-                    env_trusted,
-                },
+                Ok(state) => {
+                    // What registration adds to cuInit (benchmarked: daemon_register_scale).
+                    tracing::debug!(
+                        container = %container,
+                        us = t0.elapsed().as_micros() as u64,
+                        "registered with the daemon"
+                    );
+                    Outcome::Registered {
+                        state: Box::new(state),
+                        container,
+                        env_trusted,
+                    }
+                }
                 Err(e) => fail(e.to_string()),
             }
         }

@@ -2,6 +2,8 @@
  * hold_memory try MIB    try to allocate MIB, print {"check":"try","result":<CUresult>}, exit
  * hold_memory init 0     time cuInit (where the shim registers with a daemon), print
  *                        {"check":"init","ns":<ns>,"result":<CUresult>}, exit
+ * hold_memory init wait  the same, once standard input reaches end of file (a start signal:
+ *                        many processes started on one pipe call cuInit at the same moment)
  * A plain driver-API program (linked with -lcuda) for the shim's kill -9 test. */
 #include <cuda.h>
 #include <stdio.h>
@@ -14,6 +16,11 @@ int main(int argc, char **argv) {
     if (argc < 3) return 2;
     size_t bytes = (size_t)atoi(argv[2]) << 20;
     if (!strcmp(argv[1], "init")) {
+        if (!strcmp(argv[2], "wait")) {
+            char c;
+            while (read(0, &c, 1) > 0) {
+            }
+        }
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         CUresult r = cuInit(0);

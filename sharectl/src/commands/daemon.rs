@@ -94,9 +94,11 @@ fn install_handlers() -> Result<()> {
     Ok(())
 }
 
-/// The control loop must wake on time when the node's cores are busy with jobs: the daemon asks
-/// for nice −10 (allowed to root, or with CAP_SYS_NICE; a systemd unit can set `Nice=`). It keeps
-/// its niceness when that is refused. Returns the niceness it runs at.
+/// The control loop and the registration socket must wake on time when the node's cores are busy
+/// with jobs (or with 300 of them starting): the daemon asks for nice −10 (allowed to root, or
+/// with CAP_SYS_NICE; a systemd unit can set `Nice=`). It keeps its niceness when that is
+/// refused. Linux applies it to the calling thread only, so this runs before any thread is
+/// spawned (they inherit it). Returns the niceness it runs at.
 fn raise_priority() -> i32 {
     // SAFETY: plain syscalls on this process with valid arguments.
     unsafe {
@@ -116,6 +118,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     install_handlers()?;
+    let nice = raise_priority();
     let policy = match args.policy {
         PolicyArg::Libshare => PolicyKind::Libshare,
         PolicyArg::TimeSlice => PolicyKind::TimeSlice {
@@ -216,7 +219,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             &STOP,
         )?;
     }
-    let nice = raise_priority();
     tracing::info!(
         nice,
         state_dir = %dir.display(),
