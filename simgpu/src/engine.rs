@@ -219,6 +219,10 @@ impl Engine {
         let Some(q) = st.streams.get_mut(&id) else {
             return 0;
         };
+        if let (Resource::Compute(d), Some(s)) = (op.resource, crate::sim::get()) {
+            // Before the operation is queued: a slice-end decision seeing 0 may not wait for us.
+            s.shared.slot(s.slot).dev[d].queued.fetch_add(1, SeqCst);
+        }
         q.submitted += 1;
         let seq = q.submitted;
         if let Some(ev) = &op.event {
@@ -318,6 +322,10 @@ impl Engine {
             }
             for d in finished {
                 let sv = st.service.remove(&d).expect("listed above");
+                if let Some(s) = sim {
+                    let q = &s.shared.slot(s.slot).dev[d].queued;
+                    let _ = q.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+                }
                 let end = sv.grant_end.unwrap_or(sv.ready);
                 if sv.is_kernel {
                     trace_kernel(d, &sv);

@@ -53,6 +53,10 @@ pub trait SchedState {
     fn set_waiting(&mut self, c: usize, ready: u64);
     /// False once the process of context `c` has died.
     fn alive(&self, c: usize) -> bool;
+    /// True when context `c` has no compute operation queued (enqueued and not completed): it
+    /// cannot have work ready that it has not registered yet, so a slice-end decision need not
+    /// wait `decide_after` for it.
+    fn quiet(&self, c: usize) -> bool;
     /// `c` was given the engine by another context's decision: wake it.
     fn wake(&mut self, c: usize);
 }
@@ -131,11 +135,14 @@ pub fn idle(s: &mut impl SchedState, p: Params, c: usize, at: u64, now: u64) {
     }
 }
 
-/// Makes every slice-end decision due by real time `now`.
+/// Makes every slice-end decision due by real time `now`: `decide_after` past the slice end,
+/// or at once once the slice end has passed if every other context is known (it waits, or has
+/// nothing queued), so the holder's own work never waits in real time for a decision nobody
+/// else can change.
 pub fn advance(s: &mut impl SchedState, p: Params, now: u64) {
     while let Some(o) = s.owner() {
         let t = s.slice_end();
-        if t + p.decide_after > now {
+        if t + p.decide_after > now && !(t <= now && all_known(s, o)) {
             break;
         }
         if s.free_at() < t {
@@ -166,6 +173,11 @@ pub fn advance(s: &mut impl SchedState, p: Params, now: u64) {
 /// has been decided, and in any case a little (while the owner is late, to notice its death).
 fn wait_until(s: &impl SchedState, p: Params, now: u64) -> u64 {
     (s.slice_end() + p.decide_after).max(now + p.decide_after.max(1))
+}
+
+/// Every context but `o` waits (registered), has nothing queued, or is dead.
+fn all_known(s: &impl SchedState, o: usize) -> bool {
+    (0..s.contexts()).all(|w| w == o || s.waiting(w) != 0 || s.quiet(w) || !s.alive(w))
 }
 
 fn ready_by(s: &impl SchedState, w: usize, t: u64) -> bool {
@@ -244,6 +256,8 @@ pub struct Plain {
     pub waiting: Vec<u64>,
     pub dead: Vec<bool>,
     pub woken: Vec<usize>,
+    /// Contexts with compute work queued (see [`SchedState::quiet`]).
+    pub queued: Vec<bool>,
 }
 
 impl Plain {
@@ -251,6 +265,7 @@ impl Plain {
         Plain {
             waiting: vec![0; contexts],
             dead: vec![false; contexts],
+            queued: vec![false; contexts],
             ..Plain::default()
         }
     }
@@ -292,6 +307,9 @@ impl SchedState for Plain {
     }
     fn alive(&self, c: usize) -> bool {
         !self.dead[c]
+    }
+    fn quiet(&self, c: usize) -> bool {
+        !self.queued[c]
     }
     fn wake(&mut self, c: usize) {
         self.woken.push(c);
@@ -458,6 +476,16 @@ mod tests {
             }
             now = now.max(t);
             s.woken.clear();
+            // Queued: an operation has arrived (it may not be registered yet) or is under way.
+            for c in 0..n {
+                s.queued[c] = match phase[c] {
+                    Phase::Idle => ctxs[c]
+                        .ops
+                        .get(next[c])
+                        .is_some_and(|o| o.0.max(prev_end[c]) <= now),
+                    _ => true,
+                };
+            }
             let mut act: Vec<usize> = (0..n).collect();
             while let Some(c) = act.pop() {
                 if s.dead[c] {

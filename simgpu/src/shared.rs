@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-pub const MAGIC: u64 = 0x5349_4d47_5055_0004; // "SIMGPU" v4
+pub const MAGIC: u64 = 0x5349_4d47_5055_0005; // "SIMGPU" v5
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 256;
 pub const CHUNK: u64 = 2 << 20;
@@ -110,6 +110,10 @@ pub struct DevState {
 pub struct ProcDev {
     /// Scheduler: 0, or the modelled time from which this process waits for the compute engine.
     pub waiting: AtomicU64,
+    /// Scheduler: compute operations this process has enqueued and not completed (incremented
+    /// by the enqueuing host thread before the operation is queued, so a slice-end decision
+    /// that sees 0 knows the process has no unregistered work; see `sched::SchedState::quiet`).
+    pub queued: AtomicU64,
     pub mem_used: AtomicU64,
     pub kernels: AtomicU64,
     pub busy_ns: AtomicU64,
@@ -494,6 +498,9 @@ impl crate::sched::SchedState for SchedGuard<'_> {
         let pid = s.pid.load(Acquire);
         pid != 0 && proc_alive(pid, s.start_time.load(Acquire))
     }
+    fn quiet(&self, c: usize) -> bool {
+        self.shared.slot(c).dev[self.dev].queued.load(SeqCst) == 0
+    }
     fn wake(&mut self, c: usize) {
         self.shared.wake_slot(c);
     }
@@ -520,6 +527,7 @@ impl slots::SlotTable for Shared {
         s.generation.fetch_add(1, AcqRel);
         for d in &s.dev {
             d.waiting.store(0, Release);
+            d.queued.store(0, Release);
             d.mem_used.store(0, Release);
             d.kernels.store(0, Release);
             d.busy_ns.store(0, Release);
@@ -646,7 +654,7 @@ mod tests {
     /// `tests/src/lib.rs` (`SimGpu::sim_mem_peak`) reads the state file by these offsets.
     #[test]
     fn dev_state_layout() {
-        assert_eq!(MAGIC, 0x5349_4d47_5055_0004);
+        assert_eq!(MAGIC, 0x5349_4d47_5055_0005);
         assert_eq!(align(std::mem::size_of::<Header>()), 64);
         assert_eq!(align(std::mem::size_of::<DevState>()), 1216);
         assert_eq!(std::mem::offset_of!(DevState, mem_total), 6 * 8);
