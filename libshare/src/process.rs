@@ -211,6 +211,9 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
             .with_max_level(crate::config::log_level(level))
             .with_writer(std::io::stderr)
             .with_target(false)
+            // Plain text whatever features other crates unify in: the job's stderr often
+            // ends up in a log file, and tools parse these lines.
+            .with_ansi(false)
             .try_init();
     }
     let devices = check_limits(&cfg, ops)?;

@@ -328,6 +328,46 @@ mod tests {
     };
 
     #[test]
+    fn a_slice_end_is_decided_at_once_when_every_other_context_is_known() {
+        let p = Params {
+            decide_after: 250_000,
+            ..P
+        };
+        // Context 0 holds the engine; its kernel runs 25 µs past its slice end.
+        let mut s = Plain::new(2);
+        assert_eq!(
+            request(&mut s, p, 0, 100, 2_000_000, 100),
+            Decision::Run {
+                start: 100,
+                end: 2_000_100
+            }
+        );
+        // Real time just past the slice end, context 1 has nothing queued: the rest runs now.
+        assert_eq!(
+            request(&mut s, p, 0, 2_000_100, 25_000, 2_000_150),
+            Decision::Run {
+                start: 2_000_100,
+                end: 2_025_100
+            }
+        );
+        // Context 1 has work queued but not registered (its engine thread is late): the
+        // decision waits `decide_after` of real time, as before.
+        let mut s = Plain::new(2);
+        request(&mut s, p, 0, 100, 2_000_000, 100);
+        s.queued[1] = true;
+        assert_eq!(
+            request(&mut s, p, 0, 2_000_100, 25_000, 2_000_150),
+            Decision::Wait {
+                until: 2_000_150 + 250_000
+            }
+        );
+        // It registers, ready before the slice end: at the decision it gets the engine.
+        s.queued[1] = true;
+        request(&mut s, p, 1, 1_900_000, 1_000, 2_000_200);
+        assert_eq!(s.owner, Some(1));
+    }
+
+    #[test]
     fn a_lone_context_runs_back_to_back_without_switches() {
         let mut s = Plain::new(2);
         assert_eq!(
