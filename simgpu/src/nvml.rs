@@ -1352,7 +1352,7 @@ mod tests {
         let dead = (0..crate::shared::MAX_PROCS)
             .find(|i| ![a, b, idle].contains(i))
             .unwrap();
-        sh.slot(dead).pid.store(u32::MAX - 7, Release); // no such process
+        sh.id(dead).pid.store(u32::MAX - 7, Release); // no such process
         sh.slot(dead).dev[0].mem_used.store(1 << 20, Release);
 
         sh.slot(a).dev[0].mem_used.store(64 << 20, Release);

@@ -10,9 +10,12 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-pub const MAGIC: u64 = 0x5349_4d47_5055_0005; // "SIMGPU" v5
+pub const MAGIC: u64 = 0x5349_4d47_5055_0006; // "SIMGPU" v6
 pub const MAX_DEVICES: usize = 16;
-pub const MAX_PROCS: usize = 256;
+/// Processes that may use the simulated GPU at once. A real driver sets no such limit at
+/// `cuInit` (hundreds of processes may initialise at once on a node), so it is generous; scans
+/// over processes stop at `Header::slots_hwm`, so it costs nothing until used.
+pub const MAX_PROCS: usize = 1024;
 pub const CHUNK: u64 = 2 << 20;
 /// Utilisation window: `BUCKETS` buckets of `BUCKET_NS`.
 pub const BUCKETS: usize = 64;
@@ -24,6 +27,9 @@ pub struct Header {
     pub ndev: u32,
     pub chunks_per_dev: u32,
     pub size: u64,
+    /// One past the highest process slot ever claimed: slots at or above it were never used.
+    pub slots_hwm: AtomicU32,
+    _pad: u32,
 }
 
 /// Busy time per time bucket, for utilisation over the last second.
@@ -121,13 +127,20 @@ pub struct ProcDev {
     pub window: BusyWindow,
 }
 
+/// Who holds a process slot. Kept in one dense table apart from the slots, so that the scans
+/// over every slot (claiming one, reclaiming the dead) touch a few pages, not one per slot.
 #[repr(C)]
-pub struct ProcSlot {
+pub struct ProcId {
     pub pid: AtomicU32,
-    pub generation: AtomicU32,
+    _pad: u32,
     /// Start time of the process (clock ticks since boot, /proc/<pid>/stat field 22), so a
     /// reused pid is not mistaken for the original owner.
     pub start_time: AtomicU64,
+}
+
+#[repr(C)]
+pub struct ProcSlot {
+    pub generation: AtomicU32,
     /// Futex word the process's engine thread sleeps on; bumped (and woken) by anyone who has
     /// work for it, including other processes' scheduling decisions.
     pub wake: AtomicU32,
@@ -196,12 +209,15 @@ const fn align(x: usize) -> usize {
 }
 
 impl Shared {
-    fn layout(ndev: usize, chunks: usize) -> (usize, usize, usize, usize) {
+    /// Offsets of the device states, the process ids, the process slots and the chunk tables,
+    /// and the file's size.
+    fn layout(ndev: usize, chunks: usize) -> (usize, usize, usize, usize, usize) {
         let dev_off = align(std::mem::size_of::<Header>());
-        let proc_off = dev_off + align(std::mem::size_of::<DevState>()) * MAX_DEVICES;
+        let id_off = dev_off + align(std::mem::size_of::<DevState>()) * MAX_DEVICES;
+        let proc_off = id_off + align(std::mem::size_of::<ProcId>() * MAX_PROCS);
         let chunk_off = proc_off + align(std::mem::size_of::<ProcSlot>()) * MAX_PROCS;
         let size = chunk_off + std::mem::size_of::<ChunkEntry>() * chunks * ndev;
-        (dev_off, proc_off, chunk_off, size)
+        (dev_off, id_off, proc_off, chunk_off, size)
     }
 
     /// Opens (creating and initialising if needed) the state file for `mem` (bytes per device).
@@ -239,7 +255,7 @@ impl Shared {
         } else {
             (ndev, want_chunks)
         };
-        let (_, _, _, size) = Self::layout(ndev.min(MAX_DEVICES), chunks);
+        let (.., size) = Self::layout(ndev.min(MAX_DEVICES), chunks);
         if existing {
             // Never map past the end of a truncated or foreign file (access would be SIGBUS).
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -309,8 +325,8 @@ impl Shared {
     /// Device memory in use on `dev`, less what slots being released (their process gone) still
     /// count.
     pub fn mem_used_by_live(&self, dev: usize) -> u64 {
-        let releasing: u64 = (0..MAX_PROCS)
-            .filter(|&i| self.slot(i).pid.load(Acquire) == slots::RELEASING)
+        let releasing: u64 = (0..self.slots_in_use())
+            .filter(|&i| self.id(i).pid.load(Acquire) == slots::RELEASING)
             .map(|i| self.slot(i).dev[dev].mem_used.load(Acquire))
             .sum();
         self.dev(dev)
@@ -346,9 +362,18 @@ impl Shared {
         }
     }
 
+    /// Who holds slot `i`.
+    pub fn id(&self, i: usize) -> &ProcId {
+        assert!(i < MAX_PROCS);
+        let (_, id_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
+        // SAFETY: as for dev(): `i < MAX_PROCS` ProcIds (16 bytes, 8-aligned) from the 64-aligned
+        // `id_off`, inside the mapping.
+        unsafe { &*(self.base.add(id_off + i * std::mem::size_of::<ProcId>()) as *const ProcId) }
+    }
+
     pub fn slot(&self, i: usize) -> &ProcSlot {
         assert!(i < MAX_PROCS);
-        let (_, proc_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
+        let (_, _, proc_off, ..) = Self::layout(self.ndev, self.chunks_per_dev);
         // SAFETY: as for dev().
         unsafe {
             &*(self
@@ -376,7 +401,14 @@ impl Shared {
     /// slot and its new generation (which tags the slot's managed chunks).
     pub fn register(&self, pid: u32) -> Option<(usize, u32)> {
         let i = self.claim_slot(pid)?;
+        // Before the process can queue any work, so a scan up to the mark sees it.
+        self.header().slots_hwm.fetch_max(i as u32 + 1, SeqCst);
         Some((i, self.slot(i).generation.load(Acquire)))
+    }
+
+    /// Slots `0..slots_in_use()` include every slot any process has used.
+    pub fn slots_in_use(&self) -> usize {
+        (self.header().slots_hwm.load(SeqCst) as usize).min(MAX_PROCS)
     }
 
     /// Reserves `dur` ns on an engine timeline no earlier than `earliest`; returns (start, end).
@@ -457,7 +489,7 @@ fn word_slot(w: u32) -> Option<usize> {
 
 impl crate::sched::SchedState for SchedGuard<'_> {
     fn contexts(&self) -> usize {
-        MAX_PROCS
+        self.shared.slots_in_use()
     }
     fn owner(&self) -> Option<usize> {
         word_slot(self.shared.dev(self.dev).sched.owner.load(Acquire))
@@ -494,7 +526,7 @@ impl crate::sched::SchedState for SchedGuard<'_> {
             .store(ready, Release);
     }
     fn alive(&self, c: usize) -> bool {
-        let s = self.shared.slot(c);
+        let s = self.shared.id(c);
         let pid = s.pid.load(Acquire);
         pid != 0 && proc_alive(pid, s.start_time.load(Acquire))
     }
@@ -511,10 +543,10 @@ impl slots::SlotTable for Shared {
         MAX_PROCS
     }
     fn slot_pid(&self, i: usize) -> &AtomicU32 {
-        &self.slot(i).pid
+        &self.id(i).pid
     }
     fn slot_start_time(&self, i: usize) -> &AtomicU64 {
-        &self.slot(i).start_time
+        &self.id(i).start_time
     }
     fn reset_slot(&self, i: usize) {
         // Claimed (its pid is still RELEASING, so nobody judges it): take its lock before the
@@ -538,8 +570,8 @@ impl slots::SlotTable for Shared {
     /// lock is held: by this process, or by another one (an exec'd image no longer holds it).
     fn slot_alive(&self, i: usize) -> bool {
         libshare_abi::proc_alive(
-            self.slot(i).pid.load(Acquire),
-            self.slot(i).start_time.load(Acquire),
+            self.id(i).pid.load(Acquire),
+            self.id(i).start_time.load(Acquire),
         ) && (owned(i) || self.slot_locked_by_other(i))
     }
     fn free_slot(&self, i: usize) {
@@ -654,7 +686,7 @@ mod tests {
     /// `tests/src/lib.rs` (`SimGpu::sim_mem_peak`) reads the state file by these offsets.
     #[test]
     fn dev_state_layout() {
-        assert_eq!(MAGIC, 0x5349_4d47_5055_0005);
+        assert_eq!(MAGIC, 0x5349_4d47_5055_0006);
         assert_eq!(align(std::mem::size_of::<Header>()), 64);
         assert_eq!(align(std::mem::size_of::<DevState>()), 1216);
         assert_eq!(std::mem::offset_of!(DevState, mem_total), 6 * 8);
@@ -698,9 +730,8 @@ mod tests {
         assert_eq!(b.dev(0).mem_used.load(Acquire), 4096);
         // A slot owned by a pid that does not exist is reclaimed with its memory.
         let (i, _) = a.register(std::process::id()).unwrap();
-        let s = a.slot(i + 1);
-        s.pid.store(u32::MAX - 7, Release);
-        s.dev[0].mem_used.store(4096, Release);
+        a.id(i + 1).pid.store(u32::MAX - 7, Release);
+        a.slot(i + 1).dev[0].mem_used.store(4096, Release);
         assert_eq!(b.reclaim_dead(), 1);
         assert_eq!(a.dev(0).mem_used.load(Acquire), 0);
         assert_eq!(b.live_slots(), vec![(i, std::process::id())]);

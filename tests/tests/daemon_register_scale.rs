@@ -74,7 +74,12 @@ fn burst(gpu: &SimGpu, start: Start, socket: &Path) -> Burst {
     for c in children {
         let out = c.wait_with_output().unwrap();
         let v = libshare_tests::json_check(&out, "init");
-        assert_eq!(v["result"], 0, "cuInit failed");
+        assert_eq!(
+            v["result"],
+            0,
+            "cuInit failed; the process's stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         b.init.push(v["ns"].as_f64().unwrap() / 1e3);
         let stderr = String::from_utf8_lossy(&out.stderr);
         b.reg.extend(registration_us(&stderr));
