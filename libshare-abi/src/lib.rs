@@ -1388,12 +1388,15 @@ pub fn default_state_dir() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(format!("/tmp/libshare-{}", fsafe::euid())))
 }
 
-/// The daemon's claim on its state directory: created (0700) if missing, every component
-/// checked as `fsafe` says; it must belong to us (the daemon's user). Read and search rights of
-/// group and others (an older shim's or an operator's `mkdir`) are removed: the containers'
-/// files are reached through the daemon (registration passes each process its container's
-/// file) or bind-mounted one by one, never by listing the directory. Returns whether the mode
-/// was tightened.
+/// The daemon's claim on its state directory: created if missing, every component checked as
+/// `fsafe` says; it must belong to us (the daemon's user). Its mode is made exactly 0711:
+/// group and others may pass through it to the registration socket (0666: any local process,
+/// root or not, must be able to register) but neither list nor create anything in it. What is
+/// under it stays private: `containers/` and every container's directory 0700, files 0600, the
+/// admin socket and the settings 0600; the containers' files reach processes through the daemon
+/// (registration passes each process its container's file) or bind-mounted one by one. Returns
+/// whether rights of group or others beyond search (an older shim's or an operator's `mkdir`)
+/// were removed.
 pub fn claim_state_dir(path: &Path) -> Result<bool, StateError> {
     use std::os::fd::AsRawFd;
     let dir = fsafe::open_dir(path, true)?;
@@ -1406,19 +1409,22 @@ pub fn claim_state_dir(path: &Path) -> Result<bool, StateError> {
             uid,
         });
     }
-    if st.st_mode & 0o077 == 0 {
+    if st.st_mode & 0o7777 == STATE_DIR_MODE {
         return Ok(false);
     }
     // SAFETY: fchmod on the directory descriptor we just opened and own.
-    if unsafe { libc::fchmod(dir.as_raw_fd(), 0o700) } != 0 {
+    if unsafe { libc::fchmod(dir.as_raw_fd(), STATE_DIR_MODE) } != 0 {
         return Err(StateError::io(
             "chmod",
             path,
             std::io::Error::last_os_error(),
         ));
     }
-    Ok(true)
+    Ok(st.st_mode & 0o066 != 0)
 }
+
+/// The mode of the daemon's state directory ([`claim_state_dir`]).
+pub const STATE_DIR_MODE: libc::mode_t = 0o711;
 
 /// The path a [`State::from_fd`] shows (a state passed by the daemon has no path of its own
 /// for this process, and none to check).

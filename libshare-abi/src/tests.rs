@@ -934,12 +934,21 @@ fn the_daemon_claims_its_state_directory_private() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run/libshare");
-    assert!(!crate::claim_state_dir(&dir).unwrap(), "created private");
-    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&dir), 0o700);
+    assert!(
+        !crate::claim_state_dir(&dir).unwrap(),
+        "created: nobody had rights to lose"
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&dir), 0o711, "others may only pass through");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert!(crate::claim_state_dir(&dir).unwrap(), "tightened");
-    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir), 0o711);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(
+        !crate::claim_state_dir(&dir).unwrap(),
+        "opened for search only"
+    );
+    assert_eq!(mode(&dir), 0o711);
     let file = tmp.path().join("file");
     std::fs::write(&file, b"").unwrap();
     assert!(crate::claim_state_dir(&file).is_err(), "a file is refused");

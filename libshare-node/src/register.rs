@@ -19,7 +19,15 @@ pub struct RegisterService {
     seed: Option<Seed>,
     /// Containers' states opened so far (each file opened once; the descriptor passed is a dup).
     open: HashMap<String, State>,
+    /// Registrations until the next sweep of `open`.
+    until_sweep: u32,
 }
+
+/// Every this many registrations, the states of containers whose file is gone (the container
+/// was removed) are closed, so that a node with churn keeps only about its live containers
+/// open. Entries are only added by registrations, so this bounds `open` to the containers that
+/// exist plus this many.
+const SWEEP_EVERY: u32 = 64;
 
 impl RegisterService {
     pub fn new(state_dir: PathBuf, identity: IdentityConfig, seed: Option<Seed>) -> Self {
@@ -28,12 +36,23 @@ impl RegisterService {
             identity,
             seed,
             open: HashMap::new(),
+            until_sweep: SWEEP_EVERY,
         }
+    }
+
+    /// Containers whose state this service holds open.
+    pub fn open_containers(&self) -> usize {
+        self.open.len()
     }
 
     fn register(&mut self, peer: &Peer, hello: &Hello) -> Result<(String, std::fs::File), String> {
         let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", peer.pid)).ok();
         let name = resolve(cgroups.as_deref(), &hello.claimed, &self.identity);
+        self.until_sweep -= 1;
+        if self.until_sweep == 0 {
+            self.until_sweep = SWEEP_EVERY;
+            self.open.retain(|_, st| st.check_path().is_ok());
+        }
         // A cached file removed or replaced since (its container was re-created) is reopened.
         if self
             .open
@@ -87,5 +106,54 @@ impl Service for RegisterService {
             reason: why.message().into(),
         }
         .encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(name: &str) -> Hello {
+        Hello {
+            claimed: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_removed_containers_state_is_closed_within_a_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = IdentityConfig {
+            prefixes: Vec::new(),
+            trust_env: true,
+        };
+        let mut svc = RegisterService::new(dir.path().to_path_buf(), identity, None);
+        // No such process: no cgroup to read, so the trusted claim names the container.
+        let peer = Peer {
+            pid: u32::MAX - 7,
+            uid: 0,
+            gid: 0,
+        };
+        for i in 0..8 {
+            svc.register(&peer, &hello(&format!("gone{i}"))).unwrap();
+        }
+        svc.register(&peer, &hello("kept")).unwrap();
+        assert_eq!(svc.open_containers(), 9);
+        for i in 0..8 {
+            std::fs::remove_dir_all(container_dir(dir.path(), &format!("gone{i}"))).unwrap();
+        }
+        for _ in 0..SWEEP_EVERY {
+            svc.register(&peer, &hello("kept")).unwrap();
+        }
+        assert_eq!(
+            svc.open_containers(),
+            1,
+            "only the live container stays open"
+        );
+        // A removed container that registers again gets a new state.
+        let (name, _) = svc.register(&peer, &hello("gone0")).unwrap();
+        assert_eq!(name, "gone0");
+        assert!(container_dir(dir.path(), "gone0")
+            .join("state.shm")
+            .exists());
     }
 }

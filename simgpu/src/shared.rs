@@ -270,6 +270,10 @@ impl Shared {
             }
         }
         if !existing {
+            // Every user may use the simulated GPU, as NVIDIA's device files are 0666 by default
+            // (`NVreg_DeviceFileMode`), whatever the umask of the process that came first.
+            // SAFETY: fchmod on `f`'s open descriptor.
+            unsafe { libc::fchmod(fd, 0o666) };
             f.set_len(0).ok();
             f.set_len(size as u64)
                 .map_err(|e| format!("cannot size {}: {e}", path.display()))?;

@@ -1,10 +1,12 @@
 //! Issue 10, identity, with real cgroups (v1 `pids` hierarchy, created by the test) and a
 //! real `sharectl daemon` that does not trust the environment:
-//! - a job in the cgroup the daemon maps to container A is registered as A although its
-//!   environment says `LIBSHARE_CONTAINER=B`: its memory is charged to A, under the quota the
-//!   daemon set for A (not the environment's), and B gets nothing;
-//! - a non-root process cannot open any container's state file by path (the state directory is
-//!   the daemon's, 0700): the files reach processes only as the descriptors registration passes;
+//! - a job in the cgroup the daemon maps to container A, run by a non-root user (as a
+//!   container's job usually is), is registered as A although its environment says
+//!   `LIBSHARE_CONTAINER=B`: it reaches the registration socket through the daemon's state
+//!   directory (0711), its memory is charged to A, under the quota the daemon set for A (not the
+//!   environment's), and B gets nothing;
+//! - a non-root process cannot list the state directory nor open any container's state file by
+//!   path: the files reach processes only as the descriptors registration passes;
 //! - a job that registers with no daemon listening (a stale socket file) runs as without one;
 //! - bad input on the registration socket is refused and the daemon keeps registering.
 
@@ -12,6 +14,7 @@ use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{State, STATE_FILE};
 use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -20,6 +23,8 @@ use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
+/// The non-root user the jobs and the probes run as.
+const NOBODY: u32 = 65534;
 
 /// Two cgroups `<root>/A` and `<root>/B` in the v1 `pids` hierarchy, removed when dropped.
 struct Cgroups {
@@ -84,10 +89,12 @@ fn daemon(gpu: &SimGpu, prefix: &str) -> Daemon {
     d
 }
 
-/// `hold_memory hold MIB`, started in cgroup `cg` (moved there by the test before it execs).
+/// A job that holds 64 MiB, run as `NOBODY`, in cgroup `cg` (moved there by the test before
+/// it execs), claiming `env_container`.
 fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> Child {
     let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
     let mut cmd = Command::new("/bin/sh");
+    cmd.uid(NOBODY).gid(NOBODY);
     cmd.arg("-c")
         .arg("read go; exec \"$0\" hold 64")
         .arg(&prog)
@@ -123,6 +130,9 @@ fn state_path(gpu: &SimGpu, c: &str) -> PathBuf {
 fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
     let Some(cg) = Cgroups::create() else { return };
     let gpu = SimGpu::new().with_shim();
+    // The machine's directory is open to every user, as a GPU's device files are (simgpu's
+    // state file is 0666 like /dev/nvidia*); the daemon's state directory inside is its own.
+    std::fs::set_permissions(gpu.state_dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let _d = daemon(&gpu, &cg.prefix);
     let set = Command::new(artifacts().bin("sharectl"))
         .args(["set", "A", "--memory", "256MiB", "--state-dir"])
@@ -135,7 +145,7 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
         String::from_utf8_lossy(&set.stderr)
     );
 
-    // In cgroup A, claiming B (and a 4 GiB limit) in its environment.
+    // A non-root job in cgroup A, claiming B (and a 4 GiB limit) in its environment.
     let mut job = holder_in(&gpu, &cg, "A", "B");
     let a = State::open_existing(&state_path(&gpu, "A")).unwrap();
     assert_eq!(a.device(0).used.load(Acquire), 64 * MIB, "charged to A");
@@ -149,20 +159,29 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
         "B was never created: nothing of this job is B's"
     );
 
-    // A non-root user reaches no state file by path (the directory is the daemon's, 0700).
+    // A non-root user reaches no state file by path, and cannot list the state directory
+    // (others may only pass through it to the registration socket).
+    let nobody = |program: &str, arg: &Path| {
+        let out = Command::new(program)
+            .arg(arg)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "nobody ran {program} {}",
+            arg.display()
+        );
+        assert!(err.contains("Permission denied"), "{program}: {err}");
+    };
     for c in ["A", "B"] {
-        let mut cmd = Command::new("/bin/cat");
-        cmd.arg(state_path(&gpu, c)).uid(65534).gid(65534);
-        let out = cmd.output().unwrap();
-        assert!(!out.status.success(), "nobody read {c}'s state");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("Permission denied"), "{c}: {err}");
+        nobody("/bin/cat", &state_path(&gpu, c));
     }
+    nobody("/bin/ls", &gpu.shim_state_dir());
     let mode = std::fs::metadata(gpu.shim_state_dir()).unwrap();
-    assert_eq!(
-        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
-        0o700
-    );
+    assert_eq!(mode.permissions().mode() & 0o7777, 0o711);
 
     job.kill().unwrap();
     job.wait().unwrap();

@@ -129,7 +129,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let cfg = ControllerConfig::new(dir.clone(), args.period, policy);
     cfg.check()?;
     if libshare_abi::claim_state_dir(&dir)? {
-        tracing::info!(state_dir = %dir.display(), "state directory made private (0700)");
+        tracing::info!(state_dir = %dir.display(), "state directory made private (0711: others may only reach the registration socket)");
     }
     let defaults = match &args.config {
         Some(p) => libshare_node::settings::Config::load(p)?.defaults,
