@@ -6,7 +6,7 @@
 //! `#[repr(C)]`, little-endian, 64-byte aligned sections):
 //!
 //! ```text
-//! Header                      magic, version, sizes, class, flags, epoch
+//! Header                      magic, version, sizes, class, flags, epoch, slots in use
 //! DeviceState × MAX_DEVICES   quota, used, peak, counters, rate-control budget
 //! ProcSlot    × MAX_PROCS     pid + start time, per-device charged/uncharged bytes, counters
 //! Trailer                     a copy of the epoch (see "Loss of the file's content")
@@ -124,7 +124,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LSHARE\0\x01");
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const STATE_FILE: &str = "state.shm";
@@ -152,6 +152,11 @@ pub struct Header {
     /// Changes when the content was lost or re-created (0: lost, not yet repaired); each process
     /// compares it with the value it last saw (see the module doc).
     pub epoch: AtomicU64,
+    /// 1 + the highest slot ever claimed (raised before the slot's pid is stored): scans of the
+    /// slots (reclaim, repair, listing) stop there, so a node's daemon rescanning every container
+    /// reads a few slots of each, not [`MAX_PROCS`].
+    pub slots_hwm: AtomicU32,
+    pub _reserved: AtomicU32,
 }
 
 /// The daemon manages this container: quotas and class come from it, not from the environment.
@@ -1008,6 +1013,7 @@ impl State {
             }
             if s.pid.load(Acquire) == 0 {
                 s.start_time.store(proc_start_time(pid), Release);
+                self.mark_in_use(i);
                 s.pid.store(pid, Release);
             }
         }
@@ -1111,9 +1117,19 @@ impl State {
         s.pid.store(0, Release);
     }
 
+    /// Slot `i` is about to be claimed: scans must reach it (see [`Header::slots_hwm`]).
+    fn mark_in_use(&self, i: usize) {
+        self.header().slots_hwm.fetch_max(i as u32 + 1, AcqRel);
+    }
+
+    /// How many slots from the first may be claimed: the scans' end.
+    pub fn slots_in_use(&self) -> usize {
+        (self.header().slots_hwm.load(Acquire) as usize).min(MAX_PROCS)
+    }
+
     fn reclaim_locked(&self) -> usize {
         let mut n = 0;
-        for i in 0..MAX_PROCS {
+        for i in 0..self.slots_in_use() {
             if self.slot(i).pid.load(Acquire) == 0 || lock::own_has(self.key, i) {
                 continue;
             }
@@ -1161,7 +1177,7 @@ impl State {
     }
 
     fn recompute_locked(&self) {
-        let claimed: Vec<usize> = (0..MAX_PROCS)
+        let claimed: Vec<usize> = (0..self.slots_in_use())
             .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
             .collect();
         // 1. uncharged, then used, then charged.
@@ -1183,7 +1199,7 @@ impl State {
         // A slot claimed meanwhile (only possible by a process that gave up waiting for the
         // lifecycle lock, see `lifecycle`) may have charged before `u` was read: its bytes are
         // in `u` but not in the bound. Leave the repair to the next call then.
-        let now: Vec<usize> = (0..MAX_PROCS)
+        let now: Vec<usize> = (0..self.slots_in_use())
             .filter(|&i| self.slot(i).pid.load(Acquire) != 0)
             .collect();
         if claimed.iter().any(|i| now.binary_search(i).is_err())
@@ -1271,6 +1287,7 @@ impl slots::SlotTable for State {
                 }
             }
             s.start_time.store(start, Release);
+            self.mark_in_use(i);
             s.pid.store(pid, Release);
             self.mine[i].store(true, Release);
             self.remember_config();
@@ -1336,7 +1353,7 @@ impl slots::SlotTable for State {
     }
 
     fn live_slots(&self) -> Vec<(usize, u32)> {
-        (0..MAX_PROCS)
+        (0..self.slots_in_use())
             .filter_map(|i| {
                 let pid = self.slot(i).pid.load(Acquire);
                 (pid != 0 && pid != slots::RELEASING && self.slot_owned(i)).then_some((i, pid))

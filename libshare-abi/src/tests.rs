@@ -518,6 +518,7 @@ fn a_dead_or_garbage_slot_never_becomes_free_quota() {
     // A dead process's slot whose uncharge was cut in the middle: the container already gave
     // back its 200, the slot still shows them. Subtracting the slot would free 200 of ours.
     let g = st.slot(s + 1);
+    st.header().slots_hwm.fetch_max(s as u32 + 2, AcqRel); // as its claim did
     g.pid.store(u32::MAX - 3, Release);
     g.charged[0].store(900, Release);
     g.uncharged[0].store(700, Release);
@@ -887,6 +888,7 @@ fn a_stuck_lifecycle_lock_does_not_hang_the_container() {
     let mut out = BufReader::new(holder.stdout.take().unwrap());
     assert_eq!(child_line(&mut out).as_deref(), Some("locked"));
     let g = st.slot(5);
+    st.header().slots_hwm.fetch_max(6, AcqRel); // as its claim did
     g.pid.store(77, Release);
     g.charged[0].store(100, Release);
     let t = Instant::now();
@@ -952,4 +954,28 @@ fn the_daemon_claims_its_state_directory_private() {
     let file = tmp.path().join("file");
     std::fs::write(&file, b"").unwrap();
     assert!(crate::claim_state_dir(&file).is_err(), "a file is refused");
+}
+
+#[test]
+fn scans_stop_at_the_highest_slot_ever_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = State::open_or_create(dir.path()).unwrap();
+    assert_eq!(st.slots_in_use(), 0, "a new file has none");
+    let me = std::process::id();
+    let a = st.claim_slot(me).unwrap();
+    let b = st.claim_slot(me).unwrap();
+    assert_eq!((a, b), (0, 1), "the lowest free slots");
+    assert_eq!(st.slots_in_use(), 2);
+    assert!(st.release_slot(a, me));
+    assert_eq!(st.slots_in_use(), 2, "never lowered while the file lives");
+    assert_eq!(st.claim_slot(me), Some(0), "a freed slot is reused first");
+    assert_eq!(st.live_slots().len(), 2);
+    // A view (as the daemon opens it) sees the same end, and the same live slots.
+    let view = State::open_existing(&dir.path().join(STATE_FILE)).unwrap();
+    assert_eq!(view.slots_in_use(), 2);
+    // A garbage hwm never makes a scan leave the table.
+    st.header().slots_hwm.store(u32::MAX, Release);
+    assert_eq!(st.slots_in_use(), MAX_PROCS);
+    assert_eq!(st.reclaim_dead(), 0);
+    assert_eq!(st.live_slots().len(), 2);
 }

@@ -211,6 +211,7 @@ mod tests {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "locked");
+        st.header().slots_hwm.store(5, Release); // as the slots' claims did
         let fill = |s: &ProcSlot, pid: u32, bytes: u64| {
             s.pid.store(pid, Release);
             s.charged[0].store(bytes, Release);
