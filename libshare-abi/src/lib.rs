@@ -1011,9 +1011,10 @@ impl State {
                 s.uncharged[d].store(0, Release);
                 s.charged[d].store(m, Release);
             }
+            // The mark may have been lost with the rest of the header.
+            self.mark_in_use(i);
             if s.pid.load(Acquire) == 0 {
                 s.start_time.store(proc_start_time(pid), Release);
-                self.mark_in_use(i);
                 s.pid.store(pid, Release);
             }
         }

@@ -973,6 +973,17 @@ fn scans_stop_at_the_highest_slot_ever_claimed() {
     // A view (as the daemon opens it) sees the same end, and the same live slots.
     let view = State::open_existing(&dir.path().join(STATE_FILE)).unwrap();
     assert_eq!(view.slots_in_use(), 2);
+    // The content lost (truncated and re-grown: zeros): the live process marks its slots again.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(STATE_FILE))
+        .unwrap();
+    f.set_len(0).unwrap();
+    f.set_len(FILE_SIZE as u64).unwrap();
+    assert_eq!(st.slots_in_use(), 0);
+    st.recover();
+    assert_eq!(st.slots_in_use(), 2);
+    assert_eq!(st.live_slots().len(), 2);
     // A garbage hwm never makes a scan leave the table.
     st.header().slots_hwm.store(u32::MAX, Release);
     assert_eq!(st.slots_in_use(), MAX_PROCS);
