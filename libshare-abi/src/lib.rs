@@ -1118,16 +1118,6 @@ impl State {
         s.pid.store(0, Release);
     }
 
-    /// Slot `i` is about to be claimed: scans must reach it (see [`Header::slots_hwm`]).
-    fn mark_in_use(&self, i: usize) {
-        self.header().slots_hwm.fetch_max(i as u32 + 1, AcqRel);
-    }
-
-    /// How many slots from the first may be claimed: the scans' end.
-    pub fn slots_in_use(&self) -> usize {
-        (self.header().slots_hwm.load(Acquire) as usize).min(MAX_PROCS)
-    }
-
     fn reclaim_locked(&self) -> usize {
         let mut n = 0;
         for i in 0..self.slots_in_use() {
@@ -1222,6 +1212,13 @@ impl State {
 }
 
 impl slots::SlotTable for State {
+    /// [`Header::slots_hwm`], a garbage value clamped to [`MAX_PROCS`].
+    fn slots_in_use(&self) -> usize {
+        (self.header().slots_hwm.load(Acquire) as usize).min(MAX_PROCS)
+    }
+    fn mark_in_use(&self, i: usize) {
+        self.header().slots_hwm.fetch_max(i as u32 + 1, AcqRel);
+    }
     fn slot_count(&self) -> usize {
         MAX_PROCS
     }

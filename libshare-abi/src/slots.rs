@@ -15,6 +15,12 @@ pub const RELEASING: u32 = u32::MAX;
 
 /// A table of process slots in shared memory. Implementors say where a slot's pid and start
 /// time live and how to reset and free it; the lifecycle is provided.
+///
+/// Scans over the slots (reclaim, listing) stop at [`SlotTable::slots_in_use`], a high-water
+/// mark a claim raises ([`SlotTable::mark_in_use`]) before it publishes its pid and that is
+/// never lowered while the table lives: a table of 1024 slots that a handful of processes use
+/// costs a handful of slots per scan. Implementors keep the mark in their shared memory; the
+/// defaults (no mark: every slot) suit a table without one.
 pub trait SlotTable {
     fn slot_count(&self) -> usize;
     fn slot_pid(&self, i: usize) -> &AtomicU32;
@@ -23,6 +29,19 @@ pub trait SlotTable {
     fn reset_slot(&self, i: usize);
     /// Slot `i` is being released (its pid is RELEASING): give back what its process held.
     fn free_slot(&self, i: usize);
+
+    /// Slots `0..slots_in_use()` include every slot ever claimed (at most [`slot_count`]).
+    ///
+    /// [`slot_count`]: SlotTable::slot_count
+    fn slots_in_use(&self) -> usize {
+        self.slot_count()
+    }
+
+    /// Slot `i` is being claimed: raise the mark so scans reach it (before its pid is
+    /// published).
+    fn mark_in_use(&self, i: usize) {
+        let _ = i;
+    }
 
     /// Whether slot `i`'s process is alive: by default, its pid exists, is not a zombie and has
     /// the start time it registered with.
@@ -47,6 +66,7 @@ pub trait SlotTable {
             }
             self.slot_start_time(i).store(start, Release);
             self.reset_slot(i);
+            self.mark_in_use(i);
             self.slot_pid(i).store(pid, Release);
             true
         })
@@ -68,7 +88,7 @@ pub trait SlotTable {
 
     /// Releases every slot whose process is gone. Returns how many.
     fn reclaim_dead(&self) -> usize {
-        (0..self.slot_count())
+        (0..self.slots_in_use())
             .filter(|&i| {
                 let pid = self.slot_pid(i).load(Acquire);
                 pid != 0 && pid != RELEASING && !self.slot_alive(i) && self.release_slot(i, pid)
@@ -78,7 +98,7 @@ pub trait SlotTable {
 
     /// (slot, pid) of every live process.
     fn live_slots(&self) -> Vec<(usize, u32)> {
-        (0..self.slot_count())
+        (0..self.slots_in_use())
             .filter_map(|i| {
                 let pid = self.slot_pid(i).load(Acquire);
                 (pid != 0 && pid != RELEASING && self.slot_alive(i)).then_some((i, pid))

@@ -404,15 +404,10 @@ impl Shared {
     /// Claims a process slot for `pid` (reclaiming slots of dead processes first); returns the
     /// slot and its new generation (which tags the slot's managed chunks).
     pub fn register(&self, pid: u32) -> Option<(usize, u32)> {
+        // The claim raises the high-water mark before it publishes the pid, so a scan up to
+        // the mark sees the process before it can queue any work.
         let i = self.claim_slot(pid)?;
-        // Before the process can queue any work, so a scan up to the mark sees it.
-        self.header().slots_hwm.fetch_max(i as u32 + 1, SeqCst);
         Some((i, self.slot(i).generation.load(Acquire)))
-    }
-
-    /// Slots `0..slots_in_use()` include every slot any process has used.
-    pub fn slots_in_use(&self) -> usize {
-        (self.header().slots_hwm.load(SeqCst) as usize).min(MAX_PROCS)
     }
 
     /// Reserves `dur` ns on an engine timeline no earlier than `earliest`; returns (start, end).
@@ -545,6 +540,13 @@ impl crate::sched::SchedState for SchedGuard<'_> {
 impl slots::SlotTable for Shared {
     fn slot_count(&self) -> usize {
         MAX_PROCS
+    }
+    /// `Header::slots_hwm`, a garbage value clamped to `MAX_PROCS`.
+    fn slots_in_use(&self) -> usize {
+        (self.header().slots_hwm.load(SeqCst) as usize).min(MAX_PROCS)
+    }
+    fn mark_in_use(&self, i: usize) {
+        self.header().slots_hwm.fetch_max(i as u32 + 1, SeqCst);
     }
     fn slot_pid(&self, i: usize) -> &AtomicU32 {
         &self.id(i).pid
@@ -734,6 +736,7 @@ mod tests {
         assert_eq!(b.dev(0).mem_used.load(Acquire), 4096);
         // A slot owned by a pid that does not exist is reclaimed with its memory.
         let (i, _) = a.register(std::process::id()).unwrap();
+        a.mark_in_use(i + 1); // as its claim did
         a.id(i + 1).pid.store(u32::MAX - 7, Release);
         a.slot(i + 1).dev[0].mem_used.store(4096, Release);
         assert_eq!(b.reclaim_dead(), 1);
