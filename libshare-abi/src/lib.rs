@@ -1118,6 +1118,12 @@ impl State {
         s.pid.store(0, Release);
     }
 
+    /// No slot has a pid and every device's `used` is 0 (what a repair would leave).
+    fn nothing_held(&self) -> bool {
+        (0..self.slots_in_use()).all(|i| self.slot(i).pid.load(Acquire) == 0)
+            && (0..MAX_DEVICES).all(|d| self.device(d).used.load(Acquire) == 0)
+    }
+
     fn reclaim_locked(&self) -> usize {
         let mut n = 0;
         for i in 0..self.slots_in_use() {
@@ -1342,6 +1348,12 @@ impl slots::SlotTable for State {
         }
         if self.lost() {
             self.recover();
+        } else if self.nothing_held() {
+            // No slot claimed and nothing in use: nothing to reclaim or repair, so no lock to
+            // take (the daemon's rescan looks at every container every 100 ms, most idle). A
+            // process claiming meanwhile is seen at the next call.
+            self.remember_config();
+            return 0;
         }
         let g = self.lifecycle();
         if !g.held {
