@@ -14,8 +14,8 @@
 //! runs ungated for at most that many periods.
 //!
 //! Cost: per tick one pass over the containers' device words (a few loads each), the policy
-//! (a hash lookup per entry) and one gate write per opportunistic entry; no allocation beyond
-//! the decision vector, no system call but the sleep.
+//! and one gate write per opportunistic entry; no allocation (the buffers are reused), no
+//! system call but the sleep and the futex wakes of changed gates with threads held.
 
 use crate::error::NodeError;
 use crate::host::{Host, LinuxHost};
@@ -27,6 +27,12 @@ use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
+
+/// The most phase words the loop waits on at once (`futex_waitv`'s limit); production
+/// containers beyond them are left to the periodic ticks.
+pub const MAX_WORDS: usize = 128;
+/// Fills the unused entries of the loop's word array.
+static UNUSED_WORD: AtomicU32 = AtomicU32::new(0);
 
 /// How often (in ticks) the set of devices in use is recomputed.
 pub const DEVICE_SCAN_TICKS: u64 = 8;
@@ -130,6 +136,8 @@ pub struct Controller {
     ticks: u64,
     /// Which container index each snapshot entry came from.
     owner: Vec<usize>,
+    /// The policy's decisions, reused every tick.
+    decisions: policy::Decisions,
     /// `phase_seq` of each (container, device) at the last [`Controller::listen`] decision.
     phases: FxHashMap<(u64, u8), u32>,
     listen_at: u64,
@@ -175,6 +183,7 @@ impl Controller {
             devices: 0,
             ticks: 0,
             owner: Vec::new(),
+            decisions: Vec::new(),
             phases: FxHashMap::default(),
             listen_at: 0,
         })
@@ -222,13 +231,14 @@ impl Controller {
                 self.owner.push(i);
             }
         }
-        let decisions = policy::step(&mut self.policy, &self.snap, now);
+        policy::step_into(&mut self.policy, &self.snap, now, &mut self.decisions);
+        let decisions = &self.decisions;
         // Decisions come in snapshot order (a subset): walk both together. Two passes: pauses
         // first, then the rest, so a turn handed from one container to another (time-slice)
         // never has both running at once.
         for pauses in [true, false] {
             let mut k = 0;
-            for dec in &decisions {
+            for dec in decisions {
                 while self.snap.entries[k].id != dec.id || self.snap.entries[k].device != dec.device
                 {
                     k += 1;
@@ -260,16 +270,20 @@ impl Controller {
     }
 
     /// The phase words of the production containers listened to (see [`Controller::listen`]),
-    /// with their values now, for the loop to wait on.
-    pub fn phase_words<'a>(&'a self, out: &mut Vec<(&'a AtomicU32, u32)>) {
+    /// with their values now, for the loop to wait on: as many as fit in `out`, their number
+    /// returned (the loop passes [`MAX_WORDS`], what one `futex_waitv` takes).
+    pub fn phase_words<'a>(&'a self, out: &mut [(&'a AtomicU32, u32)]) -> usize {
+        let mut n = 0;
         for c in self.registry.containers() {
             for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
                 let dev = c.state.device(d);
-                if dev.daemon_listens.load(Relaxed) != 0 {
-                    out.push((&dev.phase_seq, dev.phase_seq.load(Acquire)));
+                if n < out.len() && dev.daemon_listens.load(Relaxed) != 0 {
+                    out[n] = (&dev.phase_seq, dev.phase_seq.load(Acquire));
+                    n += 1;
                 }
             }
         }
+        n
     }
 
     /// Decides, every [`LISTEN_WINDOW_NS`], which production containers wake the loop: those
@@ -392,10 +406,9 @@ pub fn run_on(
         // Sleep to the next period, or less: a production container beginning or ending a busy
         // phase wakes the loop at once, so opportunistic work is paused on production's return
         // and let in when it drains without waiting for the period.
-        let mut words = Vec::new();
-        ctl.phase_words(&mut words);
-        host.wait_until(deadline, &words);
-        drop(words);
+        let mut words = [(&UNUSED_WORD, 0); MAX_WORDS];
+        let n = ctl.phase_words(&mut words);
+        host.wait_until(deadline, &words[..n]);
         if stop.load(Acquire) {
             break;
         }

@@ -231,33 +231,46 @@ impl Ring {
     }
 }
 
-/// What the policy remembers of one (container, device).
-#[derive(Clone, Copy, Debug, Default)]
+/// What the policy remembers of one (container, device). What every tick reads is kept
+/// together; the sample rings, touched only when a phase begins or ends, are boxed apart (a tick
+/// runs with cold caches: the jobs ran in between, so every line it touches costs a miss).
+#[derive(Clone, Debug, Default)]
 struct Track {
-    seen: u64,
+    key: (ContainerId, u8),
     launches: u64,
     /// When `launches` last moved (0 = never seen moving).
     moved_at: u64,
     busy_since: u64,
     last_arrival: u64,
     drained_at: u64,
-    intervals: Ring,
-    durations: Ring,
     /// (period, jitter), recomputed when an interval is added.
     period: Option<(u64, u64)>,
-    /// Idle gaps: from a drain to the next arrival.
-    gaps: Ring,
     /// (gap, jitter), recomputed when a gap is added.
     gap: Option<(u64, u64)>,
+    rings: Box<Rings>,
+}
+
+/// A track's samples.
+#[derive(Clone, Debug, Default)]
+struct Rings {
+    intervals: Ring,
+    durations: Ring,
+    /// Idle gaps: from a drain to the next arrival.
+    gaps: Ring,
 }
 
 impl Track {
-    fn observe(&mut self, c: &Counters, now: u64, first: bool) {
+    fn new(key: (ContainerId, u8)) -> Self {
+        Track {
+            key,
+            ..Track::default()
+        }
+    }
+
+    fn observe(&mut self, c: &Counters, now: u64) {
         if c.launches != self.launches {
-            // First sight of a container that already launched: assume it just did.
-            if !first || c.launches > 0 {
-                self.moved_at = now;
-            }
+            // (At first sight of a container that already launched: assume it just did.)
+            self.moved_at = now;
             self.launches = c.launches;
         }
         if c.busy_since != 0 && c.busy_since != self.busy_since {
@@ -267,15 +280,17 @@ impl Track {
                 && self.last_arrival != 0
                 && c.busy_since > c.drained_at
             {
-                self.gaps.push(c.busy_since - c.drained_at);
-                self.gap = (self.gaps.len >= MIN_SAMPLES)
-                    .then(|| self.gaps.median_mad())
+                let gaps = &mut self.rings.gaps;
+                gaps.push(c.busy_since - c.drained_at);
+                self.gap = (gaps.len >= MIN_SAMPLES)
+                    .then(|| gaps.median_mad())
                     .flatten();
             }
             if self.last_arrival != 0 && c.busy_since > self.last_arrival {
-                self.intervals.push(c.busy_since - self.last_arrival);
-                self.period = (self.intervals.len >= MIN_SAMPLES)
-                    .then(|| self.intervals.median_mad())
+                let intervals = &mut self.rings.intervals;
+                intervals.push(c.busy_since - self.last_arrival);
+                self.period = (intervals.len >= MIN_SAMPLES)
+                    .then(|| intervals.median_mad())
                     .flatten();
             }
             self.last_arrival = c.busy_since;
@@ -283,7 +298,7 @@ impl Track {
         self.busy_since = c.busy_since;
         if c.drained_at != self.drained_at {
             if c.drained_at > self.last_arrival && self.last_arrival != 0 {
-                self.durations.push(c.drained_at - self.last_arrival);
+                self.rings.durations.push(c.drained_at - self.last_arrival);
             }
             self.drained_at = c.drained_at;
         }
@@ -325,11 +340,11 @@ struct Slice {
 pub struct PolicyState {
     kind: PolicyKind,
     t: Tunables,
-    tracks: FxHashMap<(ContainerId, u8), Track>,
+    /// One per entry of the last snapshot, in its order (rebuilt when the entries change).
+    tracks: Vec<Track>,
     facts: Vec<Facts>,
     slices: [Slice; MAX_DEVICES],
     last_now: Option<u64>,
-    tick: u64,
 }
 
 impl PolicyState {
@@ -341,11 +356,10 @@ impl PolicyState {
         PolicyState {
             kind,
             t,
-            tracks: FxHashMap::default(),
+            tracks: Vec::new(),
             facts: Vec::new(),
             slices: [Slice::default(); MAX_DEVICES],
             last_now: None,
-            tick: 0,
         }
     }
 
@@ -353,17 +367,41 @@ impl PolicyState {
         self.kind
     }
 
+    fn track(&self, id: ContainerId, device: u8) -> Option<&Track> {
+        self.tracks.iter().find(|t| t.key == (id, device))
+    }
+
     /// The learned (period, jitter) of a container's arrivals on a device, ns.
     pub fn period(&self, id: ContainerId, device: u8) -> Option<(u64, u64)> {
-        self.tracks.get(&(id, device)).and_then(|t| t.period)
+        self.track(id, device).and_then(|t| t.period)
     }
 
     /// The median busy duration learned for a container on a device, ns.
     pub fn busy_duration(&self, id: ContainerId, device: u8) -> Option<u64> {
-        self.tracks
-            .get(&(id, device))
-            .and_then(|t| t.durations.median_mad())
+        self.track(id, device)
+            .and_then(|t| t.rings.durations.median_mad())
             .map(|(m, _)| m)
+    }
+
+    /// Lines the tracks up with `snap`'s entries: kept as they are while the entries stay the
+    /// same (every tick but those after a registry or device change); else rebuilt, carrying
+    /// each (container, device)'s track over and dropping those no longer in the snapshot.
+    fn align(&mut self, snap: &Snapshot) {
+        let same = self.tracks.len() == snap.entries.len()
+            && self
+                .tracks
+                .iter()
+                .zip(&snap.entries)
+                .all(|(t, e)| t.key == (e.id, e.device));
+        if same {
+            return;
+        }
+        let mut old: FxHashMap<(ContainerId, u8), Track> =
+            self.tracks.drain(..).map(|t| (t.key, t)).collect();
+        self.tracks.extend(snap.entries.iter().map(|e| {
+            let key = (e.id, e.device);
+            old.remove(&key).unwrap_or_else(|| Track::new(key))
+        }));
     }
 }
 
@@ -371,20 +409,24 @@ impl PolicyState {
 /// Decisions cover every opportunistic entry, every entry whose gate is not already Open, and
 /// (time-slice) every entry.
 pub fn step(ps: &mut PolicyState, snap: &Snapshot, now: u64) -> Decisions {
-    ps.tick += 1;
+    let mut out = Vec::with_capacity(snap.entries.len());
+    step_into(ps, snap, now, &mut out);
+    out
+}
+
+/// [`step`] into `out` (cleared first), so a caller ticking every few ms reuses one buffer.
+pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Decisions) {
+    out.clear();
     let elapsed = ps
         .last_now
         .map_or(0, |l| now.saturating_sub(l))
         .min(ps.t.share_cap_ns);
     ps.last_now = Some(now);
-    let tick = ps.tick;
     let t = ps.t;
+    ps.align(snap);
     ps.facts.clear();
-    for e in &snap.entries {
-        let tr = ps.tracks.entry((e.id, e.device)).or_default();
-        let first = tr.seen == 0;
-        tr.observe(&e.c, now, first);
-        tr.seen = tick;
+    for (e, tr) in snap.entries.iter().zip(&mut ps.tracks) {
+        tr.observe(&e.c, now);
         let recent_ns = match (ps.kind, e.class) {
             (PolicyKind::TimeSlice { .. }, _) => t.slice_idle_ns,
             (_, Class::Production) => t.active_ns,
@@ -399,10 +441,6 @@ pub fn step(ps: &mut PolicyState, snap: &Snapshot, now: u64) -> Decisions {
             gap: tr.gap,
         });
     }
-    if tick % 1024 == 0 {
-        ps.tracks.retain(|_, tr| tr.seen == tick);
-    }
-    let mut out = Vec::with_capacity(snap.entries.len());
     let facts = std::mem::take(&mut ps.facts);
     let mut at = 0;
     while at < snap.entries.len() {
@@ -413,20 +451,14 @@ pub fn step(ps: &mut PolicyState, snap: &Snapshot, now: u64) -> Decisions {
             .count();
         let (dev, f) = (&snap.entries[at..at + n], &facts[at..at + n]);
         match ps.kind {
-            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, &mut out),
-            PolicyKind::TimeSlice { quantum_ns } => time_slice_device(
-                &mut ps.slices[d as usize],
-                dev,
-                f,
-                now,
-                quantum_ns,
-                &mut out,
-            ),
+            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, out),
+            PolicyKind::TimeSlice { quantum_ns } => {
+                time_slice_device(&mut ps.slices[d as usize], dev, f, now, quantum_ns, out)
+            }
         }
         at += n;
     }
     ps.facts = facts;
-    out
 }
 
 /// The opportunistic gate of one device before shares, and the window's end.
