@@ -3,7 +3,13 @@
 use anyhow::{anyhow, bail, Context};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// How often the daemon's CPU clock is sampled while it runs.
+const CPU_SAMPLE: Duration = Duration::from_millis(50);
 
 /// A private `sharectl daemon` on the run's state dir; stopped when dropped.
 pub struct Daemon {
@@ -11,6 +17,29 @@ pub struct Daemon {
     started: Instant,
     cpu0: u64,
     reaped: bool,
+    sampler: Option<(Arc<AtomicBool>, JoinHandle<Vec<CpuSample>>)>,
+}
+
+/// The daemon's CPU clock at one moment: (`CLOCK_MONOTONIC` seconds, CPU ns of all its threads).
+pub type CpuSample = (f64, u64);
+
+/// What a daemon used: percent of one core over its whole run (start-up excluded), and its
+/// CPU clock sampled every 50 ms, so a caller can take the figure over a window of its own.
+#[derive(Clone, Debug, Default)]
+pub struct CpuUse {
+    pub pct: f64,
+    pub samples: Vec<CpuSample>,
+}
+
+impl CpuUse {
+    /// Percent of one core between the first sample at or after `a` and the last at or before
+    /// `b` (monotonic seconds); None when they are less than 0.5 s apart.
+    pub fn pct_between(&self, a: f64, b: f64) -> Option<f64> {
+        let first = self.samples.iter().find(|s| s.0 >= a)?;
+        let last = self.samples.iter().rev().find(|s| s.0 <= b)?;
+        let wall = last.0 - first.0;
+        (wall >= 0.5).then(|| last.1.saturating_sub(first.1) as f64 / 1e9 / wall * 100.0)
+    }
 }
 
 impl Daemon {
@@ -54,24 +83,52 @@ impl Daemon {
         // CPU use is counted from here (start-up excluded), over the jobs' run.
         let cpu0 = proc_cpu_ns(child.id()).unwrap_or(0);
         let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (pid, s2) = (child.id(), stop.clone());
+        let sampler = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !s2.load(Ordering::Relaxed) {
+                match proc_cpu_ns(pid) {
+                    Some(ns) => samples.push((crate::bench::monotonic_s(), ns)),
+                    None => break,
+                }
+                std::thread::sleep(CPU_SAMPLE);
+            }
+            samples
+        });
         Ok(Daemon {
             child,
             started,
             cpu0,
             reaped: false,
+            sampler: Some((stop, sampler)),
         })
     }
 
-    /// Reads its CPU time, stops it (SIGTERM) and returns its CPU use in percent of one core
-    /// since it started.
-    pub fn finish(mut self) -> anyhow::Result<f64> {
+    /// Reads its CPU time, stops it (SIGTERM) and returns what it used since it started.
+    pub fn finish(mut self) -> anyhow::Result<CpuUse> {
         let cpu1 = proc_cpu_ns(self.child.id());
         let wall = self.started.elapsed().as_secs_f64();
+        let mut samples = self.stop_sampler();
         if !self.stop() {
             bail!("sharectl daemon did not stop within 5 s of SIGTERM");
         }
         let cpu1 = cpu1.ok_or_else(|| anyhow!("sharectl daemon exited during the run"))?;
-        Ok((cpu1.saturating_sub(self.cpu0)) as f64 / 1e9 / wall.max(1e-3) * 100.0)
+        samples.push((crate::bench::monotonic_s(), cpu1));
+        Ok(CpuUse {
+            pct: (cpu1.saturating_sub(self.cpu0)) as f64 / 1e9 / wall.max(1e-3) * 100.0,
+            samples,
+        })
+    }
+
+    fn stop_sampler(&mut self) -> Vec<CpuSample> {
+        match self.sampler.take() {
+            Some((stop, h)) => {
+                stop.store(true, Ordering::Relaxed);
+                h.join().unwrap_or_default()
+            }
+            None => Vec::new(),
+        }
     }
 }
 
@@ -109,6 +166,7 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        self.stop_sampler();
         self.stop();
     }
 }

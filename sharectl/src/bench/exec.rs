@@ -3,7 +3,7 @@
 //! time axis (seconds since the run started, `CLOCK_MONOTONIC`).
 
 use crate::child::{Job, Msg};
-use crate::daemon_child::Daemon;
+use crate::daemon_child::{CpuUse, Daemon};
 use crate::platform::{Gpu, StateDir};
 use anyhow::{anyhow, bail, Context};
 use libshare_abi::State;
@@ -137,13 +137,23 @@ impl JobRecord {
 #[derive(Clone, Debug)]
 pub struct RunRecord {
     pub jobs: Vec<JobRecord>,
-    /// The daemon's CPU time (utime + stime) over the run, percent of one core.
-    pub daemon_cpu_pct: Option<f64>,
+    /// The daemon's CPU use over the run, its samples on the run's axis.
+    pub daemon_cpu: Option<CpuUse>,
     /// The longest gap between successive `refreshed` values of any container's gate, ms.
     pub gate_refresh_ms_max: Option<f64>,
 }
 
 impl RunRecord {
+    /// The daemon's CPU time (utime + stime) over the whole run, percent of one core.
+    pub fn daemon_cpu_pct(&self) -> Option<f64> {
+        self.daemon_cpu.as_ref().map(|c| c.pct)
+    }
+
+    /// The daemon's CPU time between `a` and `b` on the run's axis, percent of one core.
+    pub fn daemon_cpu_pct_in(&self, a: f64, b: f64) -> Option<f64> {
+        self.daemon_cpu.as_ref()?.pct_between(a, b)
+    }
+
     pub fn job(&self, container: &str) -> &JobRecord {
         self.jobs
             .iter()
@@ -199,16 +209,23 @@ impl Bench {
                 sampler = Some(GateSampler::start(dir, &names)?);
             }
         }
-        let result = self.run_jobs(spec, state);
+        let t0 = crate::bench::monotonic_s();
+        let result = self.run_jobs(spec, state, t0);
         let gate_refresh_ms_max = sampler.map(GateSampler::finish);
-        let daemon_cpu_pct = match daemon {
-            Some(d) => Some(d.finish()?),
+        let daemon_cpu = match daemon {
+            Some(d) => {
+                let mut cpu = d.finish()?;
+                for s in &mut cpu.samples {
+                    s.0 -= t0;
+                }
+                Some(cpu)
+            }
             None => None,
         };
         let jobs = result?;
         Ok(RunRecord {
             jobs,
-            daemon_cpu_pct,
+            daemon_cpu,
             gate_refresh_ms_max: gate_refresh_ms_max.flatten(),
         })
     }
@@ -256,8 +273,14 @@ impl Bench {
         env
     }
 
-    fn run_jobs(&self, spec: &RunSpec, state: Option<&Path>) -> anyhow::Result<Vec<JobRecord>> {
-        let t0 = crate::bench::monotonic_s();
+    /// Starts the jobs as planned and collects their lines; `t0` (monotonic seconds) is the
+    /// zero of the run's axis.
+    fn run_jobs(
+        &self,
+        spec: &RunSpec,
+        state: Option<&Path>,
+        t0: f64,
+    ) -> anyhow::Result<Vec<JobRecord>> {
         let start = Instant::now();
         let (tx, rx) = mpsc::channel::<Msg<usize>>();
         let mut order: Vec<usize> = (0..spec.jobs.len()).collect();
