@@ -21,14 +21,14 @@ macro_rules! driver_hooks {
     wrap cuGetProcAddress_v2(sym: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, status: *mut i32) => procaddr::get_proc_address_v2;
 
     // Launches: counted, and the opportunistic rate gate (`rate.rs`, `gate.rs`).
-    wrap cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel;
-    wrap cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ptsz;
-    wrap cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex;
-    wrap cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex_ptsz;
-    wrap cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative;
-    wrap cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative_ptsz;
-    wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph;
-    wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_ptsz;
+    wrap cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel::<false>;
+    wrap cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel::<true>;
+    wrap cuLaunchKernelEx(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex::<false>;
+    wrap cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex::<true>;
+    wrap cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative::<false>;
+    wrap cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative::<true>;
+    wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph::<false>;
+    wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph::<true>;
 
     // Synchronising calls that return with work done: the drain signal (a hint, `sync.rs`).
     wrap cuCtxSynchronize() => sync::ctx;
