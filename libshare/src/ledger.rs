@@ -357,20 +357,39 @@ pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
 }
 
 /// (quota, used) on `dev` for a process that has not initialised CUDA (an NVML-only monitoring
-/// tool in the container, `nvidia-smi`-like): read from the container's state file through a
-/// read-only view (`State::open_view`) if a CUDA process made it, else the limit from the
-/// environment with nothing used. An invalid configuration shows the device as it is (the
-/// error is reported to CUDA jobs at cuInit).
+/// tool in the container, `nvidia-smi`-like). Its container's state comes as for a CUDA process:
+/// from the daemon (registration: the container from the process's cgroup, the file as a
+/// descriptor, which a process may need because the daemon's files are not open to it by path),
+/// else through a read-only view of the file by path if a CUDA process made it. The quota is the
+/// state's; where the environment applies (no daemon, or one that trusts it) and the state has
+/// none, the environment's limit with nothing used. An invalid configuration shows the device as
+/// it is (the error is reported to CUDA jobs at cuInit). No slot is claimed: the tool holds no
+/// memory.
 fn quota_without_cuda(dev: usize) -> (u64, u64) {
     use std::sync::OnceLock;
-    static VIEW: OnceLock<Option<(crate::config::Config, Option<libshare_abi::State>)>> =
-        OnceLock::new();
-    let Some((cfg, state)) = VIEW
+    struct View {
+        cfg: crate::config::Config,
+        state: Option<libshare_abi::State>,
+        env_applies: bool,
+    }
+    static VIEW: OnceLock<Option<View>> = OnceLock::new();
+    let Some(view) = VIEW
         .get_or_init(|| {
             let cfg = crate::config::Config::from_env().ok()?;
-            let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
-            let state = libshare_abi::State::open_view(&path).ok();
-            Some((cfg, state))
+            let (state, env_applies) = match crate::register::register(&cfg) {
+                crate::register::Outcome::Registered {
+                    state, env_trusted, ..
+                } => (Some(*state), env_trusted),
+                crate::register::Outcome::NoDaemon => {
+                    let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
+                    (libshare_abi::State::open_view(&path).ok(), true)
+                }
+            };
+            Some(View {
+                cfg,
+                state,
+                env_applies,
+            })
         })
         .as_ref()
     else {
@@ -379,16 +398,16 @@ fn quota_without_cuda(dev: usize) -> (u64, u64) {
     if dev >= libshare_abi::MAX_DEVICES {
         return (0, 0);
     }
-    let from_file = state.as_ref().map(|s| {
+    let from_file = view.state.as_ref().map(|s| {
         (
             s.device(dev).quota.load(Acquire),
             s.device(dev).used.load(Acquire),
         )
     });
     match from_file {
-        Some((q, used)) if q > 0 => (q, used),
+        Some((q, used)) if q > 0 || !view.env_applies => (q, used),
         _ => (
-            cfg.memory_limit[dev].unwrap_or(0),
+            view.cfg.memory_limit[dev].unwrap_or(0),
             from_file.map_or(0, |f| f.1),
         ),
     }

@@ -4,7 +4,8 @@
 //!   container's job usually is), is registered as A although its environment says
 //!   `LIBSHARE_CONTAINER=B`: it reaches the registration socket through the daemon's state
 //!   directory (0711), its memory is charged to A, under the quota the daemon set for A (not the
-//!   environment's), and B gets nothing;
+//!   environment's), and B gets nothing; an NVML-only tool (no `cuInit`) run the same way
+//!   registers too and sees A's quota and usage as its device's memory;
 //! - a non-root process cannot list the state directory nor open any container's state file by
 //!   path: the files reach processes only as the descriptors registration passes;
 //! - a job that registers with no daemon listening (a stale socket file) runs as without one;
@@ -89,15 +90,21 @@ fn daemon(gpu: &SimGpu, prefix: &str) -> Daemon {
     d
 }
 
-/// A job that holds 64 MiB, run as `NOBODY`, in cgroup `cg` (moved there by the test before
-/// it execs), claiming `env_container`.
-fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> Child {
-    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+/// `prog args…` run as `NOBODY` in cgroup `cg` (moved there by the test before it execs),
+/// claiming `env_container` and a 4 GiB limit in its environment; its stdout piped.
+fn spawn_in(
+    gpu: &SimGpu,
+    cgroups: &Cgroups,
+    cg: &str,
+    env_container: &str,
+    prog: &Path,
+    args: &str,
+) -> Child {
     let mut cmd = Command::new("/bin/sh");
     cmd.uid(NOBODY).gid(NOBODY);
     cmd.arg("-c")
-        .arg("read go; exec \"$0\" hold 64")
-        .arg(&prog)
+        .arg(format!("read go; exec \"$0\" {args}"))
+        .arg(prog)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -106,8 +113,15 @@ fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> 
         .env("LIBSHARE_MEMORY_LIMIT", "4GiB");
     let mut child = cmd.spawn().unwrap();
     std::fs::write(cgroups.procs(cg), child.id().to_string())
-        .expect("move the job into its cgroup");
+        .expect("move the process into its cgroup");
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    child
+}
+
+/// A job that holds 64 MiB, run as [`spawn_in`] runs it.
+fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> Child {
+    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let mut child = spawn_in(gpu, cgroups, cg, env_container, &prog, "hold 64");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -158,6 +172,22 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
         !state_path(&gpu, "B").exists(),
         "B was never created: nothing of this job is B's"
     );
+
+    // An NVML-only tool (no cuInit) of the same kind sees A's quota and usage: it registers
+    // too (it could not open A's file by path), and its environment's B and 4 GiB count for
+    // nothing.
+    let nvml = spawn_in(
+        &gpu,
+        &cg,
+        "A",
+        "B",
+        &libshare_tests::compile_driver_c("nvml_test.c"),
+        "report",
+    );
+    let out = nvml.wait_with_output().unwrap();
+    let v = libshare_tests::json_check(&out, "nvml");
+    assert_eq!(v["total"], 256 * MIB, "A's quota as NVML total: {v}");
+    assert_eq!(v["used"], 64 * MIB, "A's usage as NVML used: {v}");
 
     // A non-root user reaches no state file by path, and cannot list the state directory
     // (others may only pass through it to the registration socket).
