@@ -10,8 +10,8 @@
 //! ```text
 //! Hello:   magic "LSRG" | version u16 | name length u16 | claimed name (UTF-8, ≤ 128 bytes)
 //! Welcome: magic "LSWL" | version u16 | status u8 (0 ok, 2 ok and the environment trusted,
-//!          1 refused) | text length u16 | text (ok: the container's name; refused: one line
-//!          saying why)
+//!          1 refused, 3 busy) | text length u16 | text (ok: the container's name; refused,
+//!          busy: one line saying why)
 //! ```
 
 pub const VERSION: u16 = 1;
@@ -36,8 +36,10 @@ pub enum Welcome {
         container: String,
         env_trusted: bool,
     },
-    /// Not registered, and why.
+    /// Not registered, and why: a final answer (asking again gets the same).
     Refused { reason: String },
+    /// Not registered now (the daemon is at a connection limit): ask again after a back-off.
+    Busy { reason: String },
 }
 
 fn put_text(out: &mut Vec<u8>, s: &str) {
@@ -105,6 +107,7 @@ impl Welcome {
                 env_trusted,
             } => (if *env_trusted { 2u8 } else { 0u8 }, container),
             Welcome::Refused { reason } => (1u8, reason),
+            Welcome::Busy { reason } => (3u8, reason),
         };
         out.push(status);
         put_text(&mut out, t);
@@ -121,6 +124,7 @@ impl Welcome {
                 env_trusted: status == 2,
             }),
             1 => Ok(Welcome::Refused { reason: t }),
+            3 => Ok(Welcome::Busy { reason: t }),
             s => Err(format!("unknown registration status {s}")),
         }
     }
@@ -144,6 +148,9 @@ mod tests {
             },
             Welcome::Refused {
                 reason: "no".into(),
+            },
+            Welcome::Busy {
+                reason: "later".into(),
             },
         ] {
             assert_eq!(Welcome::decode(&w.encode()), Ok(w));

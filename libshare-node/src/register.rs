@@ -102,8 +102,10 @@ impl Service for RegisterService {
     }
 
     fn refusal(&self, why: Refusal) -> Vec<u8> {
-        Welcome::Refused {
-            reason: why.message().into(),
+        let reason = why.message().into();
+        match why {
+            Refusal::Busy => Welcome::Busy { reason },
+            _ => Welcome::Refused { reason },
         }
         .encode()
     }

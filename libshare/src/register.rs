@@ -82,7 +82,9 @@ pub fn register(cfg: &Config) -> Outcome {
                 Err(e) => fail(e.to_string()),
             }
         }
-        Ok(Welcome::Refused { reason }) => fail(format!("refused: {reason}")),
+        Ok(Welcome::Refused { reason } | Welcome::Busy { reason }) => {
+            fail(format!("refused: {reason}"))
+        }
         Err(e) => fail(e),
     }
 }

@@ -977,6 +977,8 @@ impl Drop for Running {
     }
 }
 
+pub mod cgroups;
+
 /// A `sharectl daemon` the test started (`target/release/sharectl`), killed with SIGKILL when
 /// dropped (what a crash does; [`Daemon::kill9`] to do it on purpose).
 pub struct Daemon(pub std::process::Child);

@@ -13,109 +13,21 @@
 
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{State, STATE_FILE};
-use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
+use libshare_tests::cgroups::{spawn_in, untrusting_daemon, Cgroups, NOBODY};
+use libshare_tests::{artifacts, compile_gcc, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-/// The non-root user the jobs and the probes run as.
-const NOBODY: u32 = 65534;
 
-/// Two cgroups `<root>/A` and `<root>/B` in the v1 `pids` hierarchy, removed when dropped.
-struct Cgroups {
-    root: PathBuf,
-    /// The prefix as `/proc/<pid>/cgroup` shows it.
-    prefix: String,
-}
-
-impl Cgroups {
-    fn create() -> Option<Cgroups> {
-        let name = format!("libshare-test-{}", std::process::id());
-        let root = Path::new("/sys/fs/cgroup/pids").join(&name);
-        for c in ["A", "B"] {
-            if let Err(e) = std::fs::create_dir_all(root.join(c)) {
-                eprintln!("SKIP: cannot create cgroups under /sys/fs/cgroup/pids: {e}");
-                return None;
-            }
-        }
-        Some(Cgroups {
-            root,
-            prefix: format!("/{name}"),
-        })
-    }
-
-    fn procs(&self, c: &str) -> PathBuf {
-        self.root.join(c).join("cgroup.procs")
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for c in ["A", "B"] {
-            // Move anything left back to the root, then remove.
-            if let Ok(pids) = std::fs::read_to_string(self.procs(c)) {
-                for p in pids.lines() {
-                    let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", p);
-                }
-            }
-            let _ = std::fs::remove_dir(self.root.join(c));
-        }
-        let _ = std::fs::remove_dir(&self.root);
-    }
-}
-
-/// `sharectl daemon` without --trust-env, mapping `<prefix>/<name>` to container `<name>`.
 fn daemon(gpu: &SimGpu, prefix: &str) -> Daemon {
-    let dir = gpu.shim_state_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cmd = Command::new(artifacts().bin("sharectl"));
-    gpu.configure(&mut cmd);
-    cmd.args(["daemon", "--cgroup-prefix", prefix, "--state-dir"])
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
-    until(Duration::from_secs(10), || {
-        UnixStream::connect(dir.join("register.sock")).is_ok()
-            && UnixStream::connect(dir.join("admin.sock")).is_ok()
-    })
-    .expect("the daemon's sockets never appeared");
-    d
-}
-
-/// `prog args…` run as `NOBODY` in cgroup `cg` (moved there by the test before it execs),
-/// claiming `env_container` and a 4 GiB limit in its environment; its stdout piped.
-fn spawn_in(
-    gpu: &SimGpu,
-    cgroups: &Cgroups,
-    cg: &str,
-    env_container: &str,
-    prog: &Path,
-    args: &str,
-) -> Child {
-    let mut cmd = Command::new("/bin/sh");
-    cmd.uid(NOBODY).gid(NOBODY);
-    cmd.arg("-c")
-        .arg(format!("read go; exec \"$0\" {args}"))
-        .arg(prog)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    gpu.configure(&mut cmd);
-    cmd.env("LIBSHARE_CONTAINER", env_container)
-        .env("LIBSHARE_MEMORY_LIMIT", "4GiB");
-    let mut child = cmd.spawn().unwrap();
-    std::fs::write(cgroups.procs(cg), child.id().to_string())
-        .expect("move the process into its cgroup");
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    child
+    untrusting_daemon(gpu, prefix, &[])
 }
 
 /// A job that holds 64 MiB, run as [`spawn_in`] runs it.
@@ -142,7 +54,9 @@ fn state_path(gpu: &SimGpu, c: &str) -> PathBuf {
 
 #[test]
 fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
-    let Some(cg) = Cgroups::create() else { return };
+    let Some(cg) = Cgroups::create(&["A", "B"]) else {
+        return;
+    };
     let gpu = SimGpu::new().with_shim();
     // The machine's directory is open to every user, as a GPU's device files are (simgpu's
     // state file is 0666 like /dev/nvidia*); the daemon's state directory inside is its own.
