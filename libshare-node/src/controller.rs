@@ -20,7 +20,7 @@
 use crate::error::NodeError;
 use crate::host::{Host, LinuxHost};
 use crate::policy::{self, Class, Counters, Entry, PolicyKind, PolicyState, Snapshot};
-use crate::registry::Registry;
+use crate::registry::{Container, Registry};
 use libshare_abi::rate::Gate;
 use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
 use rustc_hash::FxHashMap;
@@ -47,8 +47,9 @@ pub struct ControllerConfig {
     pub rescan_ns: u64,
     /// Live counters of the loop, for the metrics (clone the `Arc` before [`run`]).
     pub health: Arc<Health>,
-    /// Called for every container the registry finds (the persisted settings).
-    pub seed: Option<crate::registry::Seed>,
+    /// The daemon's words on each container (the persisted settings), asserted by the
+    /// registry and read by the policy instead of the containers' own words.
+    pub authority: Option<crate::authority::Authority>,
 }
 
 /// The loop's live counters (the metrics' daemon health): plain stores by the loop, readable
@@ -66,6 +67,8 @@ pub struct Health {
     pub containers: AtomicU64,
     /// Nonzero while the loop runs.
     pub running: AtomicU32,
+    /// Containers' words the daemon had to restore (see [`crate::authority`]).
+    pub restores: Arc<crate::authority::Restores>,
 }
 
 impl ControllerConfig {
@@ -76,7 +79,7 @@ impl ControllerConfig {
             policy,
             rescan_ns: 100_000_000,
             health: Arc::default(),
-            seed: None,
+            authority: None,
         }
     }
 
@@ -149,18 +152,31 @@ pub const LISTEN_WINDOW_NS: u64 = 100_000_000;
 /// over [`LISTEN_WINDOW_NS`]) does not wake the daemon.
 pub const MIN_PHASE_NS: u64 = 1_000_000;
 
-fn read_counters(st: &State, d: usize) -> Counters {
-    let s = st.device(d);
+/// Container `c`'s counters on device `d`: the shims' from the file, its compute share and
+/// weight from the daemon's words (the file's only where the daemon has none).
+fn read_counters(c: &Container, d: usize) -> Counters {
+    let s = c.state.device(d);
+    let [compute, weight, env_compute] = c.words.shares_or(
+        d,
+        s.compute.load(Acquire),
+        s.weight.load(Acquire),
+        s.env_compute.load(Acquire),
+    );
     Counters {
         launches: s.launches.load(Acquire),
         busy_since: s.busy_since.load(Acquire),
         drained_at: s.drained_at.load(Acquire),
         held: s.held.load(Acquire),
-        compute: s.compute.load(Acquire),
-        env_compute: s.env_compute.load(Acquire),
-        weight: s.weight.load(Acquire),
+        compute,
+        env_compute,
+        weight,
         gate: s.gate(),
     }
+}
+
+/// Whether the daemon holds container `c` as opportunistic (its words, else its file's).
+fn opportunistic(c: &Container) -> bool {
+    c.words.class_or(c.state.header().class.load(Acquire)) == CLASS_OPPORTUNISTIC
 }
 
 /// Has anything run on the device for this container (a launch, a busy flag, a gate)? A share
@@ -174,7 +190,7 @@ fn in_use(st: &State, d: usize) -> bool {
 impl Controller {
     pub fn new(cfg: &ControllerConfig) -> Result<Self, NodeError> {
         cfg.check()?;
-        let mut registry = Registry::new(&cfg.state_dir).with_seed(cfg.seed.clone());
+        let mut registry = Registry::new(&cfg.state_dir).with_authority(cfg.authority.clone());
         registry.rescan()?;
         Ok(Controller {
             registry,
@@ -200,6 +216,7 @@ impl Controller {
 
     /// One tick at `now`: snapshot, policy, writes. Returns the number of gates written.
     pub fn tick(&mut self, now: u64) -> usize {
+        self.registry.refresh_words();
         let cs = self.registry.containers();
         if self.ticks % DEVICE_SCAN_TICKS == 0 {
             self.devices = 0;
@@ -217,7 +234,7 @@ impl Controller {
         self.owner.clear();
         for d in (0..MAX_DEVICES).filter(|d| devices & (1 << d) != 0) {
             for (i, c) in cs.iter().enumerate() {
-                let class = if c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
+                let class = if opportunistic(c) {
                     Class::Opportunistic
                 } else {
                     Class::Production
@@ -226,7 +243,7 @@ impl Controller {
                     id: c.id,
                     device: d as u8,
                     class,
-                    c: read_counters(&c.state, d),
+                    c: read_counters(c, d),
                 });
                 self.owner.push(i);
             }
@@ -298,7 +315,7 @@ impl Controller {
         let window = now - self.listen_at + LISTEN_WINDOW_NS;
         self.listen_at = now + LISTEN_WINDOW_NS;
         for c in self.registry.containers() {
-            let production = c.state.header().class.load(Acquire) != CLASS_OPPORTUNISTIC;
+            let production = !opportunistic(c);
             for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
                 let dev = c.state.device(d);
                 let seq = dev.phase_seq.load(Acquire);
@@ -321,7 +338,7 @@ impl Controller {
             for d in 0..MAX_DEVICES {
                 c.state.device(d).daemon_listens.store(0, Release);
             }
-            let opportunistic = c.state.header().class.load(Acquire) == CLASS_OPPORTUNISTIC;
+            let opportunistic = opportunistic(c);
             for d in 0..MAX_DEVICES {
                 let dev = c.state.device(d);
                 if dev.budget.load(Acquire) == 0 {

@@ -87,9 +87,10 @@ pub fn container_of_cgroups(text: &str, cfg: &IdentityConfig) -> Option<String> 
 }
 
 /// Where a registering process belongs: its cgroup's container, else (trusted environment)
-/// the name it claims or `default`, else [`HOST`].
-pub fn resolve(cgroups: Option<&str>, claimed: &str, cfg: &IdentityConfig) -> String {
-    if let Some(c) = cgroups.and_then(|t| container_of_cgroups(t, cfg)) {
+/// the name it claims or `default`, else [`HOST`]. `cgroups` is what was read of the process
+/// itself: a process whose cgroup could not be read is refused, never resolved.
+pub fn resolve(cgroups: &str, claimed: &str, cfg: &IdentityConfig) -> String {
+    if let Some(c) = container_of_cgroups(cgroups, cfg) {
         return c;
     }
     if cfg.trust_env {
@@ -135,22 +136,21 @@ mod tests {
     #[test]
     fn prefixes_come_first_and_the_environment_counts_only_when_trusted_and_unmapped() {
         let text = "9:name=systemd:/\n8:pids:/libshare-test-1/A\n0::/\n";
-        assert_eq!(resolve(Some(text), "B", &cfg()), "A");
+        assert_eq!(resolve(text, "B", &cfg()), "A");
         let trusting = IdentityConfig {
             trust_env: true,
             ..cfg()
         };
         assert_eq!(
-            resolve(Some(text), "B", &trusting),
+            resolve(text, "B", &trusting),
             "A",
             "mapped: the cgroup wins"
         );
         let plain = "0::/user.slice/session-1.scope\n";
-        assert_eq!(resolve(Some(plain), "B", &cfg()), HOST);
-        assert_eq!(resolve(Some(plain), "B", &trusting), "B");
-        assert_eq!(resolve(Some(plain), "", &trusting), "default");
-        assert_eq!(resolve(Some(plain), "../x", &trusting), HOST);
-        assert_eq!(resolve(None, "B", &cfg()), HOST);
+        assert_eq!(resolve(plain, "B", &cfg()), HOST);
+        assert_eq!(resolve(plain, "B", &trusting), "B");
+        assert_eq!(resolve(plain, "", &trusting), "default");
+        assert_eq!(resolve(plain, "../x", &trusting), HOST);
         assert_eq!(container_of_path("/libshare-test-1/../x", &cfg()), None);
         assert_eq!(
             container_of_path("/libshare-test-10/A", &cfg()),
@@ -165,7 +165,7 @@ mod tests {
         #[test]
         fn any_cgroup_text_resolves_to_a_valid_name(text in "\\PC{0,300}", claimed in "\\PC{0,40}", trust in any::<bool>()) {
             let c = IdentityConfig { prefixes: vec!["/p".into()], trust_env: trust };
-            let name = resolve(Some(&text), &claimed, &c);
+            let name = resolve(&text, &claimed, &c);
             prop_assert!(valid_container_name(&name), "{:?}", name);
         }
     }

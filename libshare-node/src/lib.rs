@@ -20,12 +20,14 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod admin;
+pub mod authority;
 pub mod controller;
 pub mod error;
 pub mod host;
 pub mod identity;
 pub mod metrics;
 pub mod nvml;
+pub mod peer;
 pub mod policy;
 pub mod register;
 pub mod registry;

@@ -334,6 +334,15 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
             "Containers the control loop steers",
             h.containers.load(Relaxed) as i64,
         );
+        let restores = Family::<Container, Counter>::default();
+        sub.register(
+            "state_restores",
+            "Times the daemon rewrote a container's class, quota, share or weight that one of its jobs had overwritten in its state file",
+            restores.clone(),
+        );
+        for (container, n) in h.restores.snapshot() {
+            restores.get_or_create(&Container { container }).inc_by(n);
+        }
     }
     let mut out = String::new();
     // Writing to a String cannot fail.

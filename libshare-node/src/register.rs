@@ -5,8 +5,8 @@
 //! daemon's settings into it (the seed) and answers `Welcome` with the file's descriptor. One
 //! open and one `sendmsg` per process: O(1), no lock held across clients.
 
-use crate::identity::{resolve, IdentityConfig};
-use crate::registry::Seed;
+use crate::authority::Authority;
+use crate::identity::{container_of_cgroups, resolve, IdentityConfig};
 use crate::server::{Peer, Refusal, Reply, Service};
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{container_dir, State};
@@ -16,7 +16,7 @@ use std::path::PathBuf;
 pub struct RegisterService {
     state_dir: PathBuf,
     identity: IdentityConfig,
-    seed: Option<Seed>,
+    authority: Option<Authority>,
     /// Containers' states opened so far (each file opened once; the descriptor passed is a dup).
     open: HashMap<String, State>,
     /// Registrations until the next sweep of `open`.
@@ -30,11 +30,11 @@ pub struct RegisterService {
 const SWEEP_EVERY: u32 = 64;
 
 impl RegisterService {
-    pub fn new(state_dir: PathBuf, identity: IdentityConfig, seed: Option<Seed>) -> Self {
+    pub fn new(state_dir: PathBuf, identity: IdentityConfig, authority: Option<Authority>) -> Self {
         RegisterService {
             state_dir,
             identity,
-            seed,
+            authority,
             open: HashMap::new(),
             until_sweep: SWEEP_EVERY,
         }
@@ -46,8 +46,12 @@ impl RegisterService {
     }
 
     fn register(&mut self, peer: &Peer, hello: &Hello) -> Result<(String, std::fs::File), String> {
-        let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", peer.pid)).ok();
-        let name = resolve(cgroups.as_deref(), &hello.claimed, &self.identity);
+        // Read at accept with the process pinned (the server's `pin_identity`); never a guess
+        // for a process that could not be read.
+        let Some(cgroups) = peer.cgroups.as_deref() else {
+            return Err(Refusal::Unidentified.message().into());
+        };
+        let name = resolve(cgroups, &hello.claimed, &self.identity);
         self.until_sweep -= 1;
         if self.until_sweep == 0 {
             self.until_sweep = SWEEP_EVERY;
@@ -67,8 +71,8 @@ impl RegisterService {
             self.open.insert(name.clone(), st);
         }
         let st = &self.open[&name];
-        if let Some(seed) = &self.seed {
-            (seed.0)(&name, st);
+        if let Some(a) = &self.authority {
+            a.seed(&name, st);
         }
         let f = st
             .dup_file()
@@ -81,6 +85,13 @@ impl RegisterService {
 impl Service for RegisterService {
     fn admit(&self, _: &Peer) -> bool {
         true
+    }
+
+    /// Held connections are limited per container (a process in no container's cgroup: per
+    /// cgroup), so a flood from one container never delays another's registrations.
+    fn group(&self, peer: &Peer) -> String {
+        let text = peer.cgroups.as_deref().unwrap_or("");
+        container_of_cgroups(text, &self.identity).unwrap_or_else(|| text.to_string())
     }
 
     fn handle(&mut self, peer: &Peer, request: &[u8]) -> Reply {
@@ -129,11 +140,12 @@ mod tests {
             trust_env: true,
         };
         let mut svc = RegisterService::new(dir.path().to_path_buf(), identity, None);
-        // No such process: no cgroup to read, so the trusted claim names the container.
+        // A cgroup no rule maps: the trusted claim names the container.
         let peer = Peer {
             pid: u32::MAX - 7,
             uid: 0,
             gid: 0,
+            cgroups: Some("0::/user.slice/session-1.scope\n".into()),
         };
         for i in 0..8 {
             svc.register(&peer, &hello(&format!("gone{i}"))).unwrap();
@@ -154,6 +166,12 @@ mod tests {
         // A removed container that registers again gets a new state.
         let (name, _) = svc.register(&peer, &hello("gone0")).unwrap();
         assert_eq!(name, "gone0");
+        // A peer whose cgroup could not be read at accept is refused, never resolved.
+        let unread = Peer {
+            cgroups: None,
+            ..peer
+        };
+        assert!(svc.register(&unread, &hello("gone0")).is_err());
         assert!(container_dir(dir.path(), "gone0")
             .join("state.shm")
             .exists());

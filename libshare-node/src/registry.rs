@@ -6,9 +6,12 @@
 //! disappeared is dropped. A file that cannot be opened (being created, corrupt, foreign) is
 //! retried at each rescan and logged once when the same error persists.
 //!
-//! The node service's registration socket will add containers here instead of (or besides)
-//! the directory scan.
+//! Each container carries the daemon's [`Words`] (its class and per-device quota, share and
+//! weight, from [`Authority`]): written into the state when the container is found, re-asserted
+//! at every rescan where a job of the container overwrote them (logged, counted), and what the
+//! control loop reads instead of the file's words.
 
+use crate::authority::{Authority, Words};
 use crate::error::NodeError;
 use crate::policy::ContainerId;
 use libshare_abi::slots::SlotTable;
@@ -22,28 +25,18 @@ pub struct Container {
     pub id: ContainerId,
     pub name: String,
     pub state: State,
+    /// The daemon's words on this container ([`Words::FILE`] without an authority).
+    pub words: Words,
     /// (device, inode) of the file opened.
     key: (u64, u64),
-}
-
-/// Called with every container the registry finds (the daemon's persisted settings are written
-/// into its state before the first tick sees it).
-#[derive(Clone)]
-pub struct Seed(pub std::sync::Arc<SeedFn>);
-
-/// What a [`Seed`] calls: the container's name and state.
-pub type SeedFn = dyn Fn(&str, &State) + Send + Sync;
-
-impl std::fmt::Debug for Seed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Seed")
-    }
 }
 
 /// The containers of one state directory.
 pub struct Registry {
     dir: PathBuf,
-    seed: Option<Seed>,
+    authority: Option<Authority>,
+    /// The settings' generation the containers' words were read at.
+    generation: u64,
     containers: Vec<Container>,
     next_id: ContainerId,
     /// The last open error per name (logged when it repeats).
@@ -58,23 +51,60 @@ pub struct ScanReport {
     pub added: usize,
     pub dropped: usize,
     pub failed: usize,
+    /// Containers whose words a job had overwritten (restored).
+    pub restored: usize,
 }
 
 impl Registry {
     pub fn new(state_dir: &Path) -> Self {
         Registry {
             dir: state_dir.to_path_buf(),
-            seed: None,
+            authority: None,
+            generation: 0,
             containers: Vec::new(),
             next_id: 1,
             failing: HashMap::new(),
         }
     }
 
-    /// Calls `seed` for each container found from now on.
-    pub fn with_seed(mut self, seed: Option<Seed>) -> Self {
-        self.seed = seed;
+    /// Seeds each container found from now on with the daemon's words, and keeps them.
+    pub fn with_authority(mut self, authority: Option<Authority>) -> Self {
+        self.authority = authority;
         self
+    }
+
+    /// Re-reads every container's words if the settings changed since (an admin's `set` or
+    /// `reset`, which also wrote them into the state). One uncontended lock: called every tick.
+    pub fn refresh_words(&mut self) {
+        let Some(a) = &self.authority else { return };
+        let g = a.generation();
+        if g != self.generation {
+            self.generation = g;
+            for c in &mut self.containers {
+                c.words = a.words(&c.name);
+            }
+        }
+    }
+
+    /// Writes the daemon's words back where a job changed them; how many containers had to be.
+    fn reassert(&mut self) -> usize {
+        let Some(a) = &self.authority else { return 0 };
+        self.generation = a.generation();
+        let mut n = 0;
+        for c in &mut self.containers {
+            c.words = a.words(&c.name);
+            let r = c.words.assert(&c.state);
+            if r.any() {
+                n += 1;
+                a.restores.count(&c.name);
+                tracing::warn!(
+                    container = %c.name,
+                    restored = %r.names(),
+                    "a job of the container overwrote the daemon's words in its state; restored"
+                );
+            }
+        }
+        n
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -119,6 +149,7 @@ impl Registry {
             keep
         });
         rep.dropped = before - self.containers.len();
+        rep.restored = self.reassert();
         for (name, path, key) in found {
             if self.containers.iter().any(|c| c.name == name) {
                 continue;
@@ -128,14 +159,16 @@ impl Registry {
                     let id = self.next_id;
                     self.next_id += 1;
                     tracing::info!(container = %name, id, "container registered");
-                    if let Some(seed) = &self.seed {
-                        (seed.0)(&name, &state);
-                    }
+                    let words = match &self.authority {
+                        Some(a) => a.seed(&name, &state),
+                        None => Words::FILE,
+                    };
                     self.failing.remove(&name);
                     self.containers.push(Container {
                         id,
                         name,
                         state,
+                        words,
                         key,
                     });
                     rep.added += 1;

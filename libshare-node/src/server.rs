@@ -3,12 +3,25 @@
 //! half a message, holds nothing but its own slot until its deadline.
 //!
 //! One request per connection, framed by `libshare_abi::wire` (length, body ≤ `max_len`). The
-//! peer's credentials come from the kernel (`SO_PEERCRED`) at accept, never from the message.
+//! peer's credentials come from the kernel (`SO_PEERCRED`) at accept, never from the message;
+//! with `pin_identity`, so does its cgroup, read at accept with its process pinned
+//! ([`crate::peer`]): a peer whose cgroup cannot be read that way is refused.
+//!
+//! A request that is there at accept (a shim sends with its connect) is answered at once.
+//! A connection that must be held waits within limits an unprivileged flood cannot exhaust for
+//! others: at most `max_per_uid` held per non-root user, `max_per_group` per group (the
+//! service's [`Service::group`]: the registration socket's is the container), `max_connections`
+//! in all (kept below the descriptor limit); past them it is answered [`Refusal::Busy`]. One
+//! that has sent nothing after `first_byte` is closed, one without a whole request after
+//! `deadline` too. At the descriptor limit (`EMFILE`), queued connections are accepted on a
+//! reserved descriptor and closed at once, so the listener drains instead of waking the loop
+//! for ever, and the condition is logged at most once per 10 s.
 //! What a request means, and who may send it, is the [`Service`]'s business.
 
 use libshare_abi::wire::{frame, parse_frame, Framed};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{getsockopt, sendmsg, sockopt::PeerCredentials, ControlMessage, MsgFlags};
+use std::collections::HashMap;
 use std::io::{ErrorKind, IoSlice, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -17,12 +30,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Acquire};
 use std::time::{Duration, Instant};
 
-/// Who is on the other end, as the kernel says (host pid, uid and gid at `connect`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who is on the other end, as the kernel says (host pid, uid and gid at `connect`; with
+/// `pin_identity`, the text of its `/proc/<pid>/cgroup` read at accept).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
     pub pid: u32,
     pub uid: u32,
     pub gid: u32,
+    pub cgroups: Option<String>,
 }
 
 /// A service's answer: the body, and a descriptor to pass with it.
@@ -48,8 +63,11 @@ pub enum Refusal {
     Truncated,
     /// No whole frame before the deadline.
     Timeout,
-    /// Too many connections open at once.
+    /// Too many connections held at once (for this peer, its group, or in all): retry.
     Busy,
+    /// The peer's process could not be pinned and its cgroup read (it exited, or `/proc` is
+    /// hidden from the daemon).
+    Unidentified,
 }
 
 impl Refusal {
@@ -60,6 +78,9 @@ impl Refusal {
             Refusal::Truncated => "the request is truncated",
             Refusal::Timeout => "no whole request within the deadline",
             Refusal::Busy => "the daemon is busy; retry",
+            Refusal::Unidentified => {
+                "the daemon cannot tell which container the connecting process is in (it exited before its request was read, or its /proc/<pid>/cgroup is unreadable): connect from the process that registers"
+            }
         }
     }
 }
@@ -67,6 +88,11 @@ impl Refusal {
 pub trait Service: Send {
     /// Whether `peer` may talk to this socket at all (checked at accept).
     fn admit(&self, peer: &Peer) -> bool;
+    /// The group a held connection of `peer` counts in for `max_per_group` (with
+    /// `pin_identity`; e.g. its container).
+    fn group(&self, peer: &Peer) -> String {
+        peer.cgroups.clone().unwrap_or_default()
+    }
     /// The answer to one whole request.
     fn handle(&mut self, peer: &Peer, request: &[u8]) -> Reply;
     /// The body sent when a connection is refused (best effort: the peer may be gone).
@@ -81,7 +107,16 @@ pub struct ServerConfig {
     pub max_len: usize,
     /// From accept to a whole request.
     pub deadline: Duration,
+    /// From accept to the first byte.
+    pub first_byte: Duration,
+    /// Connections held (waiting for their request) at once, in all.
     pub max_connections: usize,
+    /// ... by one non-root user.
+    pub max_per_uid: usize,
+    /// ... in one [`Service::group`].
+    pub max_per_group: usize,
+    /// Read the peer's cgroup at accept with its process pinned; refuse when that fails.
+    pub pin_identity: bool,
 }
 
 impl ServerConfig {
@@ -91,22 +126,113 @@ impl ServerConfig {
             mode,
             max_len: 64 * 1024,
             deadline: Duration::from_secs(1),
+            first_byte: Duration::from_millis(200),
             max_connections: 1024,
+            max_per_uid: 32,
+            max_per_group: 64,
+            pin_identity: false,
         }
+    }
+
+    /// Limits that fit `nofile` descriptors (the process's soft limit): a quarter of them for
+    /// held connections (at most 1024), the rest for state files, listeners and the accept
+    /// that sheds load.
+    pub fn fit_descriptors(mut self, nofile: u64) -> Self {
+        self.max_connections = ((nofile / 4) as usize).clamp(8, 1024);
+        self.max_per_group = self.max_per_group.min(self.max_connections / 2).max(1);
+        self.max_per_uid = self.max_per_uid.min(self.max_connections / 4).max(1);
+        self
     }
 }
 
 struct Conn {
     stream: UnixStream,
     peer: Peer,
+    group: String,
     buf: Vec<u8>,
+    accepted: Instant,
     deadline: Instant,
+}
+
+/// How many connections are held, per non-root uid and per group.
+#[derive(Default)]
+struct Held {
+    per_uid: HashMap<u32, usize>,
+    per_group: HashMap<String, usize>,
+}
+
+impl Held {
+    fn add(&mut self, c: &Conn) {
+        if c.peer.uid != 0 {
+            *self.per_uid.entry(c.peer.uid).or_default() += 1;
+        }
+        *self.per_group.entry(c.group.clone()).or_default() += 1;
+    }
+
+    fn remove(&mut self, c: &Conn) {
+        fn dec<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: &K) {
+            if let Some(n) = m.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(k);
+                }
+            }
+        }
+        if c.peer.uid != 0 {
+            dec(&mut self.per_uid, &c.peer.uid);
+        }
+        dec(&mut self.per_group, &c.group);
+    }
+
+    fn uid(&self, uid: u32) -> usize {
+        if uid == 0 {
+            0
+        } else {
+            self.per_uid.get(&uid).copied().unwrap_or(0)
+        }
+    }
+
+    fn group(&self, g: &str) -> usize {
+        self.per_group.get(g).copied().unwrap_or(0)
+    }
+}
+
+/// A warning printed at most once per [`Self::EVERY`], with the number of times it was due.
+struct Throttled {
+    last: Option<Instant>,
+    due: u64,
+}
+
+impl Throttled {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Throttled { last: None, due: 0 }
+    }
+
+    /// Counts one occurrence; Some(count since the last line) when a line is due now.
+    fn due(&mut self) -> Option<u64> {
+        self.due += 1;
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < Self::EVERY)
+        {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.due))
+    }
 }
 
 /// A bound socket, ready to [`Server::serve`].
 pub struct Server {
     cfg: ServerConfig,
     listener: UnixListener,
+    /// Given up to accept (and close) one connection at the descriptor limit.
+    reserve: Option<std::fs::File>,
+    held: Held,
+    accept_errors: Throttled,
 }
 
 impl Server {
@@ -127,7 +253,13 @@ impl Server {
         let listener = UnixListener::bind(&cfg.path)?;
         std::fs::set_permissions(&cfg.path, std::fs::Permissions::from_mode(cfg.mode))?;
         listener.set_nonblocking(true)?;
-        Ok(Server { cfg, listener })
+        Ok(Server {
+            cfg,
+            listener,
+            reserve: std::fs::File::open("/dev/null").ok(),
+            held: Held::default(),
+            accept_errors: Throttled::new(),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -135,7 +267,7 @@ impl Server {
     }
 
     /// Serves until `stop` is set (checked at least every 100 ms); removes the socket file.
-    pub fn serve(self, service: &mut dyn Service, stop: &AtomicBool) {
+    pub fn serve(mut self, service: &mut dyn Service, stop: &AtomicBool) {
         let mut conns: Vec<Conn> = Vec::new();
         while !stop.load(Acquire) {
             let now = Instant::now();
@@ -171,6 +303,7 @@ impl Server {
                 if ready[i + 1] || conns[i].deadline <= Instant::now() {
                     if let Some(done) = self.progress(&mut conns[i], service) {
                         let c = conns.swap_remove(i);
+                        self.held.remove(&c);
                         finish(&c.stream, done);
                     }
                 }
@@ -182,14 +315,22 @@ impl Server {
         let _ = std::fs::remove_file(&self.cfg.path);
     }
 
-    fn accept_all(&self, conns: &mut Vec<Conn>, service: &mut dyn Service) {
+    fn accept_all(&mut self, conns: &mut Vec<Conn>, service: &mut dyn Service) {
         loop {
             let stream = match self.listener.accept() {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    if !self.shed(&e) {
+                        return;
+                    }
+                    continue;
+                }
                 Err(e) => {
-                    tracing::warn!("{}: accept: {e}", self.cfg.path.display());
+                    if let Some(n) = self.accept_errors.due() {
+                        tracing::warn!("{}: accept: {e} ({n} times)", self.cfg.path.display());
+                    }
                     return;
                 }
             };
@@ -198,70 +339,156 @@ impl Server {
                     pid: c.pid() as u32,
                     uid: c.uid(),
                     gid: c.gid(),
+                    cgroups: None,
                 },
                 Err(e) => {
                     tracing::warn!("{}: SO_PEERCRED: {e}", self.cfg.path.display());
                     continue;
                 }
             };
-            let refused = if !service.admit(&peer) {
-                Some(Refusal::NotAllowed)
-            } else if conns.len() >= self.cfg.max_connections {
-                Some(Refusal::Busy)
-            } else {
-                None
-            };
-            if let Some(why) = refused {
-                tracing::debug!(?peer, "{}: {}", self.cfg.path.display(), why.message());
-                finish(&stream, Reply::body(service.refusal(why)));
+            if !service.admit(&peer) {
+                self.refuse(&stream, &peer, Refusal::NotAllowed, service);
                 continue;
             }
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
+            let now = Instant::now();
             let mut c = Conn {
                 stream,
                 peer,
+                group: String::new(),
                 buf: Vec::new(),
-                deadline: Instant::now() + self.cfg.deadline,
+                accepted: now,
+                deadline: now + self.cfg.first_byte,
             };
-            // A client usually sends with its connect: served now, without a poll round.
-            match self.progress(&mut c, service) {
-                Some(done) => finish(&c.stream, done),
-                None => conns.push(c),
+            // A client usually sends with its connect: read what is there first, so the limits
+            // below only ever apply to connections that must be held.
+            let partial = self.read_available(&mut c);
+            if partial.is_none() && self.held.uid(c.peer.uid) >= self.cfg.max_per_uid {
+                self.refuse(&c.stream, &c.peer, Refusal::Busy, service);
+                continue;
             }
+            if self.cfg.pin_identity {
+                match crate::peer::cgroups(&c.stream, c.peer.pid) {
+                    Ok(text) => c.peer.cgroups = Some(text),
+                    Err(e) => {
+                        tracing::info!(pid = c.peer.pid, uid = c.peer.uid, "refused: {e}");
+                        self.refuse(&c.stream, &c.peer, Refusal::Unidentified, service);
+                        continue;
+                    }
+                }
+            }
+            if let Some(read) = partial {
+                let done = self.answer(&mut c, read, service);
+                finish(&c.stream, done);
+                continue;
+            }
+            c.group = service.group(&c.peer);
+            if conns.len() >= self.cfg.max_connections
+                || self.held.group(&c.group) >= self.cfg.max_per_group
+            {
+                self.refuse(&c.stream, &c.peer, Refusal::Busy, service);
+                continue;
+            }
+            if !c.buf.is_empty() {
+                c.deadline = c.accepted + self.cfg.deadline;
+            }
+            self.held.add(&c);
+            conns.push(c);
+        }
+    }
+
+    /// At the descriptor limit: accepts one connection on the reserved descriptor and closes
+    /// it (the peer sees its connection closed: a shim retries). False when even that fails
+    /// (the loop backs off instead of spinning on a readable listener).
+    fn shed(&mut self, e: &std::io::Error) -> bool {
+        if let Some(n) = self.accept_errors.due() {
+            tracing::warn!(
+                "{}: at the descriptor limit ({e}): {n} connection(s) closed unanswered; raise the daemon's LimitNOFILE",
+                self.cfg.path.display()
+            );
+        }
+        let shed = self.reserve.take().is_some() && {
+            let ok = self.listener.accept().is_ok();
+            self.reserve = std::fs::File::open("/dev/null").ok();
+            ok
+        };
+        if !shed {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        shed
+    }
+
+    fn refuse(&self, stream: &UnixStream, peer: &Peer, why: Refusal, service: &dyn Service) {
+        tracing::debug!(?peer, "{}: {}", self.cfg.path.display(), why.message());
+        finish(stream, Reply::body(service.refusal(why)));
+    }
+
+    /// Reads what is there: None while the request is incomplete (and the deadline not
+    /// passed), else what ended the read.
+    fn read_available(&self, c: &mut Conn) -> Option<Ended> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match (&c.stream).read(&mut chunk) {
+                Ok(0) => return Some(Ended::Truncated),
+                Ok(n) => {
+                    if c.buf.is_empty() {
+                        c.deadline = c.accepted + self.cfg.deadline;
+                    }
+                    c.buf.extend_from_slice(&chunk[..n]);
+                    match parse_frame(&c.buf, self.cfg.max_len) {
+                        Framed::Complete(r) => return Some(Ended::Request(r)),
+                        Framed::TooLong(_) => return Some(Ended::TooLong),
+                        Framed::Short => continue,
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return (c.deadline <= Instant::now()).then_some(Ended::Timeout);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return Some(Ended::Truncated),
+            }
+        }
+    }
+
+    fn answer(&self, c: &mut Conn, read: Ended, service: &mut dyn Service) -> Reply {
+        match read {
+            Ended::Request(r) => service.handle(&c.peer, &c.buf[r]),
+            Ended::TooLong => Reply::body(service.refusal(Refusal::TooLong)),
+            Ended::Timeout => Reply::body(service.refusal(Refusal::Timeout)),
+            Ended::Truncated => Reply::body(service.refusal(Refusal::Truncated)),
         }
     }
 
     /// Reads what is there; `Some(reply)` when the connection is done.
     fn progress(&self, c: &mut Conn, service: &mut dyn Service) -> Option<Reply> {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match (&c.stream).read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
-                    c.buf.extend_from_slice(&chunk[..n]);
-                    match parse_frame(&c.buf, self.cfg.max_len) {
-                        Framed::Complete(r) => {
-                            let peer = c.peer;
-                            return Some(service.handle(&peer, &c.buf[r]));
-                        }
-                        Framed::TooLong(_) => {
-                            return Some(Reply::body(service.refusal(Refusal::TooLong)))
-                        }
-                        Framed::Short => continue,
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    return (c.deadline <= Instant::now())
-                        .then(|| Reply::body(service.refusal(Refusal::Timeout)));
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            }
-        }
-        // End of stream (or a reset) before a whole frame.
-        Some(Reply::body(service.refusal(Refusal::Truncated)))
+        let read = self.read_available(c)?;
+        Some(self.answer(c, read, service))
+    }
+}
+
+/// How reading a connection ended.
+enum Ended {
+    /// A whole request, at this range of the buffer.
+    Request(std::ops::Range<usize>),
+    TooLong,
+    Timeout,
+    /// End of stream (or a reset) before a whole frame.
+    Truncated,
+}
+
+/// Raises this process's soft descriptor limit to its hard limit (systemd's default soft limit
+/// is 1024); returns the soft limit now in force.
+pub fn raise_nofile() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(_) => soft,
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 1024,
     }
 }
 

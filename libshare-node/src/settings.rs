@@ -66,6 +66,8 @@ pub struct Settings {
     path: PathBuf,
     file: File,
     defaults: ContainerSettings,
+    /// Bumped by every change (the control loop re-reads its words when it moves).
+    generation: u64,
 }
 
 impl Settings {
@@ -88,11 +90,17 @@ impl Settings {
             path,
             file,
             defaults,
+            generation: 0,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Changes with every [`Settings::put`].
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The admin's own settings for `name`, if any.
@@ -118,6 +126,7 @@ impl Settings {
         };
         save(&self.path, &next)?;
         self.file = next;
+        self.generation += 1;
         Ok(())
     }
 

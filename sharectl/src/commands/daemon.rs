@@ -2,6 +2,7 @@
 
 use anyhow::{anyhow, Result};
 use clap::{Args, ValueEnum};
+use libshare_node::server::ServerConfig;
 use libshare_node::{ControllerConfig, PolicyKind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -143,16 +144,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         settings_path,
         defaults,
     )?));
-    let mut cfg = cfg;
-    cfg.seed = Some(libshare_node::registry::Seed({
-        let settings = settings.clone();
-        Arc::new(move |name, state| {
-            settings
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .apply(name, state)
-        })
-    }));
     let totals = match libshare_node::nvml::device_totals() {
         Ok(t) => Some(t),
         Err(why) => {
@@ -160,16 +151,24 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             None
         }
     };
-    let admin = libshare_node::server::Server::bind(libshare_node::server::ServerConfig::new(
-        dir.join("admin.sock"),
-        0o600,
-    ))
-    .map_err(|e| {
-        anyhow!(
-            "cannot create the admin socket {}: {e}",
-            dir.join("admin.sock").display()
-        )
-    })?;
+    let devices = totals
+        .as_ref()
+        .map_or(libshare_abi::MAX_DEVICES, |t| t.len());
+    let mut cfg = cfg;
+    cfg.authority = Some(libshare_node::authority::Authority::new(
+        settings.clone(),
+        devices,
+        args.trust_env,
+        cfg.health.restores.clone(),
+    ));
+    let admin =
+        libshare_node::server::Server::bind(ServerConfig::new(dir.join("admin.sock"), 0o600))
+            .map_err(|e| {
+                anyhow!(
+                    "cannot create the admin socket {}: {e}",
+                    dir.join("admin.sock").display()
+                )
+            })?;
     let admin_thread = {
         let mut service =
             libshare_node::admin::AdminService::new(dir.clone(), settings.clone(), totals);
@@ -181,10 +180,11 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         .register_socket
         .clone()
         .unwrap_or_else(|| dir.join("register.sock"));
-    let register = libshare_node::server::Server::bind(libshare_node::server::ServerConfig::new(
-        register_path.clone(),
-        0o666,
-    ))
+    let nofile = libshare_node::server::raise_nofile();
+    let register = libshare_node::server::Server::bind(ServerConfig {
+        pin_identity: true,
+        ..ServerConfig::new(register_path.clone(), 0o666).fit_descriptors(nofile)
+    })
     .map_err(|e| {
         anyhow!(
             "cannot create the registration socket {}: {e}",
@@ -198,7 +198,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
                 prefixes: args.cgroup_prefix.clone(),
                 trust_env: args.trust_env,
             },
-            cfg.seed.clone(),
+            cfg.authority.clone(),
         );
         std::thread::Builder::new()
             .name("register".into())
@@ -221,6 +221,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     }
     tracing::info!(
         nice,
+        nofile,
         state_dir = %dir.display(),
         period_us = args.period / 1_000,
         policy = args.policy.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string()),

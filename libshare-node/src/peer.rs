@@ -1,0 +1,145 @@
+//! Who is on the other end of a Unix socket, read so that a recycled pid cannot lie: the
+//! peer's process is pinned by a pidfd while its `/proc/<pid>/cgroup` is read, and the read
+//! counts only if that same process is still alive afterwards (a live process's pid cannot
+//! have been reused, so the file read was its own).
+//!
+//! The pidfd is the one the kernel took at `connect` (`SO_PEERPIDFD`, Linux ≥ 6.5). On older
+//! kernels it is opened from `SO_PEERCRED`'s pid at accept (`pidfd_open`, Linux ≥ 5.3), and a
+//! process that started after the connection was accepted is refused (its pid was recycled);
+//! without pidfds at all (Linux < 5.3) the pid is read as it is, the liveness check being then
+//! `/proc/<pid>`'s existence.
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{getsockopt, sockopt::PeerPidfd};
+use std::io::ErrorKind;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PinError {
+    #[error("process {0} exited before the daemon could tell which container it is in")]
+    Gone(u32),
+    #[error("cannot read /proc/{pid}/cgroup: {err}")]
+    Unreadable { pid: u32, err: String },
+}
+
+/// The cgroups (`/proc/<pid>/cgroup`'s text) of the process connected on `stream`, whose
+/// `SO_PEERCRED` pid is `pid`.
+pub fn cgroups(stream: &UnixStream, pid: u32) -> Result<String, PinError> {
+    let pidfd = match getsockopt(stream, PeerPidfd) {
+        Ok(fd) => Some(fd),
+        // No SO_PEERPIDFD on this kernel.
+        Err(nix::errno::Errno::ENOPROTOOPT) => open_pidfd(pid)?,
+        // The kernel knows the peer but cannot give its process: it is gone (reaped).
+        Err(_) => return Err(PinError::Gone(pid)),
+    };
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| {
+        match e.kind() {
+            ErrorKind::NotFound => PinError::Gone(pid),
+            // ESRCH: the process is exiting.
+            _ if e.raw_os_error() == Some(libc::ESRCH) => PinError::Gone(pid),
+            _ => PinError::Unreadable {
+                pid,
+                err: e.to_string(),
+            },
+        }
+    })?;
+    let alive = match &pidfd {
+        Some(fd) => !exited(fd),
+        None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+    };
+    if !alive || text.is_empty() {
+        return Err(PinError::Gone(pid));
+    }
+    Ok(text)
+}
+
+/// A pidfd for `pid` on a kernel without `SO_PEERPIDFD`; None where pidfds do not exist.
+fn open_pidfd(pid: u32) -> Result<Option<OwnedFd>, PinError> {
+    let accepted = boot_ticks();
+    // SAFETY: pidfd_open(pid, 0) takes no pointers; a non-negative result is a new descriptor
+    // we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ESRCH) => Err(PinError::Gone(pid)),
+            _ => Ok(None), // ENOSYS: no pidfds on this kernel
+        };
+    }
+    // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    // A process that started after the accept is not the one that connected.
+    if let (Some(started), Some(accepted)) = (start_ticks(pid), accepted) {
+        if started > accepted {
+            return Err(PinError::Gone(pid));
+        }
+    }
+    Ok(Some(fd))
+}
+
+/// Whether the process behind `pidfd` has exited (a pidfd polls readable then).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) => n > 0,
+        Err(_) => true,
+    }
+}
+
+/// `CLOCK_BOOTTIME` in clock ticks (the unit of `/proc/<pid>/stat`'s start time).
+fn boot_ticks() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    // SAFETY: sysconf takes no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
+fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn a_live_peer_is_read_and_one_that_exited_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let l = UnixListener::bind(&path).unwrap();
+        // This process: alive, its own cgroup.
+        let _c = UnixStream::connect(&path).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let me = std::process::id();
+        assert_eq!(
+            cgroups(&s, me).unwrap(),
+            std::fs::read_to_string("/proc/self/cgroup").unwrap()
+        );
+        // A child that connects and exits before the daemon looks.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])",
+            ])
+            .arg(&path)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(cgroups(&s, pid), Err(PinError::Gone(pid)));
+        assert!(start_ticks(me).unwrap() <= boot_ticks().unwrap());
+    }
+}
