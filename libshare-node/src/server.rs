@@ -549,6 +549,10 @@ mod tests {
         let mut cfg = ServerConfig::new(dir.join("s.sock"), 0o600);
         cfg.deadline = Duration::from_millis(300);
         cfg.max_len = 1024;
+        start_with(cfg)
+    }
+
+    fn start_with(cfg: ServerConfig) -> (PathBuf, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         let server = Server::bind(cfg).unwrap();
         let path = server.path().to_path_buf();
         let stop = Arc::new(AtomicBool::new(false));
@@ -588,5 +592,109 @@ mod tests {
         stop.store(true, Release);
         h.join().unwrap();
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn held_connections_are_limited_per_group_and_a_whole_request_is_still_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ServerConfig::new(dir.path().join("s.sock"), 0o600);
+        cfg.max_per_group = 3;
+        cfg.first_byte = Duration::from_secs(5);
+        cfg.pin_identity = true;
+        let (path, stop, h) = start_with(cfg);
+        let silent: Vec<UnixStream> = (0..3)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        // The server takes connections in order: the fourth is over the limit.
+        let mut fourth = UnixStream::connect(&path).unwrap();
+        let got = libshare_abi::wire::read_frame(&mut fourth, 1024).unwrap();
+        assert_eq!(
+            got,
+            Refusal::Busy.message().as_bytes(),
+            "over the group's limit"
+        );
+        // A client that sends with its connect is not held, so it is served all the same (it
+        // may still be accepted before its bytes arrive, and then be told busy: as a shim does,
+        // it asks again).
+        let (body, _) = (0..50)
+            .find_map(|_| call(&path, b"hi", Duration::from_secs(2)).ok())
+            .expect("never served while the group was full");
+        assert_eq!(body, format!("{}:hi", std::process::id()).into_bytes());
+        drop(silent);
+        stop.store(true, Release);
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn at_the_descriptor_limit_connections_are_shed_without_spinning() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        // This test runs in its own process (nextest): lower its descriptor limit.
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        setrlimit(Resource::RLIMIT_NOFILE, 48, hard).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ServerConfig::new(dir.path().join("s.sock"), 0o600);
+        cfg.first_byte = Duration::from_secs(30);
+        cfg.deadline = Duration::from_secs(30);
+        let (path, stop, h) = start_with(cfg);
+        // Another process holds 200 idle connections: the server runs out of descriptors.
+        struct Reaped(std::process::Child);
+        impl Drop for Reaped {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut flood = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import resource,socket,sys,time\n\
+                 h=resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n\
+                 resource.setrlimit(resource.RLIMIT_NOFILE,(h,h))\n\
+                 s=[]\n\
+                 for _ in range(200):\n\
+                 \x20   c=socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); s.append(c)\n\
+                 print('ready', flush=True)\n\
+                 time.sleep(30)",
+            ])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map(Reaped)
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(flood.0.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(
+            line.trim(),
+            "ready",
+            "every connection was accepted or shed"
+        );
+        let cpu = || {
+            // SAFETY: an all-zero rusage is valid to be overwritten; RUSAGE_SELF is valid.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+            let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            tv(ru.ru_utime) + tv(ru.ru_stime)
+        };
+        let (c0, t0) = (cpu(), Instant::now());
+        std::thread::sleep(Duration::from_secs(1));
+        let share = (cpu() - c0) / t0.elapsed().as_secs_f64();
+        assert!(
+            share < 0.05,
+            "the server spins at the limit: {:.1} % of a core",
+            share * 100.0
+        );
+        drop(flood);
+        // Once the flood is gone, the server answers again.
+        let answered = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            call(&path, b"hi", Duration::from_secs(1)).is_ok()
+        });
+        assert!(answered, "the server never recovered");
+        stop.store(true, Release);
+        h.join().unwrap();
     }
 }
