@@ -111,19 +111,22 @@ pub fn register(cfg: &Config) -> Result<Outcome, String> {
         let timeout = attempt_timeout(t0.elapsed(), limit);
         let why = match attempt(sock, &hello, timeout, failures == 0) {
             Attempt::Done(outcome) => {
-                if announced {
-                    eprintln!(
-                        "libshare: registered with the daemon at {} after {}",
-                        sock.display(),
-                        show(t0.elapsed())
+                if let Outcome::Registered { container, .. } = &outcome {
+                    if announced {
+                        eprintln!(
+                            "libshare: the daemon at {} took this process into container {container} after {}",
+                            sock.display(),
+                            show(t0.elapsed())
+                        );
+                    }
+                    // What registration adds to cuInit (benchmarked: daemon_register_scale).
+                    tracing::debug!(
+                        container = %container,
+                        us = t0.elapsed().as_micros() as u64,
+                        attempts = failures + 1,
+                        "registered with the daemon"
                     );
                 }
-                // What registration adds to cuInit (benchmarked: daemon_register_scale).
-                tracing::debug!(
-                    us = t0.elapsed().as_micros() as u64,
-                    attempts = failures + 1,
-                    "registered with the daemon"
-                );
                 return Ok(outcome);
             }
             Attempt::Refused(reason) => {
