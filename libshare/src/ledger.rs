@@ -363,9 +363,9 @@ pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
 /// else, without a daemon, through a read-only view of the file by path if a CUDA process made
 /// it. The quota is the state's; where the environment applies (no daemon, or one that trusts
 /// it) and the state has none, the environment's limit with nothing used. An invalid
-/// configuration, or a daemon that does not register the process (one line on stderr; never
-/// the environment's limits instead), shows the device as it is (the error is reported to CUDA
-/// jobs at cuInit). No slot is claimed: the tool holds no memory.
+/// configuration, or a daemon that does not register the process at its one attempt (one line
+/// on stderr; never the environment's limits instead), shows the device as it is (the error is
+/// reported to CUDA jobs at cuInit). No slot is claimed: the tool holds no memory.
 fn quota_without_cuda(dev: usize) -> (u64, u64) {
     use std::sync::atomic::AtomicPtr;
     struct View {
@@ -375,19 +375,20 @@ fn quota_without_cuda(dev: usize) -> (u64, u64) {
     }
     fn make() -> Option<View> {
         let cfg = crate::config::Config::from_env().ok()?;
-        let (state, env_applies) = match crate::register::register(&cfg) {
-            Ok(crate::register::Outcome::Registered {
-                state, env_trusted, ..
-            }) => (Some(*state), env_trusted),
-            Ok(crate::register::Outcome::NoDaemon) => {
-                let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
-                (libshare_abi::State::open_view(&path).ok(), true)
-            }
-            Err(line) => {
-                eprintln!("{line}");
-                return None;
-            }
-        };
+        let (state, env_applies) =
+            match crate::register::register(&cfg, crate::register::Patience::Once) {
+                Ok(crate::register::Outcome::Registered {
+                    state, env_trusted, ..
+                }) => (Some(*state), env_trusted),
+                Ok(crate::register::Outcome::NoDaemon) => {
+                    let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
+                    (libshare_abi::State::open_view(&path).ok(), true)
+                }
+                Err(line) => {
+                    eprintln!("{line}");
+                    return None;
+                }
+            };
         Some(View {
             cfg,
             state,

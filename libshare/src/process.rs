@@ -230,7 +230,10 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     // fails cuInit (never its environment's word instead). Without a daemon (no socket file),
     // the container's state by path or nothing: a private fallback would let every process
     // enforce the whole quota on its own.
-    let (state, container, env_applies) = match crate::register::register(&cfg)? {
+    let (state, container, env_applies) = match crate::register::register(
+        &cfg,
+        crate::register::Patience::Wait(cfg.register_timeout),
+    )? {
         crate::register::Outcome::Registered {
             state,
             container,

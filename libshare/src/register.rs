@@ -14,6 +14,9 @@
 //! being restarted), for at most `LIBSHARE_REGISTER_TIMEOUT` (default 10 s; one line on stderr
 //! once it has waited 1 s). Then, or at once on a refusal or a broken answer, registration
 //! fails with one line saying why and what to do: `cuInit` fails and the job does not run.
+//! An NVML-only process (no `cuInit`: a monitoring tool, or the daemon itself where the shim is
+//! preloaded everywhere) asks once ([`Patience::Once`]); if that fails it sees the devices as
+//! they are, never its environment's limits.
 //!
 //! Init only, never on a hot path; holds no lock (a fork while a thread waits here leaves the
 //! child nothing held); never panics.
@@ -89,10 +92,33 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// How long registration may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Patience {
+    /// A CUDA job: ask again, backing off, for up to this long (`LIBSHARE_REGISTER_TIMEOUT`).
+    Wait(Duration),
+    /// An NVML-only view (a monitoring tool, the daemon itself when the shim is preloaded
+    /// everywhere): one attempt of up to 1 s. Such a process holds no memory, and one that
+    /// cannot register shows the devices as they are, so it has no quota to escape; it must
+    /// not stall a memory query, nor the start of a daemon whose stale socket it would be
+    /// waiting on.
+    Once,
+}
+
+/// What a failure means for the process, for its one line.
+fn consequence(patience: Patience) -> &'static str {
+    match patience {
+        Patience::Wait(_) => "the job does not run outside its container's limits",
+        Patience::Once => {
+            "NVML shows the devices' own memory, not this process's environment's limits"
+        }
+    }
+}
+
 /// Registers this process with the daemon at the configured socket. Err: the one line for
 /// stderr (the daemon refused, did not register the process in time, or answered nonsense):
 /// the process must not run on its environment's word.
-pub fn register(cfg: &Config) -> Result<Outcome, String> {
+pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, String> {
     let Some(sock) = &cfg.socket else {
         return Ok(Outcome::NoDaemon);
     };
@@ -103,12 +129,19 @@ pub fn register(cfg: &Config) -> Result<Outcome, String> {
         claimed: std::env::var("LIBSHARE_CONTAINER").unwrap_or_default(),
     }
     .encode();
-    let limit = cfg.register_timeout;
+    let limit = match patience {
+        Patience::Wait(limit) => limit,
+        Patience::Once => Duration::ZERO,
+    };
+    let then = consequence(patience);
     let t0 = Instant::now();
     let mut failures = 0u32;
     let mut announced = false;
     loop {
-        let timeout = attempt_timeout(t0.elapsed(), limit);
+        let timeout = match patience {
+            Patience::Wait(limit) => attempt_timeout(t0.elapsed(), limit),
+            Patience::Once => ATTEMPT,
+        };
         let why = match attempt(sock, &hello, timeout, failures == 0) {
             Attempt::Done(outcome) => {
                 if let Outcome::Registered { container, .. } = &outcome {
@@ -131,16 +164,15 @@ pub fn register(cfg: &Config) -> Result<Outcome, String> {
             }
             Attempt::Refused(reason) => {
                 return Err(format!(
-                    "libshare: the daemon at {} refused to register this process: {reason}; \
-                     the job does not run outside its container's limits",
+                    "libshare: the daemon at {} refused to register this process: {reason}; {then}",
                     sock.display()
                 ))
             }
             Attempt::Failed(e) => {
                 return Err(format!(
-                    "libshare: registration with the daemon at {} failed ({e}); the job does \
-                     not run outside its container's limits. Check that this process can reach \
-                     the socket and that the daemon and the shim are the same version",
+                    "libshare: registration with the daemon at {} failed ({e}); {then}. Check \
+                     that this process can reach the socket and that the daemon and the shim \
+                     are the same version",
                     sock.display()
                 ))
             }
@@ -148,13 +180,19 @@ pub fn register(cfg: &Config) -> Result<Outcome, String> {
         };
         failures += 1;
         let Some(wait) = pause(t0.elapsed(), limit, failures) else {
+            let within = match patience {
+                Patience::Wait(limit) => format!(" within {}", show(limit)),
+                Patience::Once => String::new(),
+            };
+            let raise = match patience {
+                Patience::Wait(_) => ", or raise LIBSHARE_REGISTER_TIMEOUT",
+                Patience::Once => "",
+            };
             return Err(format!(
-                "libshare: the daemon at {} did not register this process within {} ({why}); \
-                 the job does not run outside its container's limits. Start the daemon (or \
-                 remove the stale socket if it is gone for good), or raise \
-                 LIBSHARE_REGISTER_TIMEOUT",
+                "libshare: the daemon at {} did not register this process{within} ({why}); \
+                 {then}. Start the daemon (or remove the stale socket if it is gone for good)\
+                 {raise}",
                 sock.display(),
-                show(limit)
             ));
         };
         if !announced && t0.elapsed() + wait >= ANNOUNCE_AFTER {
