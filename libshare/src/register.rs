@@ -49,6 +49,8 @@ const MIN_ATTEMPT: Duration = Duration::from_millis(50);
 /// The first pause between attempts; each next one doubles, up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// How a busy daemon's answer starts in the lines.
+const BUSY: &str = "busy: ";
 /// After waiting this long, one line says so.
 const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
 
@@ -188,10 +190,14 @@ pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, String> {
                 Patience::Wait(_) => ", or raise LIBSHARE_REGISTER_TIMEOUT",
                 Patience::Once => "",
             };
+            let todo = if why.starts_with(BUSY) {
+                "Retry when the node is less loaded (the daemon is at its connection limit)"
+            } else {
+                "Start the daemon (or remove the stale socket if it is gone for good)"
+            };
             return Err(format!(
                 "libshare: the daemon at {} did not register this process{within} ({why}); \
-                 {then}. Start the daemon (or remove the stale socket if it is gone for good)\
-                 {raise}",
+                 {then}. {todo}{raise}",
                 sock.display(),
             ));
         };
@@ -252,7 +258,7 @@ fn attempt(sock: &Path, hello: &[u8], timeout: Duration, first: bool) -> Attempt
                 Err(e) => Attempt::Failed(e.to_string()),
             }
         }
-        Ok(Welcome::Busy { reason }) => Attempt::Again(format!("busy: {reason}")),
+        Ok(Welcome::Busy { reason }) => Attempt::Again(format!("{BUSY}{reason}")),
         Ok(Welcome::Refused { reason }) => Attempt::Refused(reason),
         Err(e) => Attempt::Failed(e),
     }

@@ -8,6 +8,10 @@
 //!   state never appears and nothing is charged anywhere;
 //! - (b) the daemon is resumed (SIGCONT) once the job says it is waiting (~1 s after it
 //!   starts): the job registers as A, under A's 256 MiB, and its 64 MiB are charged to A.
+//!
+//! And against a stand-in daemon: `Busy` (a daemon at its connection limit) is asked again,
+//! backing off (about ten requests in 1.5 s), until `LIBSHARE_REGISTER_TIMEOUT`; a refusal is
+//! final at once, with the daemon's reason.
 
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{State, STATE_FILE};
@@ -249,4 +253,130 @@ fn daemon_fail_closed_a_job_waits_for_a_resumed_daemon_and_registers_in_its_cgro
     assert!(!state_path(&gpu, "B").exists(), "nothing of the job is B's");
     job.kill().unwrap();
     job.wait().unwrap();
+}
+
+/// A stand-in daemon on `sock`: answers the first `busy` requests `Busy`, then `then` (None:
+/// `Busy` forever). Counts the requests.
+fn fake_daemon(
+    sock: &std::path::Path,
+    busy: usize,
+    then: Option<Welcome>,
+) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    use std::io::Write;
+    let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { continue };
+            if libshare_abi::wire::read_frame(&mut s, 4096).is_err() {
+                continue;
+            }
+            let i = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let answer = match &then {
+                Some(w) if i >= busy => w.clone(),
+                _ => Welcome::Busy {
+                    reason: "the daemon is busy; retry".into(),
+                },
+            };
+            let _ = s.write_all(&libshare_abi::wire::frame(&answer.encode()));
+        }
+    });
+    n
+}
+
+/// `hold_memory try 64` on `gpu` with its registration socket at `sock`: (exit success,
+/// stdout, the `libshare:` lines of its stderr, how long it took).
+fn try_job(
+    gpu: &SimGpu,
+    sock: &std::path::Path,
+    timeout: &str,
+) -> (bool, String, Vec<String>, Duration) {
+    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let mut cmd = gpu.command(&prog);
+    cmd.args(["try", "64"])
+        .env("LIBSHARE_SOCKET", sock)
+        .env("LIBSHARE_REGISTER_TIMEOUT", timeout);
+    let t0 = Instant::now();
+    let out = gpu.run_cmd(cmd);
+    let lines = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("libshare:"))
+        .map(String::from)
+        .collect();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        lines,
+        t0.elapsed(),
+    )
+}
+
+#[test]
+fn daemon_fail_closed_busy_is_asked_again_until_the_deadline_and_a_refusal_fails_at_once() {
+    let gpu = SimGpu::new().with_shim().quota("1GiB");
+    let dir = tempfile::tempdir().unwrap();
+
+    // Busy every time: asked again, backing off, then cuInit fails at the deadline.
+    let sock = dir.path().join("busy.sock");
+    let asked = fake_daemon(&sock, 0, None);
+    let (ok, out, lines, took) = try_job(&gpu, &sock, "1500ms");
+    let asked = asked.load(std::sync::atomic::Ordering::SeqCst);
+    println!("always busy: {asked} requests, cuInit failed after {took:?}: {lines:?}");
+    assert!(
+        !ok && out.contains(r#""ok":false"#),
+        "cuInit must fail: {out}"
+    );
+    let last = lines.last().cloned().unwrap_or_default();
+    assert!(
+        last.contains(
+            "did not register this process within 1.5s (busy: the daemon is busy; retry)"
+        ) && last.contains("connection limit"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines.len(),
+        2,
+        "one waiting line, then the reason: {lines:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1500),
+        "gave up after {took:?}"
+    );
+    // 10, 20, 40, … 500 ms apart: about ten requests in 1.5 s, not a busy loop.
+    assert!((5..=20).contains(&asked), "{asked} requests in {took:?}");
+
+    // Busy twice, then refused: the refusal is final, at once, with the daemon's reason.
+    let sock = dir.path().join("refuses.sock");
+    let asked = fake_daemon(
+        &sock,
+        2,
+        Some(Welcome::Refused {
+            reason: "this cgroup may not use the GPU".into(),
+        }),
+    );
+    let (ok, out, lines, took) = try_job(&gpu, &sock, "10s");
+    println!("busy twice, then refused: cuInit failed after {took:?}: {lines:?}");
+    assert!(
+        !ok && out.contains(r#""ok":false"#),
+        "cuInit must fail: {out}"
+    );
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "asked until refused, no more"
+    );
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("refused to register this process: this cgroup may not use the GPU"),
+        "{lines:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "a refusal is final: {took:?}"
+    );
+    assert!(
+        !state_path(&gpu, "default").exists(),
+        "nothing ran as the environment's container"
+    );
 }
