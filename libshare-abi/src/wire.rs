@@ -5,8 +5,12 @@
 //! A frame is a little-endian `u32` body length then the body; a body is at most
 //! [`MAX_FRAME`] bytes. What a body holds is the protocol's business (`register`, `admin`).
 
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-use std::io::{IoSliceMut, Read, Write};
+use nix::sys::socket::{
+    connect, recvmsg, send, setsockopt, socket, sockopt, AddressFamily, ControlMessageOwned,
+    MsgFlags, SockFlag, SockType, UnixAddr,
+};
+use nix::sys::time::{TimeVal, TimeValLike};
+use std::io::{IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -21,6 +25,9 @@ pub enum WireError {
     Connect { path: String, err: std::io::Error },
     #[error("the daemon did not answer in time")]
     Timeout,
+    /// The daemon closed the connection before a whole answer (it died, or is restarting).
+    #[error("the daemon closed the connection without a whole answer")]
+    Closed,
     #[error("talking to the daemon: {0}")]
     Io(#[from] std::io::Error),
     #[error("the daemon's answer is malformed: {0}")]
@@ -65,13 +72,14 @@ pub fn call(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(Vec<u8>, Option<OwnedFd>), WireError> {
-    let mut s = UnixStream::connect(path).map_err(|err| WireError::Connect {
-        path: path.display().to_string(),
-        err,
-    })?;
+    let s = connect_within(path, timeout)?;
     s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    s.write_all(&frame(body)).map_err(timeout_of)?;
+    match send_all(&s, &frame(body)) {
+        // The daemon answered and closed before reading (a refusal at accept, e.g. busy): its
+        // answer is still there to read.
+        Err(WireError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r?,
+    }
     let mut buf = vec![0u8; 4096];
     let mut have = 0usize;
     let mut fd = None;
@@ -90,12 +98,51 @@ pub fn call(
             fd = got;
         }
         if n == 0 {
-            return Err(WireError::Malformed(
-                "the daemon closed the connection mid-answer",
-            ));
+            return Err(WireError::Closed);
         }
         have += n;
     }
+}
+
+/// A connection to `path`, waiting at most `timeout` for room in the daemon's backlog (a
+/// daemon that does not accept, e.g. a stopped one, fills it; a plain `connect` would then
+/// wait forever). The send timeout, set before `connect`, bounds the wait and stays set for
+/// the request (`EAGAIN` after it: [`WireError::Timeout`]).
+fn connect_within(path: &Path, timeout: Duration) -> Result<UnixStream, WireError> {
+    let connect_err = |err: std::io::Error| WireError::Connect {
+        path: path.display().to_string(),
+        err,
+    };
+    let addr = UnixAddr::new(path).map_err(|e| connect_err(e.into()))?;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    // A zero timeout means "forever" to the kernel: at least a microsecond.
+    let tv = TimeVal::microseconds(timeout.as_micros().clamp(1, i64::MAX as u128) as i64);
+    setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(std::io::Error::from)?;
+    match connect(fd.as_raw_fd(), &addr) {
+        Ok(()) => Ok(UnixStream::from(fd)),
+        Err(nix::errno::Errno::EAGAIN) => Err(WireError::Timeout),
+        Err(e) => Err(connect_err(e.into())),
+    }
+}
+
+/// Writes all of `buf`; `MSG_NOSIGNAL`: a daemon that closed its side (a refusal sent at
+/// accept) is an error here, not a SIGPIPE that kills the process the shim lives in.
+fn send_all(s: &UnixStream, mut buf: &[u8]) -> Result<(), WireError> {
+    while !buf.is_empty() {
+        match send(s.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Ok(0) => return Err(WireError::Closed),
+            Ok(n) => buf = &buf[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(timeout_of(e.into())),
+        }
+    }
+    Ok(())
 }
 
 fn timeout_of(e: std::io::Error) -> WireError {

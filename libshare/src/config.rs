@@ -7,6 +7,10 @@ use libshare_abi::units::{format_size, parse_size, GIB, KIB, MIB};
 use libshare_abi::{CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, MAX_DEVICES};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// `LIBSHARE_REGISTER_TIMEOUT` when unset.
+pub const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -25,6 +29,9 @@ pub struct Config {
     /// The daemon's registration socket to try first: `LIBSHARE_SOCKET`, else
     /// `<state dir>/register.sock` (none when `LIBSHARE_CONTAINER_DIR` names the file's place).
     pub socket: Option<PathBuf>,
+    /// How long a process whose registration socket exists waits for the daemon to register it
+    /// (`LIBSHARE_REGISTER_TIMEOUT`, default 10 s) before `cuInit` fails.
+    pub register_timeout: Duration,
     /// Device memory charged once per process and device for its context (the driver's own use,
     /// invisible to allocation hooks; a few hundred MiB on a real GPU). Default 0.
     pub context_overhead: u64,
@@ -43,6 +50,7 @@ pub const KNOWN: &[&str] = &[
     "LIBSHARE_CONTAINER_DIR",
     "LIBSHARE_STATE_DIR",
     "LIBSHARE_SOCKET",
+    "LIBSHARE_REGISTER_TIMEOUT",
     "LIBSHARE_LOG",
     "LIBSHARE_REAL_LIBCUDA",
     "LIBSHARE_REAL_LIBNVML",
@@ -308,6 +316,18 @@ impl Config {
             None if get("LIBSHARE_CONTAINER_DIR").is_some() => None,
             None => Some(state_dir.join("register.sock")),
         };
+        let register_timeout = match get("LIBSHARE_REGISTER_TIMEOUT") {
+            None => DEFAULT_REGISTER_TIMEOUT,
+            Some(v) => libshare_abi::units::parse_duration_ns(v)
+                .map(Duration::from_nanos)
+                .ok_or_else(|| {
+                    invalid(
+                        "LIBSHARE_REGISTER_TIMEOUT",
+                        v,
+                        "expected a duration like 10s or 500ms (0s: one attempt, no waiting)",
+                    )
+                })?,
+        };
         let context_overhead = match get("LIBSHARE_CONTEXT_OVERHEAD") {
             None => 0,
             Some(v) => parse_size(v).ok_or_else(|| {
@@ -350,6 +370,7 @@ impl Config {
             container,
             container_dir,
             socket,
+            register_timeout,
             compute_percent,
             log: get("LIBSHARE_LOG").map(String::from),
             warnings,
@@ -649,5 +670,21 @@ mod tests {
             .check_devices(1, &totals)
             .unwrap_err();
         names(&e, "LIBSHARE_CONTEXT_OVERHEAD");
+    }
+
+    #[test]
+    fn the_register_timeout_is_a_duration_and_defaults_to_ten_seconds() {
+        let t = |v: &str| cfg(&[("LIBSHARE_REGISTER_TIMEOUT", v)]).map(|c| c.register_timeout);
+        assert_eq!(cfg(&[]).unwrap().register_timeout, Duration::from_secs(10));
+        assert_eq!(t("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(t("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(t("0s"), Ok(Duration::ZERO));
+        for bad in ["10", "ten seconds", "-1s", "1h"] {
+            names(&t(bad).unwrap_err(), "LIBSHARE_REGISTER_TIMEOUT");
+        }
+        assert!(cfg(&[("LIBSHARE_REGISTER_TIMEOUT", "1s")])
+            .unwrap()
+            .warnings
+            .is_empty());
     }
 }

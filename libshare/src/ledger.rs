@@ -360,39 +360,59 @@ pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
 /// tool in the container, `nvidia-smi`-like). Its container's state comes as for a CUDA process:
 /// from the daemon (registration: the container from the process's cgroup, the file as a
 /// descriptor, which a process may need because the daemon's files are not open to it by path),
-/// else through a read-only view of the file by path if a CUDA process made it. The quota is the
-/// state's; where the environment applies (no daemon, or one that trusts it) and the state has
-/// none, the environment's limit with nothing used. An invalid configuration shows the device as
-/// it is (the error is reported to CUDA jobs at cuInit). No slot is claimed: the tool holds no
-/// memory.
+/// else, without a daemon, through a read-only view of the file by path if a CUDA process made
+/// it. The quota is the state's; where the environment applies (no daemon, or one that trusts
+/// it) and the state has none, the environment's limit with nothing used. An invalid
+/// configuration, or a daemon that does not register the process at its one attempt (one line
+/// on stderr; never the environment's limits instead), shows the device as it is (the error is
+/// reported to CUDA jobs at cuInit). No slot is claimed: the tool holds no memory.
 fn quota_without_cuda(dev: usize) -> (u64, u64) {
-    use std::sync::OnceLock;
+    use std::sync::atomic::AtomicPtr;
     struct View {
         cfg: crate::config::Config,
         state: Option<libshare_abi::State>,
         env_applies: bool,
     }
-    static VIEW: OnceLock<Option<View>> = OnceLock::new();
-    let Some(view) = VIEW
-        .get_or_init(|| {
-            let cfg = crate::config::Config::from_env().ok()?;
-            let (state, env_applies) = match crate::register::register(&cfg) {
-                crate::register::Outcome::Registered {
+    fn make() -> Option<View> {
+        let cfg = crate::config::Config::from_env().ok()?;
+        let (state, env_applies) =
+            match crate::register::register(&cfg, crate::register::Patience::Once) {
+                Ok(crate::register::Outcome::Registered {
                     state, env_trusted, ..
-                } => (Some(*state), env_trusted),
-                crate::register::Outcome::NoDaemon => {
+                }) => (Some(*state), env_trusted),
+                Ok(crate::register::Outcome::NoDaemon) => {
                     let path = cfg.container_dir.join(libshare_abi::STATE_FILE);
                     (libshare_abi::State::open_view(&path).ok(), true)
                 }
+                Err(line) => {
+                    eprintln!("{line}");
+                    return None;
+                }
             };
-            Some(View {
-                cfg,
-                state,
-                env_applies,
-            })
+        Some(View {
+            cfg,
+            state,
+            env_applies,
         })
-        .as_ref()
-    else {
+    }
+    // Made once, published with a compare-and-swap: no lock is held while registration waits
+    // for the daemon, so a fork meanwhile leaves the child nothing held (two threads racing
+    // both register; one view is kept).
+    static VIEW: AtomicPtr<Option<View>> = AtomicPtr::new(std::ptr::null_mut());
+    let mut p = VIEW.load(Acquire);
+    if p.is_null() {
+        let made = Box::into_raw(Box::new(make()));
+        p = match VIEW.compare_exchange(std::ptr::null_mut(), made, AcqRel, Acquire) {
+            Ok(_) => made,
+            Err(theirs) => {
+                // SAFETY: `made` came from Box::into_raw above and was never published.
+                drop(unsafe { Box::from_raw(made) });
+                theirs
+            }
+        };
+    }
+    // SAFETY: a published view is never freed (nor replaced).
+    let Some(view) = (unsafe { &*p }).as_ref() else {
         return (0, 0);
     };
     if dev >= libshare_abi::MAX_DEVICES {

@@ -143,11 +143,19 @@ struct InitGuard;
 
 impl InitGuard {
     fn lock() -> InitGuard {
+        let mut spins = 0u32;
         while INIT_LOCK
             .compare_exchange_weak(false, true, Acquire, Relaxed)
             .is_err()
         {
-            std::thread::yield_now(); // cold path, once per process
+            // Cold path, once per process; but the thread initialising may wait for the daemon
+            // for seconds (LIBSHARE_REGISTER_TIMEOUT): sleep rather than spin then.
+            spins = spins.saturating_add(1);
+            if spins < 1000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         InitGuard
     }
@@ -218,9 +226,14 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     }
     let devices = check_limits(&cfg, ops)?;
     // The daemon's word first (registration: the container from the process's cgroup, the
-    // state file passed as a descriptor); without a daemon, the container's state by path or
-    // nothing: a private fallback would let every process enforce the whole quota on its own.
-    let (state, container, env_applies) = match crate::register::register(&cfg) {
+    // state file passed as a descriptor); a daemon that does not register this process in time
+    // fails cuInit (never its environment's word instead). Without a daemon (no socket file),
+    // the container's state by path or nothing: a private fallback would let every process
+    // enforce the whole quota on its own.
+    let (state, container, env_applies) = match crate::register::register(
+        &cfg,
+        crate::register::Patience::Wait(cfg.register_timeout),
+    )? {
         crate::register::Outcome::Registered {
             state,
             container,

@@ -3,19 +3,35 @@
 //! container from the process's cgroup and passes the file's descriptor; a process then needs
 //! no path to (and no permission on) any state file.
 //!
-//! No socket, or nobody listening: no daemon, and the shim works as without one (its
-//! environment's container and limits, the file by path). A daemon that refuses or does not
-//! answer within 1 s: one line on stderr, then the same. Init only: never on a hot path.
+//! No socket file (`LIBSHARE_SOCKET`, else `<state dir>/register.sock`): no daemon, and the shim
+//! works as without one (its environment's container and limits, the file by path).
+//!
+//! A socket file means a daemon decides: a process that cannot register **never** takes its
+//! identity or limits from its environment (else filling the daemon's connection cap, or
+//! stopping it, would let jobs escape their container's quota). It asks again, backing off
+//! from 10 ms to 500 ms, while the daemon is busy (at its connection limit), does not answer
+//! within 1 s (stopped, hung, its backlog full), or nobody listens on the file (a crashed daemon
+//! being restarted), for at most `LIBSHARE_REGISTER_TIMEOUT` (default 10 s; one line on stderr
+//! once it has waited 1 s). Then, or at once on a refusal or a broken answer, registration
+//! fails with one line saying why and what to do: `cuInit` fails and the job does not run.
+//! An NVML-only process (no `cuInit`: a monitoring tool, or the daemon itself where the shim is
+//! preloaded everywhere) asks once ([`Patience::Once`]); if that fails it sees the devices as
+//! they are, never its environment's limits.
+//!
+//! Init only, never on a hot path; holds no lock (a fork while a thread waits here leaves the
+//! child nothing held); never panics.
 
 use crate::config::Config;
 use libshare_abi::register::{Hello, Welcome};
+use libshare_abi::wire::WireError;
 use libshare_abi::State;
 use std::io::ErrorKind;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// What registration gave.
 pub enum Outcome {
-    /// No daemon listens: work without one.
+    /// No registration socket: no daemon, work without one.
     NoDaemon,
     Registered {
         state: Box<State>,
@@ -26,36 +42,204 @@ pub enum Outcome {
     },
 }
 
-pub fn register(cfg: &Config) -> Outcome {
+/// The longest one attempt waits for the daemon (to connect, and for its answer).
+const ATTEMPT: Duration = Duration::from_secs(1);
+/// The shortest one attempt waits, however little of the deadline is left.
+const MIN_ATTEMPT: Duration = Duration::from_millis(50);
+/// The first pause between attempts; each next one doubles, up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// How a busy daemon's answer starts in the lines.
+const BUSY: &str = "busy: ";
+/// After waiting this long, one line says so.
+const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
+
+/// What one attempt gave.
+enum Attempt {
+    Done(Outcome),
+    /// Worth asking again (busy, no answer, nobody listening); why, for the final line.
+    Again(String),
+    /// Final: the reason for the one line.
+    Refused(String),
+    Failed(String),
+}
+
+/// The pause before the next attempt, after `failures` (≥ 1) attempts that may be retried and
+/// `elapsed` since the first, with `limit` in all: 10 ms doubling to 500 ms, never past the
+/// deadline; None once the deadline has passed (give up).
+pub(crate) fn pause(elapsed: Duration, limit: Duration, failures: u32) -> Option<Duration> {
+    let left = limit.checked_sub(elapsed).filter(|l| !l.is_zero())?;
+    let backoff = FIRST_PAUSE
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(MAX_PAUSE);
+    Some(backoff.min(left))
+}
+
+/// How long an attempt started at `elapsed` may wait: 1 s, less near the deadline, never
+/// under [`MIN_ATTEMPT`] (a daemon must have a chance to answer even a last attempt).
+pub(crate) fn attempt_timeout(elapsed: Duration, limit: Duration) -> Duration {
+    limit
+        .saturating_sub(elapsed)
+        .clamp(MIN_ATTEMPT, ATTEMPT.max(MIN_ATTEMPT))
+}
+
+/// `10s`, `1.5s`, `500ms`: a duration as the variable is written.
+fn show(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{}s", d.as_secs())
+    } else if d.as_millis() >= 1000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// How long registration may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Patience {
+    /// A CUDA job: ask again, backing off, for up to this long (`LIBSHARE_REGISTER_TIMEOUT`).
+    Wait(Duration),
+    /// An NVML-only view (a monitoring tool, the daemon itself when the shim is preloaded
+    /// everywhere): one attempt of up to 1 s. Such a process holds no memory, and one that
+    /// cannot register shows the devices as they are, so it has no quota to escape; it must
+    /// not stall a memory query, nor the start of a daemon whose stale socket it would be
+    /// waiting on.
+    Once,
+}
+
+/// What a failure means for the process, for its one line.
+fn consequence(patience: Patience) -> &'static str {
+    match patience {
+        Patience::Wait(_) => "the job does not run outside its container's limits",
+        Patience::Once => {
+            "NVML shows the devices' own memory, not this process's environment's limits"
+        }
+    }
+}
+
+/// Registers this process with the daemon at the configured socket. Err: the one line for
+/// stderr (the daemon refused, did not register the process in time, or answered nonsense):
+/// the process must not run on its environment's word.
+pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, String> {
     let Some(sock) = &cfg.socket else {
-        return Outcome::NoDaemon;
+        return Ok(Outcome::NoDaemon);
     };
     if !sock.exists() {
-        return Outcome::NoDaemon;
+        return Ok(Outcome::NoDaemon);
     }
     let hello = Hello {
         claimed: std::env::var("LIBSHARE_CONTAINER").unwrap_or_default(),
+    }
+    .encode();
+    let limit = match patience {
+        Patience::Wait(limit) => limit,
+        Patience::Once => Duration::ZERO,
     };
-    let fail = |why: String| {
-        eprintln!(
-            "libshare: registration with the daemon at {} failed ({why}); using LIBSHARE_CONTAINER={} and this process's limits",
-            sock.display(),
-            cfg.container
-        );
-        Outcome::NoDaemon
-    };
-    let t0 = std::time::Instant::now();
-    let (body, fd) = match libshare_abi::wire::call(sock, &hello.encode(), Duration::from_secs(1)) {
+    let then = consequence(patience);
+    let t0 = Instant::now();
+    let mut failures = 0u32;
+    let mut announced = false;
+    loop {
+        let timeout = match patience {
+            Patience::Wait(limit) => attempt_timeout(t0.elapsed(), limit),
+            Patience::Once => ATTEMPT,
+        };
+        let why = match attempt(sock, &hello, timeout, failures == 0) {
+            Attempt::Done(outcome) => {
+                if let Outcome::Registered { container, .. } = &outcome {
+                    if announced {
+                        eprintln!(
+                            "libshare: the daemon at {} took this process into container {container} after {}",
+                            sock.display(),
+                            show(t0.elapsed())
+                        );
+                    }
+                    // What registration adds to cuInit (benchmarked: daemon_register_scale).
+                    tracing::debug!(
+                        container = %container,
+                        us = t0.elapsed().as_micros() as u64,
+                        attempts = failures + 1,
+                        "registered with the daemon"
+                    );
+                }
+                return Ok(outcome);
+            }
+            Attempt::Refused(reason) => {
+                return Err(format!(
+                    "libshare: the daemon at {} refused to register this process: {reason}; {then}",
+                    sock.display()
+                ))
+            }
+            Attempt::Failed(e) => {
+                return Err(format!(
+                    "libshare: registration with the daemon at {} failed ({e}); {then}. Check \
+                     that this process can reach the socket and that the daemon and the shim \
+                     are the same version",
+                    sock.display()
+                ))
+            }
+            Attempt::Again(why) => why,
+        };
+        failures += 1;
+        let Some(wait) = pause(t0.elapsed(), limit, failures) else {
+            let within = match patience {
+                Patience::Wait(limit) => format!(" within {}", show(limit)),
+                Patience::Once => String::new(),
+            };
+            let raise = match patience {
+                Patience::Wait(_) => ", or raise LIBSHARE_REGISTER_TIMEOUT",
+                Patience::Once => "",
+            };
+            let todo = if why.starts_with(BUSY) {
+                "Retry when the node is less loaded (the daemon is at its connection limit)"
+            } else {
+                "Start the daemon (or remove the stale socket if it is gone for good)"
+            };
+            return Err(format!(
+                "libshare: the daemon at {} did not register this process{within} ({why}); \
+                 {then}. {todo}{raise}",
+                sock.display(),
+            ));
+        };
+        if !announced && t0.elapsed() + wait >= ANNOUNCE_AFTER {
+            announced = true;
+            eprintln!(
+                "libshare: waiting up to {} for the daemon at {} to register this process ({why})",
+                show(limit),
+                sock.display()
+            );
+        }
+        std::thread::sleep(wait);
+    }
+}
+
+/// One request to the daemon. `first`: a socket file that vanishes before the first attempt
+/// is a daemon that stopped (and removed it): no daemon; later, a daemon restarting.
+fn attempt(sock: &Path, hello: &[u8], timeout: Duration, first: bool) -> Attempt {
+    let (body, fd) = match libshare_abi::wire::call(sock, hello, timeout) {
         Ok(r) => r,
-        Err(libshare_abi::wire::WireError::Connect { err, .. })
+        Err(WireError::Connect { err, .. }) => {
+            return match err.kind() {
+                ErrorKind::NotFound if first => Attempt::Done(Outcome::NoDaemon),
+                ErrorKind::NotFound => Attempt::Again("its socket file went away".into()),
+                ErrorKind::ConnectionRefused => Attempt::Again("nobody listens on it".into()),
+                ErrorKind::Interrupted => Attempt::Again("interrupted".into()),
+                _ => Attempt::Failed(format!("cannot connect: {err}")),
+            }
+        }
+        Err(WireError::Timeout) => return Attempt::Again("no answer".into()),
+        Err(WireError::Closed) => {
+            return Attempt::Again("it closed the connection without answering".into())
+        }
+        Err(WireError::Io(e))
             if matches!(
-                err.kind(),
-                ErrorKind::ConnectionRefused | ErrorKind::NotFound
+                e.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::Interrupted
             ) =>
         {
-            return Outcome::NoDaemon; // a socket file left by a daemon that is gone
+            return Attempt::Again(format!("the connection broke: {e}"))
         }
-        Err(e) => return fail(e.to_string()),
+        Err(e) => return Attempt::Failed(e.to_string()),
     };
     match Welcome::decode(&body) {
         Ok(Welcome::Ok {
@@ -63,28 +247,89 @@ pub fn register(cfg: &Config) -> Outcome {
             env_trusted,
         }) => {
             let Some(fd) = fd else {
-                return fail("no state file came with the answer".into());
+                return Attempt::Failed("no state file came with the answer".into());
             };
             match State::from_fd(std::fs::File::from(fd)) {
-                Ok(state) => {
-                    // What registration adds to cuInit (benchmarked: daemon_register_scale).
-                    tracing::debug!(
-                        container = %container,
-                        us = t0.elapsed().as_micros() as u64,
-                        "registered with the daemon"
-                    );
-                    Outcome::Registered {
-                        state: Box::new(state),
-                        container,
-                        env_trusted,
-                    }
-                }
-                Err(e) => fail(e.to_string()),
+                Ok(state) => Attempt::Done(Outcome::Registered {
+                    state: Box::new(state),
+                    container,
+                    env_trusted,
+                }),
+                Err(e) => Attempt::Failed(e.to_string()),
             }
         }
-        Ok(Welcome::Refused { reason } | Welcome::Busy { reason }) => {
-            fail(format!("refused: {reason}"))
+        Ok(Welcome::Busy { reason }) => Attempt::Again(format!("{BUSY}{reason}")),
+        Ok(Welcome::Refused { reason }) => Attempt::Refused(reason),
+        Err(e) => Attempt::Failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn pauses_double_from_10ms_to_500ms_and_stop_at_the_deadline() {
+        let limit = Duration::from_secs(10);
+        let pauses: Vec<_> = (1..=8)
+            .map(|n| pause(Duration::ZERO, limit, n).unwrap())
+            .collect();
+        assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 500, 500].map(|m| m * MS));
+        assert_eq!(pause(Duration::ZERO, limit, u32::MAX), Some(500 * MS));
+        // Never past the deadline; none once it has passed.
+        assert_eq!(pause(9990 * MS, limit, 10), Some(10 * MS));
+        assert_eq!(pause(limit, limit, 1), None);
+        assert_eq!(pause(limit + MS, limit, 1), None);
+        assert_eq!(
+            pause(Duration::ZERO, Duration::ZERO, 1),
+            None,
+            "0s: one attempt"
+        );
+    }
+
+    #[test]
+    fn a_whole_wait_is_bounded_by_the_limit() {
+        // Attempts that each time out, as against a stopped daemon: simulated time.
+        for limit in [
+            Duration::ZERO,
+            700 * MS,
+            Duration::from_secs(2),
+            Duration::from_secs(10),
+        ] {
+            let mut now = Duration::ZERO;
+            let mut failures = 0;
+            loop {
+                now += attempt_timeout(now, limit);
+                failures += 1;
+                match pause(now, limit, failures) {
+                    Some(p) => now += p,
+                    None => break,
+                }
+            }
+            assert!(now >= limit, "gave up early: {now:?} < {limit:?}");
+            assert!(now <= limit + MIN_ATTEMPT, "{now:?} for {limit:?}");
         }
-        Err(e) => fail(e),
+        assert_eq!(
+            attempt_timeout(Duration::ZERO, Duration::from_secs(10)),
+            ATTEMPT
+        );
+        assert_eq!(
+            attempt_timeout(9800 * MS, Duration::from_secs(10)),
+            200 * MS
+        );
+        assert_eq!(
+            attempt_timeout(Duration::from_secs(11), Duration::from_secs(10)),
+            MIN_ATTEMPT
+        );
+    }
+
+    #[test]
+    fn durations_show_as_written() {
+        assert_eq!(show(Duration::from_secs(10)), "10s");
+        assert_eq!(show(500 * MS), "500ms");
+        assert_eq!(show(1500 * MS), "1.5s");
+        assert_eq!(show(Duration::ZERO), "0ms");
     }
 }

@@ -8,7 +8,9 @@
 //!   registers too and sees A's quota and usage as its device's memory;
 //! - a non-root process cannot list the state directory nor open any container's state file by
 //!   path: the files reach processes only as the descriptors registration passes;
-//! - a job that registers with no daemon listening (a stale socket file) runs as without one;
+//! - a job whose registration socket file exists but nobody listens on it (a killed daemon's)
+//!   does not run on its environment's word: `cuInit` fails after `LIBSHARE_REGISTER_TIMEOUT`
+//!   with one line; with no socket file at all the job runs as without a daemon;
 //! - bad input on the registration socket is refused and the daemon keeps registering.
 
 use libshare_abi::register::{Hello, Welcome};
@@ -132,7 +134,7 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
 }
 
 #[test]
-fn daemon_identity_registration_survives_bad_clients_and_a_stale_socket_falls_back() {
+fn daemon_identity_registration_survives_bad_clients_and_a_stale_socket_fails_closed() {
     let gpu = SimGpu::new().with_shim().quota("1GiB");
     {
         let _d = daemon(&gpu, "/nothing-maps-here");
@@ -182,12 +184,58 @@ fn daemon_identity_registration_survives_bad_clients_and_a_stale_socket_falls_ba
         let st = State::from_fd(std::fs::File::from(fd.expect("a descriptor"))).unwrap();
         drop(st);
     }
-    // The daemon is gone; its socket file may remain. A job starts as without a daemon.
+    // The daemon is gone (killed: its socket file remains, bound then closed here so that
+    // nobody listens on it). A job does not run on its environment's word (container `default`,
+    // its 1 GiB): it waits LIBSHARE_REGISTER_TIMEOUT for a daemon, then cuInit fails with one
+    // line saying why and what to do.
     let sock = gpu.shim_state_dir().join("register.sock");
-    let _stale = std::os::unix::net::UnixListener::bind(&sock).map(|l| {
-        drop(l); // bound then closed: a socket file nobody listens on
-    });
+    if !sock.exists() {
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    }
+    assert!(sock.exists(), "a stale socket file");
     let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let started = std::time::Instant::now();
+    let mut cmd = gpu.command(&prog);
+    cmd.args(["try", "64"])
+        .env("LIBSHARE_REGISTER_TIMEOUT", "1s");
+    let out = gpu.run_cmd(cmd);
+    let took = started.elapsed();
+    assert!(!out.status.success(), "the job ran: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(r#""ok":false"#),
+        "cuInit must fail: {out:?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("libshare:"))
+        .collect();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.contains(&format!(
+            "the daemon at {} did not register this process within 1s",
+            sock.display()
+        )) && last.contains("does not run outside its container's limits")
+            && last.contains("Start the daemon"),
+        "one line saying why and what to do: {stderr}"
+    );
+    assert!(
+        lines.len() <= 2 && lines.iter().filter(|l| l.contains("waiting")).count() <= 1,
+        "at most one waiting line, then the reason: {stderr}"
+    );
+    assert!(
+        took >= Duration::from_secs(1),
+        "gave up after {took:?}, before LIBSHARE_REGISTER_TIMEOUT"
+    );
+    println!("stale socket: cuInit failed after {took:?}: {last}");
+    assert!(
+        !state_path(&gpu, "default").exists(),
+        "nothing ran as the environment's container"
+    );
+
+    // No socket file at all: no daemon; the job runs as without one (its environment's
+    // container and limit).
+    std::fs::remove_file(&sock).unwrap();
     let out = gpu.run_ok(&prog, &["try", "64"]);
     assert_eq!(libshare_tests::json_check(&out, "try")["result"], 0);
     let st = gpu.container_state("default");
