@@ -233,6 +233,7 @@ pub struct Server {
     reserve: Option<std::fs::File>,
     held: Held,
     accept_errors: Throttled,
+    unidentified: Throttled,
 }
 
 impl Server {
@@ -259,6 +260,7 @@ impl Server {
             reserve: std::fs::File::open("/dev/null").ok(),
             held: Held::default(),
             accept_errors: Throttled::new(),
+            unidentified: Throttled::new(),
         })
     }
 
@@ -373,7 +375,15 @@ impl Server {
                 match crate::peer::cgroups(&c.stream, c.peer.pid) {
                     Ok(text) => c.peer.cgroups = Some(text),
                     Err(e) => {
-                        tracing::info!(pid = c.peer.pid, uid = c.peer.uid, "refused: {e}");
+                        // One line per 10 s: a process that queues connections and exits
+                        // must not be able to fill the log.
+                        if let Some(n) = self.unidentified.due() {
+                            tracing::info!(
+                                pid = c.peer.pid,
+                                uid = c.peer.uid,
+                                "refused: {e} ({n} such refusal(s) in 10 s)"
+                            );
+                        }
                         self.refuse(&c.stream, &c.peer, Refusal::Unidentified, service);
                         continue;
                     }

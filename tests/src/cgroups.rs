@@ -79,6 +79,12 @@ impl Drop for Cgroups {
 /// `sharectl daemon` without --trust-env, mapping `<prefix>/<name>` to container `<name>`,
 /// once both its sockets answer; `extra` arguments are appended.
 pub fn untrusting_daemon(gpu: &SimGpu, prefix: &str, extra: &[&str]) -> Daemon {
+    start_daemon(gpu, untrusting_daemon_cmd(gpu, prefix, extra))
+}
+
+/// The command [`untrusting_daemon`] runs (its stderr inherited), to adjust before
+/// [`start_daemon`].
+pub fn untrusting_daemon_cmd(gpu: &SimGpu, prefix: &str, extra: &[&str]) -> Command {
     let dir = gpu.shim_state_dir();
     std::fs::create_dir_all(&dir).unwrap();
     let mut cmd = Command::new(artifacts().bin("sharectl"));
@@ -89,6 +95,12 @@ pub fn untrusting_daemon(gpu: &SimGpu, prefix: &str, extra: &[&str]) -> Daemon {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
+    cmd
+}
+
+/// Spawns a daemon command for `gpu`'s state directory and waits until both its sockets answer.
+pub fn start_daemon(gpu: &SimGpu, mut cmd: Command) -> Daemon {
+    let dir = gpu.shim_state_dir();
     let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
     until(Duration::from_secs(10), || {
         UnixStream::connect(dir.join("register.sock")).is_ok()
