@@ -5,8 +5,8 @@
 //! A frame is a little-endian `u32` body length then the body; a body is at most
 //! [`MAX_FRAME`] bytes. What a body holds is the protocol's business (`register`, `admin`).
 
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-use std::io::{IoSliceMut, Read, Write};
+use nix::sys::socket::{recvmsg, send, ControlMessageOwned, MsgFlags};
+use std::io::{IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -65,13 +65,13 @@ pub fn call(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(Vec<u8>, Option<OwnedFd>), WireError> {
-    let mut s = UnixStream::connect(path).map_err(|err| WireError::Connect {
+    let s = UnixStream::connect(path).map_err(|err| WireError::Connect {
         path: path.display().to_string(),
         err,
     })?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    s.write_all(&frame(body)).map_err(timeout_of)?;
+    send_all(&s, &frame(body))?;
     let mut buf = vec![0u8; 4096];
     let mut have = 0usize;
     let mut fd = None;
@@ -96,6 +96,20 @@ pub fn call(
         }
         have += n;
     }
+}
+
+/// Writes all of `buf` with `MSG_NOSIGNAL`: a daemon that closed the connection is an error,
+/// never a SIGPIPE (a CUDA process the shim lives in, or `sharectl`, may not ignore it).
+fn send_all(s: &UnixStream, mut buf: &[u8]) -> Result<(), WireError> {
+    while !buf.is_empty() {
+        match send(s.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Ok(0) => return Err(WireError::Io(std::io::ErrorKind::WriteZero.into())),
+            Ok(n) => buf = &buf[n..],
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(timeout_of(std::io::Error::from(e))),
+        }
+    }
+    Ok(())
 }
 
 fn timeout_of(e: std::io::Error) -> WireError {
