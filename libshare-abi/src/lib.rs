@@ -108,6 +108,7 @@ pub mod admin;
 mod error;
 mod fsafe;
 mod lock;
+pub mod names;
 pub mod rate;
 pub mod register;
 mod sigbus;
