@@ -162,15 +162,24 @@ impl Settings {
         Ok(())
     }
 
-    /// Writes `name`'s effective settings into its state (see the module doc).
-    pub fn apply(&self, name: &str, state: &State) {
-        write_into(&self.effective(name), state);
+    /// Writes `name`'s effective settings into its state on devices `0..devices` (see the
+    /// module doc and [`node_devices`]).
+    pub fn apply(&self, name: &str, state: &State, devices: usize) {
+        write_into(&self.effective(name), state, devices);
     }
 }
 
-/// Writes settings into a container's state: values given replace the state's, others stay.
-pub fn write_into(s: &ContainerSettings, state: &State) {
-    for d in 0..MAX_DEVICES {
+/// How many devices settings are written to: the node's (NVML's count), or every slot of the
+/// state file when NVML is unavailable.
+pub fn node_devices(totals: Option<&[u64]>) -> usize {
+    totals.map_or(MAX_DEVICES, |t| t.len().min(MAX_DEVICES))
+}
+
+/// Writes settings into a container's state, devices `0..devices` (the node's, so a setting
+/// for every device does not fill slots of GPUs the node lacks): values given replace the
+/// state's, others stay.
+pub fn write_into(s: &ContainerSettings, state: &State, devices: usize) {
+    for d in 0..devices.min(MAX_DEVICES) {
         let DeviceSettings {
             memory,
             compute,
@@ -272,7 +281,7 @@ mod tests {
         assert_eq!(again.effective("batch").class, Some(Class::Opportunistic));
 
         let st = State::open_or_create(&tmp.path().join("c/web")).unwrap();
-        again.apply("web", &st);
+        again.apply("web", &st, MAX_DEVICES);
         assert_eq!(st.device(0).quota.load(Acquire), 8 << 30);
         assert_eq!(st.device(1).quota.load(Acquire), 4 << 30);
         assert_eq!(
@@ -285,6 +294,26 @@ mod tests {
         std::fs::write(&path, "containers = 3").unwrap();
         let e = Settings::load(path, ContainerSettings::default()).unwrap_err();
         assert!(e.to_string().contains("will not start"), "{e}");
+    }
+
+    #[test]
+    fn apply_writes_the_node_devices_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = Settings::load(tmp.path().join("settings.toml"), Default::default()).unwrap();
+        let mut c = ContainerSettings::default();
+        c.all.memory = Some(256 << 20);
+        c.all.weight = Some(2);
+        s.put("c", Some(c)).unwrap();
+        let st = State::open_or_create(&tmp.path().join("c")).unwrap();
+        s.apply("c", &st, node_devices(Some(&[8 << 30])));
+        assert_eq!(st.device(0).quota.load(Acquire), 256 << 20);
+        assert_eq!(st.device(0).weight.load(Acquire), 2);
+        for d in 1..MAX_DEVICES {
+            assert_eq!(st.device(d).quota.load(Acquire), 0, "device {d}");
+            assert_eq!(st.device(d).weight.load(Acquire), 0, "device {d}");
+        }
+        assert_eq!(node_devices(None), MAX_DEVICES, "no NVML: every slot");
+        assert_eq!(node_devices(Some(&[1; 40])), MAX_DEVICES);
     }
 
     /// The settings and `--config` files get the state files' checks: a symlink, a file others

@@ -143,16 +143,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         settings_path,
         defaults,
     )?));
-    let mut cfg = cfg;
-    cfg.seed = Some(libshare_node::registry::Seed({
-        let settings = settings.clone();
-        Arc::new(move |name, state| {
-            settings
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .apply(name, state)
-        })
-    }));
     let totals = match libshare_node::nvml::device_totals() {
         Ok(t) => Some(t),
         Err(why) => {
@@ -160,6 +150,17 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             None
         }
     };
+    let mut cfg = cfg;
+    cfg.seed = Some(libshare_node::registry::Seed({
+        let settings = settings.clone();
+        let devices = libshare_node::settings::node_devices(totals.as_deref());
+        Arc::new(move |name, state| {
+            settings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .apply(name, state, devices)
+        })
+    }));
     let admin = libshare_node::server::Server::bind(libshare_node::server::ServerConfig::new(
         dir.join("admin.sock"),
         0o600,

@@ -7,6 +7,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use libshare_abi::admin::{self, ContainerReport, Request, Response, SetRequest};
+use libshare_abi::names::escape;
 use libshare_abi::units::format_size;
 use libshare_abi::{
     State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, FLAG_DAEMON_MANAGED, MAX_DEVICES,
@@ -112,7 +113,7 @@ fn print(r: &ContainerReport, json: bool) {
     let set = toml_line(&r.settings);
     println!(
         "{}: class {class}{}; settings: {set}",
-        r.container,
+        escape(&r.container),
         if r.present { "" } else { " (not started)" }
     );
     for d in &r.devices {
@@ -157,7 +158,7 @@ fn toml_line(s: &admin::ContainerSettings) -> String {
     };
     dev(&mut parts, "", &s.all);
     for (k, d) in &s.devices {
-        dev(&mut parts, &format!("[gpu {k}]"), d);
+        dev(&mut parts, &format!("[gpu {}]", escape(k)), d);
     }
     if parts.is_empty() {
         "none".into()
@@ -181,12 +182,16 @@ pub fn get_or_reset(a: NameArgs, reset: bool) -> Result<()> {
 pub fn run(a: SetArgs) -> Result<()> {
     if !admin::valid_container_name(&a.container) {
         bail!(
-            "{:?} is not a container name (1-128 bytes, no '/', not '.' or '..')",
-            a.container
+            "\"{}\" is not a container name ({})",
+            escape(&a.container),
+            libshare_abi::names::NAME_RULE
         );
     }
     if a.compute.is_none() && a.weight.is_none() && a.class.is_none() && a.memory.is_none() {
         bail!("nothing to set: give --memory, --compute, --weight or --class");
+    }
+    if let Some(m) = a.memory {
+        admin::check_quota(m).map_err(|e| anyhow!(e))?;
     }
     if !a.offline {
         let req = Request::Set(SetRequest {
@@ -204,10 +209,16 @@ pub fn run(a: SetArgs) -> Result<()> {
         print(&r, false);
         return Ok(());
     }
+    // The node's devices (NVML), as the daemon writes them; every slot when NVML is missing.
+    let totals = libshare_node::nvml::device_totals().ok();
+    let count = libshare_node::settings::node_devices(totals.as_deref());
     let devices = match a.device {
+        Some(d) if totals.is_some() && d >= count => {
+            bail!("--device {d} does not exist: this node has {count} GPU(s)")
+        }
         Some(d) if d >= MAX_DEVICES => bail!("--device {d}: devices are 0..{}", MAX_DEVICES - 1),
         Some(d) => d..d + 1,
-        None => 0..MAX_DEVICES,
+        None => 0..count,
     };
     let dir = libshare_abi::container_dir(&super::state_dir(a.state_dir), &a.container);
     let st = State::open_or_create(&dir).with_context(|| format!("container {}", a.container))?;
