@@ -7,6 +7,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The one rule for container names (see [`crate::names`]).
+pub use crate::names::valid_container_name;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Class {
@@ -29,6 +32,21 @@ impl Class {
             Class::Opportunistic => crate::CLASS_OPPORTUNISTIC,
         }
     }
+}
+
+/// The smallest memory quota `sharectl set` accepts (the daemon and `--offline` alike): below
+/// it no CUDA context fits, so a smaller figure is a typo (`--memory 1` is one byte).
+pub const MIN_QUOTA: u64 = 16 << 20;
+
+/// A memory quota `sharectl set` accepts, or one line saying the floor.
+pub fn check_quota(bytes: u64) -> Result<(), String> {
+    if bytes < MIN_QUOTA {
+        return Err(format!(
+            "a memory quota below {} is refused ({bytes} bytes given): give at least --memory 16MiB",
+            crate::units::format_size(MIN_QUOTA)
+        ));
+    }
+    Ok(())
 }
 
 /// What the daemon sets on one device (or on every device: [`ContainerSettings::all`]).
@@ -189,12 +207,6 @@ impl Response {
     }
 }
 
-/// A container name the daemon accepts: a directory name (no '/', NUL, not '.' or '..'), at
-/// most 128 bytes.
-pub fn valid_container_name(n: &str) -> bool {
-    !n.is_empty() && n.len() <= 128 && n != "." && n != ".." && !n.contains(['/', '\0'])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,9 +244,10 @@ mod tests {
         assert_eq!(e.device(1).weight, Some(2));
         assert_eq!(e.device(1).compute, Some(3000));
         assert_eq!(e.class, Some(Class::Opportunistic));
-        assert!(valid_container_name("web-1"));
-        for bad in ["", ".", "..", "a/b", "a\0b", &"x".repeat(129)] {
-            assert!(!valid_container_name(bad), "{bad:?}");
+        assert!(check_quota(MIN_QUOTA).is_ok());
+        for tiny in [0, 1, MIN_QUOTA - 1] {
+            let e = check_quota(tiny).unwrap_err();
+            assert!(e.contains("16 MiB") && !e.contains('\n'), "{e}");
         }
     }
 

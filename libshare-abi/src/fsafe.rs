@@ -327,6 +327,70 @@ pub(crate) fn open_file_ro(path: &Path) -> Result<File, StateError> {
     Ok(f)
 }
 
+/// Opens an operator's file read-only (the daemon's settings, its `--config`) with the checks a
+/// state file gets: every directory on the way checked as [`open_dir`] does, the file itself
+/// never followed if it is a symlink (`O_NOFOLLOW`), never blocked on (`O_NONBLOCK`), a regular
+/// file owned by root or by us, not writable by group or others. `Ok(None)` if it does not exist.
+pub(crate) fn open_operator_file(path: &Path) -> Result<Option<File>, StateError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        _ => {}
+    }
+    let (Some(name), Some(parent)) = (path.file_name(), path.parent()) else {
+        return Err(StateError::WrongType {
+            path: path.into(),
+            kind: "directory",
+            expected: "regular file",
+        });
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let dir = open_dir(parent, false)?;
+    let c = cstr(name, path)?;
+    let fd = open_at(
+        dir.as_raw_fd(),
+        &c,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0,
+    );
+    if fd < 0 {
+        let e = errno();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None), // removed since the check above
+            Some(libc::ELOOP) => Err(StateError::Symlink { path: path.into() }),
+            _ => Err(StateError::io("open", path, e)),
+        };
+    }
+    // SAFETY: a fresh descriptor from openat, owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    let st = fstat(f.as_raw_fd(), path)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(StateError::WrongType {
+            path: path.into(),
+            kind: kind(st.st_mode),
+            expected: "regular file",
+        });
+    }
+    let me = euid();
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(StateError::ForeignOwner {
+            path: path.into(),
+            owner: st.st_uid,
+            uid: me,
+        });
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(StateError::OpenToOthers {
+            path: path.into(),
+            mode: st.st_mode & 0o7777,
+        });
+    }
+    Ok(Some(f))
+}
+
 /// lstat-like check of a directory that must be ours alone (the per-user default): Ok(true) if
 /// it exists and is a directory owned by `uid` with no access for others, Ok(false) if absent.
 pub(crate) fn private_dir_of(path: &Path, uid: u32) -> Result<bool, String> {

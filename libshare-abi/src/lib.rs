@@ -108,6 +108,7 @@ pub mod admin;
 mod error;
 mod fsafe;
 mod lock;
+pub mod names;
 pub mod rate;
 pub mod register;
 mod sigbus;
@@ -1413,6 +1414,14 @@ pub fn default_state_dir_checked() -> Result<PathBuf, StateError> {
 pub fn default_state_dir() -> PathBuf {
     default_state_dir_checked()
         .unwrap_or_else(|_| PathBuf::from(format!("/tmp/libshare-{}", fsafe::euid())))
+}
+
+/// Opens a file an operator gives the daemon (its settings, its `--config`) read-only, with the
+/// checks state files get: no directory on the way writable by others (but root's sticky
+/// `/tmp`) or owned by anyone but root or us, the file not a symbolic link, a regular file owned
+/// by root or us and not writable by group or others. `Ok(None)` if it does not exist.
+pub fn open_operator_file(path: &Path) -> Result<Option<File>, StateError> {
+    fsafe::open_operator_file(path)
 }
 
 /// The daemon's claim on its state directory: created if missing, every component checked as

@@ -3,11 +3,14 @@
 //! settings ([`crate::settings`]), each applied to the container's state file before the answer
 //! goes back, so a running job sees it at its next allocation or launch.
 
+use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
-use crate::settings::{write_into, Settings};
+use crate::settings::{node_devices, Settings};
 use libshare_abi::admin::{
-    valid_container_name, Class, ContainerReport, DeviceReport, Request, Response, SetRequest,
+    check_quota, valid_container_name, Class, ContainerReport, DeviceReport, Request, Response,
+    SetRequest,
 };
+use libshare_abi::names::NAME_RULE;
 use libshare_abi::{container_dir, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, MAX_DEVICES};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
@@ -18,6 +21,8 @@ pub struct AdminService {
     settings: Arc<Mutex<Settings>>,
     /// Each device's memory (NVML), when known.
     totals: Option<Vec<u64>>,
+    /// The daemon trusts the processes' environment (what the settings leave unset is theirs).
+    env_trusted: bool,
     uid: u32,
 }
 
@@ -26,14 +31,27 @@ impl AdminService {
         state_dir: PathBuf,
         settings: Arc<Mutex<Settings>>,
         totals: Option<Vec<u64>>,
+        env_trusted: bool,
     ) -> Self {
         AdminService {
             state_dir,
             settings,
             totals,
+            env_trusted,
             // SAFETY: geteuid cannot fail.
             uid: unsafe { libc::geteuid() },
         }
+    }
+
+    /// The devices a setting for every device is written to: the node's (NVML), else all.
+    fn devices(&self) -> usize {
+        node_devices(self.totals.as_deref())
+    }
+
+    /// Writes `name`'s words (its effective settings, as the registry re-asserts them) into
+    /// its state.
+    fn write(&self, settings: &Settings, name: &str, st: &State) {
+        Words::of(&settings.effective(name), self.devices(), self.env_trusted).assert(st);
     }
 
     fn state(&self, name: &str, create: bool) -> Result<Option<State>, String> {
@@ -96,6 +114,9 @@ impl AdminService {
                 }
             }
         }
+        if let Some(m) = q.memory {
+            check_quota(m)?;
+        }
         if q.compute.is_some_and(|c| c > 10_000) {
             return Err("a compute share is between 0% and 100%".into());
         }
@@ -111,9 +132,6 @@ impl AdminService {
                     libshare_abi::units::format_size(t[d])
                 ));
             }
-        }
-        if q.memory == Some(0) {
-            return Err("a memory quota must be above 0".into());
         }
         let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let mut s = settings.get(&q.container).cloned().unwrap_or_default();
@@ -142,7 +160,7 @@ impl AdminService {
         settings
             .put(&q.container, Some(s))
             .map_err(|e| e.to_string())?;
-        settings.apply(&q.container, &st);
+        self.write(&settings, &q.container, &st);
         self.report(&q.container, &settings)
     }
 
@@ -163,7 +181,7 @@ impl AdminService {
                 st.device(d).weight.store(0, Release);
             }
             st.header().flags.fetch_and(!FLAG_DAEMON_MANAGED, AcqRel);
-            write_into(&settings.effective(name), &st);
+            self.write(&settings, name, &st);
         }
         self.report(name, &settings)
     }
@@ -175,7 +193,8 @@ impl AdminService {
         };
         if !valid_container_name(name) {
             return Err(format!(
-                "{name:?} is not a container name (1-128 bytes, no '/', not '.' or '..')"
+                "\"{}\" is not a container name ({NAME_RULE})",
+                libshare_abi::names::escape(name)
             ));
         }
         match req {

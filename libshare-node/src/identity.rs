@@ -151,6 +151,10 @@ mod tests {
         assert_eq!(resolve(plain, "B", &trusting), "B");
         assert_eq!(resolve(plain, "", &trusting), "default");
         assert_eq!(resolve(plain, "../x", &trusting), HOST);
+        // Only the safe alphabet (libshare_abi::names): a terminal sequence or a space is no name.
+        assert_eq!(resolve(plain, "a\x1b[2Jb", &trusting), HOST);
+        assert_eq!(resolve(plain, "web 1", &trusting), HOST);
+        assert_eq!(resolve(plain, "ns.pod-7_x", &trusting), "ns.pod-7_x");
         assert_eq!(container_of_path("/libshare-test-1/../x", &cfg()), None);
         assert_eq!(
             container_of_path("/libshare-test-10/A", &cfg()),

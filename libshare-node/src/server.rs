@@ -683,8 +683,9 @@ mod tests {
             "every connection was accepted or shed"
         );
         let cpu = || {
-            // SAFETY: an all-zero rusage is valid to be overwritten; RUSAGE_SELF is valid.
+            // SAFETY: an all-zero rusage is valid to be overwritten.
             let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: `ru` is a live, writable rusage; RUSAGE_SELF is valid.
             unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
             let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
             tv(ru.ru_utime) + tv(ru.ru_stime)

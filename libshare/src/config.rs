@@ -137,15 +137,6 @@ fn parse_limits(
     Ok(())
 }
 
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && s != "."
-        && s != ".."
-}
-
 /// `LIBSHARE_LOG` as a level (`error`, `warn`, `info`, `debug`, `trace`; anything else: `debug`).
 pub fn log_level(s: &str) -> tracing::Level {
     match s.trim().to_ascii_lowercase().as_str() {
@@ -281,11 +272,11 @@ impl Config {
             }
         };
         let container = get("LIBSHARE_CONTAINER").unwrap_or("default").to_string();
-        if !valid_name(&container) {
+        if !libshare_abi::names::valid_container_name(&container) {
             return Err(invalid(
                 "LIBSHARE_CONTAINER",
                 &container,
-                "expected 1-128 characters of A-Z a-z 0-9 - _ .",
+                &format!("expected {}", libshare_abi::names::NAME_RULE),
             ));
         }
         let state_dir = match get("LIBSHARE_STATE_DIR") {

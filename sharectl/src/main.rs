@@ -54,8 +54,34 @@ enum Command {
     Top(top::TopArgs),
 }
 
+/// SIGPIPE's disposition: default (a write to a closed pipe ends the process quietly, as it
+/// ends `cat`), or ignored (the write fails with EPIPE instead).
+fn sigpipe(default: bool) {
+    let how = if default {
+        libc::SIG_DFL
+    } else {
+        libc::SIG_IGN
+    };
+    // SAFETY: setting a signal's disposition to SIG_DFL or SIG_IGN installs no handler code.
+    unsafe { libc::signal(libc::SIGPIPE, how) };
+}
+
 fn main() -> ExitCode {
+    // Rust's runtime ignores SIGPIPE, so a `println!` into a closed pipe panics: `sharectl get X
+    // | head -1` would print a panic. The default disposition ends the process quietly instead
+    // (exit status 141 in a shell), for the help text as for every printing command.
+    sigpipe(true);
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Daemon(_) | Command::Demo(_) | Command::Bench(_)
+    ) {
+        // The daemon must outlive a client that closes its socket early (its sockets are
+        // written with MSG_NOSIGNAL, but its metrics' TCP writes are not); the demo and the
+        // bench stop or carry on their own when stdout goes away, cleaning up their jobs and
+        // private daemon, which a SIGPIPE would orphan.
+        sigpipe(false);
+    }
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => status::run(args),

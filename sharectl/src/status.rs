@@ -9,6 +9,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
+use libshare_abi::names::escape;
 use libshare_abi::units::format_size;
 use libshare_node::view::{self, ContainerView};
 use serde_json::{json, Value};
@@ -25,7 +26,8 @@ pub struct StatusArgs {
 }
 
 /// One container's figures, as JSON (the devices `sharectl status` has always listed: with a
-/// quota, memory held, or launches by a live process).
+/// quota, memory held, or launches by a live process). The name is [`escape`]d: a directory
+/// named before names were checked (or by hand) prints as `\x1b`-style escapes, never raw.
 fn container(c: &ContainerView) -> Value {
     let devices: Vec<Value> = c
         .devices
@@ -45,7 +47,7 @@ fn container(c: &ContainerView) -> Value {
         .iter()
         .map(|p| json!({ "pid": p.pid, "used_bytes": p.used, "launches": p.launches }))
         .collect();
-    json!({ "container": c.name, "class": c.class.as_str(), "devices": devices, "processes": processes })
+    json!({ "container": escape(&c.name), "class": c.class.as_str(), "devices": devices, "processes": processes })
 }
 
 /// The state directory `sharectl status` reads: `--state-dir`, else `$LIBSHARE_STATE_DIR`, else
@@ -56,30 +58,52 @@ fn state_dir(arg: Option<PathBuf>) -> PathBuf {
 }
 
 /// Every container's figures under the state directory `dir`, sorted by name (the JSON objects of
-/// `sharectl status --json`), and one error line per state file that could not be read. Used by
-/// `status` and by the demo's live numbers.
+/// `sharectl status --json`), and one error line per state file that could not be read
+/// ([`escape`]d, as the names are). Used by `status` and by the demo's live numbers.
 pub fn read_containers(dir: &Path) -> Result<(Vec<Value>, Vec<String>)> {
     let v = view::read(dir)?;
-    Ok((v.containers.iter().map(container).collect(), v.errors))
+    Ok((
+        v.containers.iter().map(container).collect(),
+        v.errors.iter().map(|e| escape(e).into_owned()).collect(),
+    ))
+}
+
+/// What `sharectl status` prints: stdout (the table, or one JSON document) and the lines for
+/// stderr. Every string from the state directory is already [`escape`]d in `containers` and
+/// `errors`, so neither holds a control character, and a name cannot add a line.
+pub fn render(
+    dir: &Path,
+    containers: &[Value],
+    errors: &[String],
+    json: bool,
+) -> (String, Vec<String>) {
+    if json {
+        let doc = json!({
+            "state_dir": escape(&dir.display().to_string()),
+            "containers": containers,
+            "errors": errors,
+        });
+        let text = serde_json::to_string_pretty(&doc).expect("a JSON value serialises");
+        return (text + "\n", Vec::new());
+    }
+    let mut out = String::new();
+    for line in table(dir, containers) {
+        out += &line;
+        out.push('\n');
+    }
+    (
+        out,
+        errors.iter().map(|e| format!("sharectl: {e}")).collect(),
+    )
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
     let dir = state_dir(args.state_dir);
     let (containers, errors) = read_containers(&dir)?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({ "state_dir": dir, "containers": containers, "errors": errors })
-            )?
-        );
-    } else {
-        for line in table(&dir, &containers) {
-            println!("{line}");
-        }
-        for e in &errors {
-            eprintln!("sharectl: {e}");
-        }
+    let (out, err) = render(&dir, &containers, &errors, args.json);
+    print!("{out}");
+    for e in err {
+        eprintln!("{e}");
     }
     if !errors.is_empty() {
         bail!("{} container state file(s) could not be read", errors.len());
@@ -92,7 +116,7 @@ pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
     if containers.is_empty() {
         return vec![format!(
             "no containers under {} (none has used CUDA with libshare yet)",
-            dir.display()
+            escape(&dir.display().to_string())
         )];
     }
     let mut lines = vec![format!(
@@ -180,6 +204,56 @@ mod tests {
         assert!(
             errors[2].starts_with("container linked-file:") && errors[2].contains("symbolic link")
         );
+    }
+
+    /// Whether `text` holds a control character other than a newline (ANSI C0, DEL, C1).
+    fn raw_control(text: &str) -> Option<char> {
+        text.chars().find(|&c| c != '\n' && c.is_control())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// A container directory named anything (made before names were checked, or by hand):
+        /// `status` prints it escaped, the table keeps one line per row, the JSON stays valid
+        /// and holds the name in the same escaped form.
+        #[test]
+        fn names_print_escaped_in_the_table_and_the_json(
+            name in proptest::strategy::Strategy::prop_filter(
+                proptest::string::string_regex("[a-z\\x01-\\x1f\\x7f\\u{80}-\\u{9f}\\u{202e}\\\\ ]{1,12}").unwrap(),
+                "a directory name",
+                |n| !n.contains('/'),
+            )
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let st = State::open_or_create(&libshare_abi::container_dir(dir.path(), &name)).unwrap();
+            st.set_quota(0, 1 << 30);
+            // A second one whose state cannot be read: its error line names it too.
+            let fifo = libshare_abi::container_dir(dir.path(), &format!("{name}x"));
+            std::fs::create_dir_all(&fifo).unwrap();
+            let c = std::ffi::CString::new(fifo.join("state.shm").into_os_string().into_encoded_bytes()).unwrap();
+            // SAFETY: a NUL-terminated path.
+            proptest::prop_assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            let (containers, errors) = read_with_timeout(dir.path());
+            let shown = escape(&name).into_owned();
+
+            let (out, err) = render(dir.path(), &containers, &errors, false);
+            proptest::prop_assert_eq!(raw_control(&out), None, "{:?}", out);
+            let lines: Vec<&str> = out.lines().collect();
+            proptest::prop_assert_eq!(lines.len(), 2, "a header and one row: {:?}", lines);
+            proptest::prop_assert!(lines[1].starts_with(&shown), "{:?}", lines[1]);
+            proptest::prop_assert_eq!(err.len(), 1);
+            proptest::prop_assert_eq!(raw_control(&err[0]), None, "{:?}", err);
+            proptest::prop_assert!(err[0].contains(&format!("{shown}x")), "{:?}", err);
+
+            let (out, _) = render(dir.path(), &containers, &errors, true);
+            proptest::prop_assert_eq!(raw_control(&out), None, "{:?}", out);
+            let doc: Value = serde_json::from_str(&out).expect("valid JSON");
+            proptest::prop_assert_eq!(doc["containers"].as_array().unwrap().len(), 1);
+            proptest::prop_assert_eq!(doc["containers"][0]["container"].as_str(), Some(shown.as_str()));
+            proptest::prop_assert_eq!(doc["containers"][0]["devices"].as_array().unwrap().len(), 1);
+            proptest::prop_assert_eq!(doc["errors"].as_array().unwrap().len(), 1);
+        }
     }
 
     /// A process is listed while it holds its slot's lock, whatever pids the slots show.

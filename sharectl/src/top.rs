@@ -9,6 +9,7 @@
 
 use anyhow::{anyhow, Result};
 use clap::Args;
+use libshare_abi::names::escape;
 use libshare_abi::units::format_size;
 use libshare_node::view::{self, gate_parts, DeviceView, NodeView};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
@@ -150,13 +151,15 @@ const HEADERS: [&str; 11] = [
     "PROCS",
 ];
 
-/// One row per (container, device); a container on no device gets one row of dashes.
+/// One row per (container, device); a container on no device gets one row of dashes. Names
+/// are [`escape`]d (a directory named by hand cannot send terminal sequences).
 fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
     let mut rows = Vec::new();
     for c in &v.containers {
         let procs = c.processes.len().to_string();
+        let name = escape(&c.name).into_owned();
         if c.devices.is_empty() {
-            let mut r = vec![c.name.clone(), c.class.as_str().into()];
+            let mut r = vec![name.clone(), c.class.as_str().into()];
             r.extend(std::iter::repeat_n("-".to_string(), 8));
             r.push(procs.clone());
             rows.push(r);
@@ -175,7 +178,7 @@ fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
                 (_, None) => "-".into(),
             };
             rows.push(vec![
-                c.name.clone(),
+                name.clone(),
                 c.class.as_str().into(),
                 d.device.to_string(),
                 format_size(d.used),
@@ -245,7 +248,7 @@ pub fn run(args: TopArgs) -> Result<()> {
             println!("{l}");
         }
         for e in &v.errors {
-            eprintln!("sharectl: {e}");
+            eprintln!("sharectl: {}", escape(e));
         }
         return Ok(());
     }
@@ -262,7 +265,10 @@ pub fn run(args: TopArgs) -> Result<()> {
 }
 
 fn plain(dir: &Path, v: &NodeView, rates: &ByDevice<Rates>) -> Vec<String> {
-    let mut out = vec![format!("libshare top — {}", dir.display())];
+    let mut out = vec![format!(
+        "libshare top — {}",
+        escape(&dir.display().to_string())
+    )];
     out.extend(device_lines(v, rates));
     let rows = container_rows(v, rates);
     let mut w: Vec<usize> = HEADERS.iter().map(|h| h.chars().count()).collect();
@@ -339,7 +345,7 @@ fn draw(f: &mut ratatui::Frame, dir: &Path, v: &NodeView, rates: &ByDevice<Rates
     f.render_widget(
         Paragraph::new(format!(
             "libshare top — {} — {} container(s){errors}   q: quit",
-            dir.display(),
+            escape(&dir.display().to_string()),
             v.containers.len()
         ))
         .style(Style::default().add_modifier(Modifier::BOLD)),

@@ -38,14 +38,25 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let prod = State::open_or_create(&container_dir(dir, "prod")).unwrap();
+    let mut daemon = Daemon(
+        sharectl()
+            .args(["daemon", "--period", "1ms", "--state-dir"])
+            .arg(dir)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     // The opportunistic container is declared before it starts, as an admin would.
-    let st = sharectl()
-        .args(["set", "batch", "--offline", "--state-dir"])
-        .arg(dir)
-        .args(["--class", "opportunistic", "--weight", "3"])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let set = || {
+        sharectl()
+            .args(["set", "batch", "--state-dir"])
+            .arg(dir)
+            .args(["--class", "opportunistic", "--weight", "3"])
+            .output()
+            .unwrap()
+    };
+    until(Duration::from_secs(5), || set().status.success())
+        .expect("the daemon's admin socket answers");
     let batch = State::open_or_create(&container_dir(dir, "batch")).unwrap();
     assert_eq!(batch.header().class.load(Acquire), CLASS_OPPORTUNISTIC);
     assert_eq!(batch.device(0).weight.load(Acquire), 3);
@@ -56,14 +67,6 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
         d.note_drained();
     }
 
-    let mut daemon = Daemon(
-        sharectl()
-            .args(["daemon", "--period", "1ms", "--state-dir"])
-            .arg(dir)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
     until(Duration::from_secs(5), || b.refreshed.load(Acquire) != 0)
         .expect("the daemon writes the batch gate");
 

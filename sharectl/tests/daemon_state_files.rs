@@ -78,7 +78,8 @@ fn bad_state_files_are_named_once_left_alone_and_the_rest_is_served() {
 
     let mut daemon = Daemon(
         Command::new(env!("CARGO_BIN_EXE_sharectl"))
-            .args(["daemon", "--state-dir"])
+            // The "jobs" above wrote their class as a trusted environment would.
+            .args(["daemon", "--trust-env", "--state-dir"])
             .arg(dir)
             .env("LIBSHARE_LOG", "info")
             .stdout(Stdio::null())

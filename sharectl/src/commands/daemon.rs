@@ -151,9 +151,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             None
         }
     };
-    let devices = totals
-        .as_ref()
-        .map_or(libshare_abi::MAX_DEVICES, |t| t.len());
+    let devices = libshare_node::settings::node_devices(totals.as_deref());
     let mut cfg = cfg;
     cfg.authority = Some(libshare_node::authority::Authority::new(
         settings.clone(),
@@ -170,8 +168,12 @@ pub fn run(args: DaemonArgs) -> Result<()> {
                 )
             })?;
     let admin_thread = {
-        let mut service =
-            libshare_node::admin::AdminService::new(dir.clone(), settings.clone(), totals);
+        let mut service = libshare_node::admin::AdminService::new(
+            dir.clone(),
+            settings.clone(),
+            totals,
+            args.trust_env,
+        );
         std::thread::Builder::new()
             .name("admin".into())
             .spawn(move || admin.serve(&mut service, &STOP))?

@@ -7,12 +7,10 @@
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use libshare_abi::admin::{self, ContainerReport, Request, Response, SetRequest};
+use libshare_abi::names::escape;
 use libshare_abi::units::format_size;
-use libshare_abi::{
-    State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, FLAG_DAEMON_MANAGED, MAX_DEVICES,
-};
+use libshare_abi::{State, MAX_DEVICES};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{AcqRel, Release};
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -112,7 +110,7 @@ fn print(r: &ContainerReport, json: bool) {
     let set = toml_line(&r.settings);
     println!(
         "{}: class {class}{}; settings: {set}",
-        r.container,
+        escape(&r.container),
         if r.present { "" } else { " (not started)" }
     );
     for d in &r.devices {
@@ -157,7 +155,7 @@ fn toml_line(s: &admin::ContainerSettings) -> String {
     };
     dev(&mut parts, "", &s.all);
     for (k, d) in &s.devices {
-        dev(&mut parts, &format!("[gpu {k}]"), d);
+        dev(&mut parts, &format!("[gpu {}]", escape(k)), d);
     }
     if parts.is_empty() {
         "none".into()
@@ -181,12 +179,16 @@ pub fn get_or_reset(a: NameArgs, reset: bool) -> Result<()> {
 pub fn run(a: SetArgs) -> Result<()> {
     if !admin::valid_container_name(&a.container) {
         bail!(
-            "{:?} is not a container name (1-128 bytes, no '/', not '.' or '..')",
-            a.container
+            "\"{}\" is not a container name ({})",
+            escape(&a.container),
+            libshare_abi::names::NAME_RULE
         );
     }
     if a.compute.is_none() && a.weight.is_none() && a.class.is_none() && a.memory.is_none() {
         bail!("nothing to set: give --memory, --compute, --weight or --class");
+    }
+    if let Some(m) = a.memory {
+        admin::check_quota(m).map_err(|e| anyhow!(e))?;
     }
     if !a.offline {
         let req = Request::Set(SetRequest {
@@ -204,40 +206,38 @@ pub fn run(a: SetArgs) -> Result<()> {
         print(&r, false);
         return Ok(());
     }
-    let devices = match a.device {
+    // The node's devices (NVML), as the daemon writes them; every slot when NVML is missing.
+    let totals = libshare_node::nvml::device_totals().ok();
+    let count = libshare_node::settings::node_devices(totals.as_deref());
+    match a.device {
+        Some(d) if totals.is_some() && d >= count => {
+            bail!("--device {d} does not exist: this node has {count} GPU(s)")
+        }
         Some(d) if d >= MAX_DEVICES => bail!("--device {d}: devices are 0..{}", MAX_DEVICES - 1),
-        Some(d) => d..d + 1,
-        None => 0..MAX_DEVICES,
-    };
+        _ => {}
+    }
     let dir = libshare_abi::container_dir(&super::state_dir(a.state_dir), &a.container);
     let st = State::open_or_create(&dir).with_context(|| format!("container {}", a.container))?;
-    for d in devices {
-        let dev = st.device(d);
-        if let Some(m) = a.memory {
-            st.set_quota(d, m);
+    // The same words the daemon writes for these settings (libshare_node::authority).
+    let mut s = admin::ContainerSettings {
+        class: a.class.map(|c| match c {
+            ClassArg::Production => admin::Class::Production,
+            ClassArg::Opportunistic => admin::Class::Opportunistic,
+        }),
+        ..Default::default()
+    };
+    let one = admin::DeviceSettings {
+        memory: a.memory,
+        compute: a.compute,
+        weight: a.weight,
+    };
+    match a.device {
+        Some(d) => {
+            s.devices.insert(d.to_string(), one);
         }
-        if let Some(bp) = a.compute {
-            dev.compute.store(bp, Release);
-        }
-        if let Some(w) = a.weight {
-            dev.weight.store(w, Release);
-        }
+        None => s.all = one,
     }
-    if a.memory.is_some() {
-        st.header().flags.fetch_or(FLAG_DAEMON_MANAGED, AcqRel);
-    }
-    if let Some(c) = a.class {
-        let h = st.header();
-        h.class.store(
-            match c {
-                ClassArg::Production => CLASS_PRODUCTION,
-                ClassArg::Opportunistic => CLASS_OPPORTUNISTIC,
-            },
-            Release,
-        );
-        // The class comes from here now, not from the jobs' environment.
-        h.flags.fetch_or(FLAG_DAEMON_MANAGED, AcqRel);
-    }
+    libshare_node::authority::Words::of(&s, count, true).assert(&st);
     Ok(())
 }
 
