@@ -115,7 +115,10 @@ impl Service for RegisterService {
     fn refusal(&self, why: Refusal) -> Vec<u8> {
         let reason = why.message().into();
         match why {
-            Refusal::Busy => Welcome::Busy { reason },
+            // Nothing wrong with the request: a daemon at a limit, or a caller descheduled
+            // between its connect and its write past the first-byte deadline (300 processes
+            // starting at once on 2 cores): asking again succeeds.
+            Refusal::Busy | Refusal::Timeout => Welcome::Busy { reason },
             _ => Welcome::Refused { reason },
         }
         .encode()
