@@ -66,6 +66,8 @@ unsafe impl Pod for MemAllocNodeParams {}
 unsafe impl Pod for GraphNodeParams {}
 // SAFETY: as above.
 unsafe impl Pod for LaunchConfig {}
+// SAFETY: as above.
+unsafe impl Pod for LaunchParams {}
 
 /// A caller's out (or in/out) pointer for one call: NULL-checked reads and writes.
 pub struct Out<'a, T>(*mut T, PhantomData<&'a Scope>);
@@ -79,6 +81,16 @@ impl<T: Pod> Out<'_, T> {
         // SAFETY: `Out` is made only by `hook_fn!` from the caller's pointer, which the API
         // documents as NULL or valid for this call (which `'a` outlives no further); `T: Pod`.
         (!self.0.is_null()).then(|| unsafe { self.0.read() })
+    }
+    /// The `n` values of an array at the pointer (None if NULL).
+    ///
+    /// # Safety
+    /// The call's API documents the pointer as an array of (at least) `n` elements.
+    pub unsafe fn array(&self, n: usize) -> Option<&[T]> {
+        // SAFETY: not NULL (checked); `n` elements readable for this call (this fn's contract),
+        // initialised by the caller; `T: Pod`. The slice borrows `self`, which lives no longer
+        // than the call.
+        (!self.0.is_null()).then(|| unsafe { std::slice::from_raw_parts(self.0, n) })
     }
     /// Writes `v` (false if NULL).
     pub fn set(&self, v: T) -> bool {

@@ -291,6 +291,17 @@ pub fn launch(
     rc
 }
 
+/// One device's part of an opportunistic launch on several devices that this process does not
+/// time there (`rate::launch_multi`): waits as `launch` does, runs nothing.
+pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
+    let ops: &dyn DriverOps = &REAL;
+    let mode = ops.relax_capture();
+    pass(ops, d, dev, key);
+    if let Some(m) = mode {
+        ops.restore_capture(m);
+    }
+}
+
 /// Waits until the gate admits a launch of the key's estimated span, takes its cost from the
 /// tokens under a share; returns the span.
 fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {

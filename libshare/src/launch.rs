@@ -1,7 +1,9 @@
 //! The launch hooks: every launch path passes the rate gate's seam (`rate.rs`) with its key (the
 //! function or graph), its stream and whether it is a per-thread default-stream (`_ptsz`) call;
 //! the seam runs the driver's launch. Each hook serves a call and its `_ptsz` twin (`PTSZ`, set
-//! by the declaration list).
+//! by the declaration list). The deprecated execution-control launches (`cuLaunch`,
+//! `cuLaunchGrid`, `cuLaunchGridAsync`) are keyed by their function like `cuLaunchKernel`;
+//! `cuLaunchCooperativeKernelMultiDevice` passes the seam once per device it launches on.
 
 use crate::boundary::{rc, In, Out, R};
 use crate::rate;
@@ -63,4 +65,47 @@ pub fn graph<const PTSZ: bool>(
     stream: CUstream,
 ) -> R {
     rc(rate::launch(exec as usize, stream, PTSZ, call))
+}
+
+/// `cuLaunchCooperativeKernelMultiDevice`: one launch per entry of `list`, each on its stream's
+/// device.
+#[inline(always)]
+pub fn multi_device(
+    call: impl FnOnce() -> CUresult,
+    list: Out<LaunchParams>,
+    n: u32,
+    _flags: u32,
+) -> R {
+    // Never more entries than devices the shim tracks (the driver rejects more than it has).
+    let n = (n as usize).min(libshare_abi::MAX_DEVICES);
+    // SAFETY: the API documents `launchParamsList` as `numDevices` entries (at most `n` read).
+    let entries = unsafe { list.array(n) }.unwrap_or(&[]);
+    let mut launches = [(0usize, std::ptr::null_mut()); libshare_abi::MAX_DEVICES];
+    for (l, e) in launches.iter_mut().zip(entries) {
+        *l = (e.function as usize, e.stream);
+    }
+    rc(rate::launch_multi(&launches[..entries.len()], call))
+}
+
+/// `cuLaunch`: a 1 × 1 grid on the NULL stream.
+#[inline(always)]
+pub fn legacy(call: impl FnOnce() -> CUresult, f: CUfunction) -> R {
+    rc(rate::launch(f as usize, std::ptr::null_mut(), false, call))
+}
+
+/// `cuLaunchGrid`: on the NULL stream.
+#[inline(always)]
+pub fn legacy_grid(call: impl FnOnce() -> CUresult, f: CUfunction, _gw: i32, _gh: i32) -> R {
+    rc(rate::launch(f as usize, std::ptr::null_mut(), false, call))
+}
+
+#[inline(always)]
+pub fn legacy_grid_async(
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    _gw: i32,
+    _gh: i32,
+    stream: CUstream,
+) -> R {
+    rc(rate::launch(f as usize, stream, false, call))
 }

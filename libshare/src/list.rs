@@ -27,6 +27,11 @@ macro_rules! driver_hooks {
     wrap cuLaunchKernelEx_ptsz(config: *const LaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex::<true>;
     wrap cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative::<false>;
     wrap cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, smem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::cooperative::<true>;
+    wrap cuLaunchCooperativeKernelMultiDevice(list: *mut LaunchParams, n: c_uint, flags: c_uint) => launch::multi_device;
+    // The deprecated execution-control API (CUDA 2.x/3.x): configuration set on the function.
+    wrap cuLaunch(f: CUfunction) => launch::legacy;
+    wrap cuLaunchGrid(f: CUfunction, gw: i32, gh: i32) => launch::legacy_grid;
+    wrap cuLaunchGridAsync(f: CUfunction, gw: i32, gh: i32, stream: CUstream) => launch::legacy_grid_async;
     wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph::<false>;
     wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph::<true>;
 
@@ -123,6 +128,7 @@ macro_rules! driver_hooks {
     call cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent);
     call cuEventDestroy_v2(event: CUevent);
     call cuThreadExchangeStreamCaptureMode(mode: *mut c_uint);
+    call cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext);
     call cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
     call cuStreamGetCaptureInfo_v2_ptsz(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
     call cuArrayGetDescriptor_v2(desc: *mut ArrayDesc, h: *mut c_void);

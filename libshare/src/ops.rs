@@ -57,6 +57,8 @@ pub trait DriverOps: Sync {
     fn restore_capture(&self, mode: u32);
     /// The graph `stream` is capturing into, if it is capturing.
     fn capturing(&self, stream: Handle, ptsz: bool) -> Option<Handle>;
+    /// The context `stream` belongs to (None: not a stream of a live context).
+    fn stream_ctx(&self, stream: Handle) -> Option<Handle>;
     fn mem_free(&self, ptr: CUdeviceptr);
     fn mem_free_async(&self, ptr: CUdeviceptr, stream: Handle, ptsz: bool);
     /// `cuMemGetInfo`: (free, total) of the current context's device.
@@ -243,6 +245,14 @@ impl DriverOps for RealDriver {
         }
     }
 
+    fn stream_ctx(&self, stream: Handle) -> Option<Handle> {
+        let f = real().cuStreamGetCtx?;
+        let mut c: CUcontext = std::ptr::null_mut();
+        // SAFETY: see the impl's comment.
+        (unsafe { f(stream as CUstream, &mut c) } == CUDA_SUCCESS && !c.is_null())
+            .then_some(c as Handle)
+    }
+
     fn capturing(&self, stream: Handle, ptsz: bool) -> Option<Handle> {
         let r = real();
         let info = if ptsz {
@@ -419,6 +429,9 @@ pub mod fake {
         fn restore_capture(&self, _mode: u32) {}
         fn capturing(&self, _stream: Handle, _ptsz: bool) -> Option<Handle> {
             None
+        }
+        fn stream_ctx(&self, _stream: Handle) -> Option<Handle> {
+            self.current_ctx()
         }
         fn mem_free(&self, ptr: CUdeviceptr) {
             self.ptrs.lock().unwrap().remove(&ptr);

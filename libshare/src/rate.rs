@@ -39,6 +39,48 @@ pub fn launch(
     call()
 }
 
+/// A launch on several devices at once (`cuLaunchCooperativeKernelMultiDevice`), one
+/// (key, stream) per device: counted on each device (the device of its stream's context: a
+/// primary context's device, else the current one) and, for an opportunistic process, admitted
+/// by each device's gate before `call` runs. The part on the current device is timed as a
+/// single launch is; the other devices' parts are not (the timing events belong to the current
+/// context). A deprecated path, rarely taken: it asks the driver for each stream's context
+/// (no lock, allocation or syscall in the shim).
+pub fn launch_multi(launches: &[(usize, CUstream)], call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(s) = crate::process::get() else {
+        return call();
+    };
+    let ops: &dyn crate::ops::DriverOps = &crate::ops::REAL;
+    let current = crate::context::device_fast();
+    let device_of = |stream: CUstream| {
+        ops.stream_ctx(stream as usize)
+            .and_then(|c| s.primary.iter().position(|p| p.load(Relaxed) == c))
+            .unwrap_or(current)
+    };
+    let state = &s.account.state;
+    let opportunistic = state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC;
+    let mut timed = None;
+    for &(key, stream) in launches {
+        let dev = device_of(stream);
+        let d = state.device(dev);
+        d.note_launch();
+        s.launches()[dev].fetch_add(1, Relaxed);
+        if opportunistic {
+            if dev == current && timed.is_none() {
+                timed = Some((d, key, stream));
+            } else {
+                crate::gate::admit_untimed(d, dev, key);
+            }
+        }
+    }
+    match timed {
+        Some((d, key, stream)) => {
+            crate::gate::launch(d, current, key, stream as usize, false, call)
+        }
+        None => call(),
+    }
+}
+
 /// A synchronising call returned with its work done (`sync.rs`): the drain hint on `ctx`'s
 /// device (None: the current context's).
 pub fn drained(ctx: Option<usize>) {

@@ -236,6 +236,7 @@ pub const RUST_STRUCTS: &[(&str, &str)] = &[
     ("CUDA_MEMCPY3D_v2", "Memcpy3D"),
     ("CUDA_MEM_ALLOC_NODE_PARAMS", "MemAllocNodeParams"),
     ("CUlaunchConfig", "LaunchConfig"),
+    ("CUDA_LAUNCH_PARAMS_v1", "LaunchParams"),
     ("CUgraphNodeParams", "GraphNodeParams"),
     ("CUmemAccessDesc_v1", "MemAccessDesc"),
     ("CUmemAllocationProp_v1", "MemAllocationProp"),

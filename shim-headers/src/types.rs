@@ -153,6 +153,18 @@ pub struct LaunchConfig {
     pub num_attrs: u32,
 }
 
+/// `CUDA_LAUNCH_PARAMS_v1`: one entry of `cuLaunchCooperativeKernelMultiDevice`'s list.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchParams {
+    pub function: *mut c_void,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: CUstream,
+    pub kernel_params: *mut *mut c_void,
+}
+
 /// `CUmemLocation`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -385,6 +397,15 @@ mod array_tests {
         assert_eq!(std::mem::size_of::<MemAllocNodeParams>(), 120);
         assert_eq!(std::mem::size_of::<GraphNodeParams>(), 256);
         assert_eq!(std::mem::offset_of!(GraphNodeParams, alloc), 16);
+    }
+
+    #[test]
+    fn launch_params_match_cuda_h() {
+        // CUDA_LAUNCH_PARAMS_v1: function, 7 unsigned ints, (pad), hStream, kernelParams.
+        assert_eq!(std::mem::size_of::<LaunchParams>(), 56);
+        assert_eq!(std::mem::offset_of!(LaunchParams, shared_mem_bytes), 32);
+        assert_eq!(std::mem::offset_of!(LaunchParams, stream), 40);
+        assert_eq!(std::mem::offset_of!(LaunchParams, kernel_params), 48);
     }
 
     #[test]

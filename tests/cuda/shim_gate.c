@@ -4,10 +4,16 @@
  *   Sets up (context, stream, the spin kernel, a graph captured from one spin launch), prints
  *   "ready", then for each line "go <path>" read from stdin launches a 1 ms spin kernel through
  *   that path and prints "launched <path>" once the call returned (then synchronises). Paths:
- *   kernel kernel_ptsz ex ex_ptsz coop coop_ptsz graph graph_ptsz. "OK" at EOF.
+ *   kernel kernel_ptsz ex ex_ptsz coop coop_ptsz graph graph_ptsz, and the deprecated ones:
+ *   grid (cuLaunchGrid, from cuGetProcAddress as an old binary asks: the 4-argument
+ *   cuGetProcAddress at CUDA 2.0), grid_async (cuLaunchGridAsync, linked directly), launch
+ *   (cuLaunch, by dlsym), multi (cuLaunchCooperativeKernelMultiDevice, one entry, from
+ *   cuGetProcAddress_v2 at CUDA 9.0). "OK" at EOF.
  * Entry points come from dlsym(RTLD_DEFAULT) (the shim's exports when preloaded), the _ptsz
- * ones by their ABI names. */
+ * ones by their ABI names. The legacy launches use the block shape and parameter buffer set on
+ * the spin kernel once. */
 #define _GNU_SOURCE
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -26,6 +32,10 @@ typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, 
                             unsigned, unsigned, CUstream, void **);
 typedef CUresult (*ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
+typedef CUresult (*grid_fn)(CUfunction, int, int);
+typedef CUresult (*legacy_fn)(CUfunction);
+typedef CUresult (*multi_fn)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned);
+typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
 
 int main(int argc, char **argv) {
     EXPECT(argc == 2 && strcmp(argv[1], "paths") == 0, "usage: shim_gate paths");
@@ -55,6 +65,31 @@ int main(int argc, char **argv) {
     graph_fn graph = (graph_fn)dl("cuGraphLaunch");
     graph_fn graph_ptsz = (graph_fn)dl("cuGraphLaunch_ptsz");
     CUresult (*sync_ptsz)(CUstream) = dl("cuStreamSynchronize_ptsz");
+
+    /* The deprecated API's entry points, as old binaries reach them. */
+    proc_v1_fn proc_v1 = (proc_v1_fn)dl("cuGetProcAddress");
+    grid_fn grid = NULL;
+    CHECK(proc_v1("cuLaunchGrid", (void **)&grid, 2000, CU_GET_PROC_ADDRESS_DEFAULT));
+    EXPECT(grid != NULL, "cuGetProcAddress(cuLaunchGrid) = NULL");
+    legacy_fn launch = (legacy_fn)dl("cuLaunch");
+    multi_fn multi = NULL;
+    CUdriverProcAddressQueryResult found;
+    CHECK(cuGetProcAddress("cuLaunchCooperativeKernelMultiDevice", (void **)&multi, 9000,
+                           CU_GET_PROC_ADDRESS_DEFAULT, &found));
+    EXPECT(multi != NULL && found == CU_GET_PROC_ADDRESS_SUCCESS,
+           "cuGetProcAddress(cuLaunchCooperativeKernelMultiDevice) = %p", (void *)multi);
+    CHECK(cuFuncSetBlockShape(spin, 32, 1, 1));
+    CHECK(cuFuncSetSharedSize(spin, 0));
+    CHECK(cuParamSetv(spin, 0, &ns, sizeof ns));
+    CHECK(cuParamSetSize(spin, sizeof ns));
+    CUDA_LAUNCH_PARAMS entry;
+    memset(&entry, 0, sizeof entry);
+    entry.function = spin;
+    entry.gridDimX = entry.gridDimY = entry.gridDimZ = 1;
+    entry.blockDimX = 32;
+    entry.blockDimY = entry.blockDimZ = 1;
+    entry.hStream = s;
+    entry.kernelParams = args;
 
     /* A graph of one spin launch, captured (a capturing launch is not gated: nothing runs). */
     CUgraph g;
@@ -88,11 +123,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(path, "coop_ptsz")) rc = coop_ptsz(spin, 1, 1, 1, 32, 1, 1, 0, NULL, args);
         else if (!strcmp(path, "graph")) rc = graph(exec, s);
         else if (!strcmp(path, "graph_ptsz")) rc = graph_ptsz(exec, NULL);
+        else if (!strcmp(path, "grid")) rc = grid(spin, 1, 1);
+        else if (!strcmp(path, "grid_async")) rc = cuLaunchGridAsync(spin, 1, 1, s);
+        else if (!strcmp(path, "launch")) rc = launch(spin);
+        else if (!strcmp(path, "multi")) rc = multi(&entry, 1, 0);
         else EXPECT(0, "unknown path %s", path);
         EXPECT(rc == CUDA_SUCCESS, "%s returned %d", path, (int)rc);
         printf("launched %s\n", path);
         fflush(stdout);
         if (ptsz) CHECK(sync_ptsz(NULL));
+        else if (!strcmp(path, "grid") || !strcmp(path, "launch")) CHECK(cuCtxSynchronize());
         else CHECK(cuStreamSynchronize(s));
     }
     printf("OK\n");

@@ -1,9 +1,11 @@
 //! Issue 9, the shim's side of compute sharing, on simgpu with the test writing the container's
 //! gate word itself (as the daemon would, through `libshare_abi::State`):
 //! - must-show 8: every launch path of an opportunistic process (`cuLaunchKernel`, `Ex`,
-//!   cooperative, `cuGraphLaunch`, and their `_ptsz` twins) is held while the gate is paused
-//!   (the call has not returned, a thread waits at the gate) and goes once it opens; a
-//!   production process's launches under a paused word are not held;
+//!   cooperative, `cuGraphLaunch`, and their `_ptsz` twins; issue 18 must-show 4: the deprecated
+//!   `cuLaunchGrid`, `cuLaunchGridAsync`, `cuLaunch` and `cuLaunchCooperativeKernelMultiDevice`)
+//!   is held while the gate is paused (the call has not returned, a thread waits at the gate)
+//!   and goes once it opens; a production process's launches under a paused word are not held,
+//!   and each is counted in the container's `launches` and marks it busy;
 //! - a bounded gate keeps a saturating opportunistic job's outstanding GPU time (`in_flight_ns`)
 //!   within the bound plus one kernel, where the open gate lets it queue far more;
 //! - a share (tokens refilled by the test at 30 %) gives a saturating job 20–40 % of the GPU,
@@ -25,7 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const PATHS: [&str; 8] = [
+/// Every launch path of `shim_gate.c`: the current ones, then the deprecated ones (issue 18:
+/// `cuLaunchGrid` reached through `cuGetProcAddress`, `cuLaunchGridAsync` linked, `cuLaunch` by
+/// `dlsym`, `cuLaunchCooperativeKernelMultiDevice` through `cuGetProcAddress_v2`).
+const PATHS: [&str; 12] = [
     "kernel",
     "kernel_ptsz",
     "ex",
@@ -34,6 +39,10 @@ const PATHS: [&str; 8] = [
     "coop_ptsz",
     "graph",
     "graph_ptsz",
+    "grid",
+    "grid_async",
+    "launch",
+    "multi",
 ];
 
 fn state_path(gpu: &SimGpu, container: &str) -> PathBuf {
@@ -103,8 +112,9 @@ fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
     let out = p.finish();
     assert!(out.status.success(), "{}", describe(&out));
     assert!(
-        d.gpu_ns.load(Acquire) >= 8 * 900_000,
-        "eight 1 ms launches timed: gpu_ns {}",
+        d.gpu_ns.load(Acquire) >= PATHS.len() as u64 * 900_000,
+        "{} 1 ms launches timed: gpu_ns {}",
+        PATHS.len(),
         d.gpu_ns.load(Acquire)
     );
 }
@@ -122,9 +132,28 @@ fn shim_gate_never_holds_a_production_job() {
     assert_eq!(d.env_compute.load(Acquire), 3000, "30 % in basis points");
     d.write_gate(Gate::Paused, 0, now_ns());
     let launches = d.launches.load(Acquire);
-    for path in PATHS {
+    for (i, path) in PATHS.iter().enumerate() {
+        // The previous path's synchronisation ended its busy phase: idle now (before the
+        // first, setup's captured launch may have left it busy).
+        if i > 0 {
+            wait_until(Duration::from_secs(20), "the container idle", || {
+                d.busy_since.load(Acquire) == 0
+            });
+        }
+        let drained = d.drained_at.load(Acquire);
         p.send(&format!("go {path}\n"));
         p.wait_for_line(&format!("launched {path}"));
+        assert_eq!(
+            d.launches.load(Acquire),
+            launches + i as u64 + 1,
+            "{path} counted in the container's launches"
+        );
+        // Only a busy container drains (`note_drained`): the launch marked it busy.
+        wait_until(
+            Duration::from_secs(20),
+            &format!("{path} busy, then drained"),
+            || d.drained_at.load(Acquire) > drained,
+        );
     }
     assert_eq!(d.gate(), Gate::Paused, "the word stayed paused throughout");
     assert_eq!(d.launches.load(Acquire), launches + PATHS.len() as u64);

@@ -135,3 +135,45 @@ fn jit_linked_image_keeps_kernels_layouts_and_globals() {
         "the 5 ms parameter reached the linked kernel: {v}"
     );
 }
+
+#[test]
+fn the_deprecated_launch_api_launches_with_the_configuration_set_on_the_function() {
+    // `set_info_ker(value, info)` writes `value` to `*info` (a kernel simgpu produces the result
+    // of): each value read back came through the legacy parameter buffer or a multi-device entry.
+    let bin = compile_gcc("legacy_launch.c", "legacy_launch", &["-lcuda"]);
+    let gpu = SimGpu::new().env("SIMGPU_DEVICES", "2");
+    let out = gpu.run_ok(&bin, &[] as &[&str]);
+    let v = json_check(&out, "legacy");
+    assert_eq!(
+        (&v["grid"], &v["launch"], &v["grid_async"]),
+        (&0x1234.into(), &0x2345.into(), &0x3456.into()),
+        "cuLaunchGrid, cuLaunch, cuLaunchGridAsync: {v}"
+    );
+    assert_eq!(
+        v["truncated"], 0,
+        "bytes past cuParamSetSize are not parameters: {v}"
+    );
+    // CUDA_ERROR_INVALID_VALUE (1) for no block shape, an empty grid, a negative shape, a write
+    // past the 4 KiB parameter space and a texture unit other than CU_PARAM_TR_DEFAULT.
+    for k in [
+        "no_shape",
+        "zero_grid",
+        "bad_shape",
+        "past_space",
+        "bad_tex_unit",
+    ] {
+        assert_eq!(v[k], 1, "{k}: {v}");
+    }
+    assert_eq!(
+        v["multi"],
+        serde_json::json!([0x100, 0x101]),
+        "each device's entry ran: {v}"
+    );
+    assert_eq!(v["same_device"], 1, "two entries on one device: {v}");
+    assert_eq!(
+        v["multi_null_stream"], 400,
+        "the NULL stream is CUDA_ERROR_INVALID_HANDLE: {v}"
+    );
+    assert_eq!(v["multi_mismatch"], 1, "block shapes differ: {v}");
+    gpu.assert_no_stub_calls();
+}

@@ -30,6 +30,8 @@ pub struct Function {
     pub params: Option<Vec<ParamInfo>>,
     pub module: usize,
     pub attrs: Mutex<HashMap<i32, i32>>,
+    /// What the deprecated execution-control API set on the function (`launch.rs`).
+    pub legacy: Mutex<super::launch::Legacy>,
 }
 
 /// Safety: `pm` is NULL or writable; `image` is NULL or an image the driver API accepts
@@ -152,6 +154,7 @@ fn function_handle(
         params,
         module: h,
         attrs: Mutex::new(HashMap::new()),
+        legacy: Mutex::new(Default::default()),
     }));
     functions.insert(name.to_string(), fh);
     Ok(fh)
