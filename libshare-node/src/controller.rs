@@ -143,6 +143,10 @@ pub struct Controller {
     decisions: policy::Decisions,
     /// `phase_seq` of each (container, device) at the last [`Controller::listen`] decision.
     phases: FxHashMap<(u64, u8), u32>,
+    /// Each registered container's environment compute limit (the smallest nonzero over its
+    /// processes' slots), by index in the registry: computed at each rescan, after the
+    /// registry reclaimed dead processes' slots, so a tick reads one word per container.
+    env_limits: Vec<u32>,
     listen_at: u64,
 }
 
@@ -153,14 +157,17 @@ pub const LISTEN_WINDOW_NS: u64 = 100_000_000;
 pub const MIN_PHASE_NS: u64 = 1_000_000;
 
 /// Container `c`'s counters on device `d`: the shims' from the file, its compute share and
-/// weight from the daemon's words (the file's only where the daemon has none).
-fn read_counters(c: &Container, d: usize) -> Counters {
+/// weight from the daemon's words (the file's only where the daemon has none), and its
+/// processes' environment compute limit `env_limit` (the smallest over its slots, cached at
+/// the last rescan: [`State::compute_limit`]), which counts only where the daemon trusts the
+/// environment.
+fn read_counters(c: &Container, d: usize, env_limit: u32) -> Counters {
     let s = c.state.device(d);
     let [compute, weight, env_compute] = c.words.shares_or(
         d,
         s.compute.load(Acquire),
         s.weight.load(Acquire),
-        s.env_compute.load(Acquire),
+        env_limit,
     );
     Counters {
         launches: s.launches.load(Acquire),
@@ -202,7 +209,25 @@ impl Controller {
             decisions: Vec::new(),
             phases: FxHashMap::default(),
             listen_at: 0,
-        })
+            env_limits: Vec::new(),
+        }
+        .with_env_limits())
+    }
+
+    /// Recomputes [`Controller::env_limits`] (after a rescan).
+    fn with_env_limits(mut self) -> Self {
+        self.refresh_env_limits();
+        self
+    }
+
+    fn refresh_env_limits(&mut self) {
+        self.env_limits.clear();
+        self.env_limits.extend(
+            self.registry
+                .containers()
+                .iter()
+                .map(|c| c.state.compute_limit()),
+        );
     }
 
     pub fn registry(&self) -> &Registry {
@@ -211,7 +236,9 @@ impl Controller {
 
     pub fn rescan(&mut self) -> Result<(), NodeError> {
         self.ticks = 0; // new containers: look at the devices again next tick
-        self.registry.rescan().map(|_| ())
+        let r = self.registry.rescan().map(|_| ());
+        self.refresh_env_limits();
+        r
     }
 
     /// One tick at `now`: snapshot, policy, writes. Returns the number of gates written.
@@ -243,7 +270,7 @@ impl Controller {
                     id: c.id,
                     device: d as u8,
                     class,
-                    c: read_counters(c, d),
+                    c: read_counters(c, d, self.env_limits.get(i).copied().unwrap_or(0)),
                 });
                 self.owner.push(i);
             }
