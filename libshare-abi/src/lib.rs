@@ -194,9 +194,10 @@ pub struct DeviceState {
     pub in_flight_ns: AtomicU64,
     /// Threads of the container waiting at the gate now.
     pub held: AtomicU32,
-    /// The compute limit the container's environment asks for (`CUDA_DEVICE_SM_LIMIT`), in
-    /// basis points of the device (1..=10000); 0 = none.
-    pub env_compute: AtomicU32,
+    /// Unused: once the container's environment compute limit, which every process of the
+    /// container overwrote (the last writer won). The limit is per process now
+    /// ([`ProcSlot::compute_limit`]); nothing reads or writes this word.
+    pub _retired_env_compute: AtomicU32,
     /// +1 at each phase change (drained → busy, busy → drained): a futex the daemon waits on.
     pub phase_seq: AtomicU32,
     /// Nonzero while a daemon waits on `phase_seq` (written by the daemon): a phase change then
@@ -228,7 +229,13 @@ pub struct ProcSlot {
     /// 0 = free; else the pid of its process as that process sees it (for display: ownership
     /// is the slot's lock, see the module doc).
     pub pid: AtomicU32,
-    pub _pad: u32,
+    /// The compute limit this process's environment asks for (`CUDA_DEVICE_SM_LIMIT`), in basis
+    /// points of a device (1..=10000), on every device of the container; 0 = none. Published
+    /// by the process once its slot is claimed, zeroed when the slot is claimed or cleared. The
+    /// container's limit is the smallest nonzero one over its claimed slots
+    /// ([`State::compute_limit`]): a process without a limit lifts nobody's. (This word was
+    /// padding, always zero, in files of this version before: no layout change.)
+    pub compute_limit: AtomicU32,
     /// /proc/<pid>/stat start time (for display and simgpu-style pid checks).
     pub start_time: AtomicU64,
     pub launches: [AtomicU64; MAX_DEVICES],
@@ -260,6 +267,12 @@ impl ProcSlot {
 pub struct Trailer {
     pub epoch: AtomicU64,
     pub _reserved: [AtomicU64; 7],
+}
+
+/// The smallest nonzero of `limits` (compute limits in basis points, 0 = none), 0 if none: a
+/// process without a limit never lifts another's.
+pub fn min_limit(limits: impl IntoIterator<Item = u32>) -> u32 {
+    limits.into_iter().filter(|&l| l != 0).min().unwrap_or(0)
 }
 
 const fn align64(x: usize) -> usize {
@@ -336,6 +349,8 @@ pub struct State {
     mine: Box<[AtomicBool]>,
     /// Process-local copy of the nets of `mine` slots ([slot * MAX_DEVICES + dev]).
     mirror: Box<[AtomicU64]>,
+    /// Process-local copy of the compute limits of `mine` slots.
+    limit_mirror: Box<[AtomicU32]>,
 }
 
 // SAFETY: `base` is a mapping owned by this State (unmapped only in Drop), not tied to the thread
@@ -477,6 +492,7 @@ impl State {
             flags_seen: AtomicU32::new(0),
             mine: (0..n).map(|_| AtomicBool::new(false)).collect(),
             mirror: (0..n * MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
+            limit_mirror: (0..n).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -882,6 +898,29 @@ impl State {
         self.mirror.get(slot * MAX_DEVICES + dev)
     }
 
+    /// Publishes the compute limit of the process owning slot `i` (basis points, 0 = none; see
+    /// [`ProcSlot::compute_limit`]), remembered to be restored after a loss.
+    pub fn set_compute_limit(&self, i: usize, bp: u32) {
+        if let Some(m) = self.limit_mirror.get(i) {
+            m.store(bp, Release);
+        }
+        self.slot(i).compute_limit.store(bp, Release);
+    }
+
+    /// The container's compute limit from its processes' environments: the smallest nonzero
+    /// [`ProcSlot::compute_limit`] over the claimed slots (up to [`SlotTable::slots_in_use`]), 0
+    /// if none. A slot counts while it shows a pid: a dead process's until it is reclaimed.
+    /// Loads only (a few per process of the container).
+    pub fn compute_limit(&self) -> u32 {
+        min_limit((0..self.slots_in_use()).map(|i| {
+            let s = self.slot(i);
+            match s.pid.load(Acquire) {
+                0 | slots::RELEASING => 0,
+                _ => s.compute_limit.load(Acquire),
+            }
+        }))
+    }
+
     /// Sets the quota on `dev` (0 = none), remembered to be restored after a loss.
     pub fn set_quota(&self, dev: usize, bytes: u64) {
         self.quota_seen[dev].store(bytes, Release);
@@ -1012,6 +1051,9 @@ impl State {
                 s.uncharged[d].store(0, Release);
                 s.charged[d].store(m, Release);
             }
+            if let Some(l) = self.limit_mirror.get(i) {
+                s.compute_limit.store(l.load(Acquire), Release);
+            }
             // The mark may have been lost with the rest of the header.
             self.mark_in_use(i);
             if s.pid.load(Acquire) == 0 {
@@ -1115,6 +1157,7 @@ impl State {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
         }
+        s.compute_limit.store(0, Release);
         s.start_time.store(0, Release);
         s.pid.store(0, Release);
     }
@@ -1237,6 +1280,7 @@ impl slots::SlotTable for State {
     }
     fn reset_slot(&self, i: usize) {
         let s = self.slot(i);
+        s.compute_limit.store(0, Release);
         for d in 0..MAX_DEVICES {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
@@ -1290,6 +1334,9 @@ impl slots::SlotTable for State {
                 if let Some(m) = self.mirror(i, d) {
                     m.store(0, Release);
                 }
+            }
+            if let Some(l) = self.limit_mirror.get(i) {
+                l.store(0, Release);
             }
             s.start_time.store(start, Release);
             self.mark_in_use(i);

@@ -22,8 +22,8 @@
 //!
 //! The daemon, every period: `budget` (the [`Gate`]), `window_end`, `tokens` (refilled), then
 //! `refreshed` (its heartbeat), and `gate_seq` + a futex wake when the gate changed
-//! ([`DeviceState::write_gate`]). The admin writes `compute` and `weight`; the shim publishes
-//! its environment's `env_compute`.
+//! ([`DeviceState::write_gate`]). The admin writes `compute` and `weight`; each process's shim
+//! publishes its environment's compute limit in its slot (`ProcSlot::compute_limit`).
 //!
 //! # The gate word (`DeviceState::budget`)
 //!
@@ -308,6 +308,22 @@ pub fn futex_wake(word: &AtomicU32) {
 /// has no `futex_waitv` (ENOSYS) or `words` is empty or too long: the caller then sleeps
 /// plainly to its deadline.
 pub fn wait_any(words: &[(&AtomicU32, u32)], deadline_ns: u64) -> bool {
+    wait_which(words, deadline_ns) != Waited::NotWaited
+}
+
+/// What ended a [`wait_which`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// A futex wake on `words[i]` (whether or not its value changed: anyone may wake a word).
+    Woken(usize),
+    /// The deadline, a signal, or a word that already differed from its expected value.
+    Other,
+    /// Nothing was waited (no `futex_waitv`, or `words` empty or too long).
+    NotWaited,
+}
+
+/// [`wait_any`], telling which word's wake ended the wait.
+pub fn wait_which(words: &[(&AtomicU32, u32)], deadline_ns: u64) -> Waited {
     /// `struct futex_waitv` of linux/futex.h.
     #[repr(C)]
     struct FutexWaitv {
@@ -319,7 +335,7 @@ pub fn wait_any(words: &[(&AtomicU32, u32)], deadline_ns: u64) -> bool {
     const FUTEX_32: u32 = 2;
     const MAX: usize = 128;
     if words.is_empty() || words.len() > MAX {
-        return false;
+        return Waited::NotWaited;
     }
     let mut v: [FutexWaitv; MAX] = std::array::from_fn(|_| FutexWaitv {
         val: 0,
@@ -352,7 +368,13 @@ pub fn wait_any(words: &[(&AtomicU32, u32)], deadline_ns: u64) -> bool {
             libc::CLOCK_MONOTONIC,
         )
     };
-    !(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+    if r >= 0 {
+        Waited::Woken(r as usize)
+    } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        Waited::NotWaited
+    } else {
+        Waited::Other
+    }
 }
 
 #[cfg(test)]

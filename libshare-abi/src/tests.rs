@@ -233,6 +233,21 @@ fn child_entry() {
                 Err(e) => format!("error {e}"),
             });
         }
+        // Claims, publishes the compute limit LIBSHARE_ABI_LIMIT (basis points), says "ready",
+        // sleeps until killed.
+        "limit" => {
+            let st = State::open_or_create(&dir).unwrap();
+            let slot = st.claim_slot(std::process::id()).unwrap();
+            let bp = std::env::var("LIBSHARE_ABI_LIMIT")
+                .unwrap()
+                .parse()
+                .unwrap();
+            st.set_compute_limit(slot, bp);
+            say("ready");
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
         m => panic!("unknown child mode {m}"),
     }
 }
@@ -246,6 +261,63 @@ fn layout_is_stable() {
     assert_eq!(FILE_SIZE % 64, 0);
     assert_eq!(std::mem::offset_of!(Header, epoch), 48);
     assert_eq!(FILE_SIZE - TRAILER_OFFSET, 64);
+    // The compute limit took the slot's padding: same slot size, same offsets.
+    assert_eq!(std::mem::size_of::<ProcSlot>(), 576);
+    assert_eq!(std::mem::offset_of!(ProcSlot, compute_limit), 4);
+    assert_eq!(std::mem::offset_of!(ProcSlot, start_time), 8);
+}
+
+#[test]
+fn min_limit_is_the_smallest_nonzero() {
+    assert_eq!(min_limit([]), 0, "no process: no limit");
+    assert_eq!(min_limit([0, 0]), 0, "no process with a limit");
+    assert_eq!(min_limit([2000, 0]), 2000, "0 lifts nobody's limit");
+    assert_eq!(min_limit([0, 5000, 2000, 0, 9000]), 2000);
+    assert_eq!(min_limit([10_000]), 10_000);
+}
+
+#[test]
+fn the_container_compute_limit_is_the_smallest_over_live_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = State::open_or_create(dir.path()).unwrap();
+    let mine = st.claim_slot(std::process::id()).unwrap();
+    st.set_compute_limit(mine, 5000);
+    assert_eq!(st.compute_limit(), 5000);
+    let start = |bp: u32| {
+        let mut c = spawn_child(
+            "limit",
+            dir.path(),
+            &[("LIBSHARE_ABI_LIMIT", bp.to_string())],
+        );
+        let mut out = BufReader::new(c.stdout.take().unwrap());
+        assert_eq!(child_line(&mut out).as_deref(), Some("ready"));
+        c
+    };
+    let mut capped = start(2000);
+    assert_eq!(st.compute_limit(), 2000, "the smaller limit wins");
+    let mut free = start(0);
+    assert_eq!(
+        st.compute_limit(),
+        2000,
+        "a process without a limit lifts nobody's"
+    );
+    capped.kill().unwrap();
+    capped.wait().unwrap();
+    assert_eq!(
+        st.compute_limit(),
+        2000,
+        "a dead process's slot counts until reclaimed"
+    );
+    assert_eq!(st.reclaim_dead(), 1);
+    assert_eq!(st.compute_limit(), 5000, "reclaimed: its limit is gone");
+    // A slot claimed again starts without a limit.
+    st.release_slot(mine, std::process::id());
+    assert_eq!(st.compute_limit(), 0);
+    let again = st.claim_slot(std::process::id()).unwrap();
+    assert_eq!(st.slot(again).compute_limit.load(Acquire), 0);
+    assert_eq!(st.compute_limit(), 0);
+    free.kill().unwrap();
+    free.wait().unwrap();
 }
 
 #[test]

@@ -67,6 +67,9 @@ pub struct Health {
     pub containers: AtomicU64,
     /// Nonzero while the loop runs.
     pub running: AtomicU32,
+    /// Early wakes of the loop with no listened word changed (someone woke a phase word without
+    /// a phase change): no tick ran for them.
+    pub spurious_wakes: AtomicU64,
     /// Containers' words the daemon had to restore (see [`crate::authority`]).
     pub restores: Arc<crate::authority::Restores>,
 }
@@ -141,10 +144,39 @@ pub struct Controller {
     owner: Vec<usize>,
     /// The policy's decisions, reused every tick.
     decisions: policy::Decisions,
-    /// `phase_seq` of each (container, device) at the last [`Controller::listen`] decision.
-    phases: FxHashMap<(u64, u8), u32>,
+    /// Whether the loop listens to each (container, device), and why (see
+    /// [`Controller::listen`]).
+    phases: FxHashMap<(u64, u8), Listen>,
+    /// Each registered container's environment compute limit (the smallest nonzero over its
+    /// processes' slots), by index in the registry: computed at each rescan, after the
+    /// registry reclaimed dead processes' slots, so a tick reads one word per container.
+    env_limits: Vec<u32>,
     listen_at: u64,
 }
+
+/// The daemon's listening to one production container's phase word on one device.
+#[derive(Clone, Copy, Debug, Default)]
+struct Listen {
+    /// `phase_seq` at the last [`Controller::listen`] decision.
+    seq: u32,
+    /// Whether the loop waits on the word (the daemon's decision: the file's `daemon_listens`
+    /// only tells the container's shims to wake it, and a job can write it).
+    on: bool,
+    /// Wakes of the word that changed nothing, since the last decision.
+    spurious: u32,
+    /// Not listened to before this time (`rate::now_ns()` clock): spurious wakes.
+    muted_until: u64,
+    /// A line was logged for the current mute episode (cleared by a clean listened window).
+    warned: bool,
+}
+
+/// Wakes of a listened phase word that change nothing (any process mapping the word can wake
+/// it) tolerated per [`LISTEN_WINDOW_NS`]: a genuine phase change can look like one when its
+/// wake lands after the loop already read the new value, which is rare. A container above it
+/// is not listened to for [`SPURIOUS_MUTE_NS`] (its phases are seen at the periodic ticks).
+pub const SPURIOUS_BUDGET: u32 = 8;
+/// How long a container with too many spurious wakes is not listened to.
+pub const SPURIOUS_MUTE_NS: u64 = 1_000_000_000;
 
 /// How often the daemon decides whom to listen to.
 pub const LISTEN_WINDOW_NS: u64 = 100_000_000;
@@ -153,14 +185,17 @@ pub const LISTEN_WINDOW_NS: u64 = 100_000_000;
 pub const MIN_PHASE_NS: u64 = 1_000_000;
 
 /// Container `c`'s counters on device `d`: the shims' from the file, its compute share and
-/// weight from the daemon's words (the file's only where the daemon has none).
-fn read_counters(c: &Container, d: usize) -> Counters {
+/// weight from the daemon's words (the file's only where the daemon has none), and its
+/// processes' environment compute limit `env_limit` (the smallest over its slots, cached at
+/// the last rescan: [`State::compute_limit`]), which counts only where the daemon trusts the
+/// environment.
+fn read_counters(c: &Container, d: usize, env_limit: u32) -> Counters {
     let s = c.state.device(d);
     let [compute, weight, env_compute] = c.words.shares_or(
         d,
         s.compute.load(Acquire),
         s.weight.load(Acquire),
-        s.env_compute.load(Acquire),
+        env_limit,
     );
     Counters {
         launches: s.launches.load(Acquire),
@@ -202,7 +237,25 @@ impl Controller {
             decisions: Vec::new(),
             phases: FxHashMap::default(),
             listen_at: 0,
-        })
+            env_limits: Vec::new(),
+        }
+        .with_env_limits())
+    }
+
+    /// Recomputes [`Controller::env_limits`] (after a rescan).
+    fn with_env_limits(mut self) -> Self {
+        self.refresh_env_limits();
+        self
+    }
+
+    fn refresh_env_limits(&mut self) {
+        self.env_limits.clear();
+        self.env_limits.extend(
+            self.registry
+                .containers()
+                .iter()
+                .map(|c| c.state.compute_limit()),
+        );
     }
 
     pub fn registry(&self) -> &Registry {
@@ -211,7 +264,9 @@ impl Controller {
 
     pub fn rescan(&mut self) -> Result<(), NodeError> {
         self.ticks = 0; // new containers: look at the devices again next tick
-        self.registry.rescan().map(|_| ())
+        let r = self.registry.rescan().map(|_| ());
+        self.refresh_env_limits();
+        r
     }
 
     /// One tick at `now`: snapshot, policy, writes. Returns the number of gates written.
@@ -243,7 +298,7 @@ impl Controller {
                     id: c.id,
                     device: d as u8,
                     class,
-                    c: read_counters(c, d),
+                    c: read_counters(c, d, self.env_limits.get(i).copied().unwrap_or(0)),
                 });
                 self.owner.push(i);
             }
@@ -287,15 +342,22 @@ impl Controller {
     }
 
     /// The phase words of the production containers listened to (see [`Controller::listen`]),
-    /// with their values now, for the loop to wait on: as many as fit in `out`, their number
-    /// returned (the loop passes [`MAX_WORDS`], what one `futex_waitv` takes).
-    pub fn phase_words<'a>(&'a self, out: &mut [(&'a AtomicU32, u32)]) -> usize {
+    /// with their values now, for the loop to wait on, and in `keys` whose each is (container
+    /// id, device): as many as fit in `out` and `keys`, their number returned (the loop passes
+    /// [`MAX_WORDS`], what one `futex_waitv` takes).
+    pub fn phase_words<'a>(
+        &'a self,
+        out: &mut [(&'a AtomicU32, u32)],
+        keys: &mut [(u64, u8)],
+    ) -> usize {
+        let max = out.len().min(keys.len());
         let mut n = 0;
         for c in self.registry.containers() {
             for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
-                let dev = c.state.device(d);
-                if n < out.len() && dev.daemon_listens.load(Relaxed) != 0 {
+                if n < max && self.phases.get(&(c.id, d as u8)).is_some_and(|l| l.on) {
+                    let dev = c.state.device(d);
                     out[n] = (&dev.phase_seq, dev.phase_seq.load(Acquire));
+                    keys[n] = (c.id, d as u8);
                     n += 1;
                 }
             }
@@ -303,11 +365,48 @@ impl Controller {
         n
     }
 
+    /// The loop woke early on (container, device) `key`'s phase word and no listened word had
+    /// changed: counted; above [`SPURIOUS_BUDGET`] in the listen window the container is not
+    /// listened to for [`SPURIOUS_MUTE_NS`] (one log line per episode). Returns whether it was
+    /// dropped now.
+    pub fn spurious_wake(&mut self, key: (u64, u8), now: u64) -> bool {
+        let Some(l) = self.phases.get_mut(&key) else {
+            return false;
+        };
+        l.spurious = l.spurious.saturating_add(1);
+        if !l.on || l.spurious <= SPURIOUS_BUDGET {
+            return false;
+        }
+        l.on = false;
+        l.muted_until = now + SPURIOUS_MUTE_NS;
+        let warn = !std::mem::replace(&mut l.warned, true);
+        if let Some(c) = self.registry.containers().iter().find(|c| c.id == key.0) {
+            c.state
+                .device(key.1 as usize)
+                .daemon_listens
+                .store(0, Release);
+            if warn {
+                tracing::warn!(
+                    container = %c.name,
+                    device = key.1,
+                    wakes = l.spurious,
+                    "a job of the container wakes the daemon without changing its busy phase; \
+                     not listening to it for {} ms (its phases are seen at the period)",
+                    SPURIOUS_MUTE_NS / 1_000_000
+                );
+            }
+        }
+        true
+    }
+
     /// Decides, every [`LISTEN_WINDOW_NS`], which production containers wake the loop: those
     /// whose busy phases changed at most once per [`MIN_PHASE_NS`] on average. A job flipping
     /// faster (e.g. one that queries an event after every launch) would make both it (a futex
     /// wake per phase) and the daemon (a tick per phase) pay for nothing the period does not
-    /// already give: it is left to the periodic ticks.
+    /// already give: it is left to the periodic ticks. So is, for [`SPURIOUS_MUTE_NS`], one
+    /// whose word was woken more than [`SPURIOUS_BUDGET`] times in a window without changing
+    /// ([`Controller::spurious_wake`]); it is listened to again after that, and logged again
+    /// only if it does it again after a clean window.
     fn listen(&mut self, now: u64) {
         if now < self.listen_at {
             return;
@@ -319,11 +418,19 @@ impl Controller {
             for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
                 let dev = c.state.device(d);
                 let seq = dev.phase_seq.load(Acquire);
-                let before = self.phases.insert((c.id, d as u8), seq).unwrap_or(seq);
-                let changes = seq.wrapping_sub(before) as u64;
-                let listen = production && changes * MIN_PHASE_NS <= window;
-                if (dev.daemon_listens.load(Relaxed) != 0) != listen {
-                    dev.daemon_listens.store(listen as u32, Release);
+                let l = self.phases.entry((c.id, d as u8)).or_insert(Listen {
+                    seq,
+                    ..Listen::default()
+                });
+                let changes = seq.wrapping_sub(l.seq) as u64;
+                l.seq = seq;
+                if l.on && l.spurious <= SPURIOUS_BUDGET {
+                    l.warned = false; // a clean window listened to
+                }
+                l.spurious = 0;
+                l.on = production && changes * MIN_PHASE_NS <= window && now >= l.muted_until;
+                if (dev.daemon_listens.load(Relaxed) != 0) != l.on {
+                    dev.daemon_listens.store(l.on as u32, Release);
                 }
             }
         }
@@ -422,20 +529,41 @@ pub fn run_on(
         health.overruns.store(stats.overruns, Relaxed);
         // Sleep to the next period, or less: a production container beginning or ending a busy
         // phase wakes the loop at once, so opportunistic work is paused on production's return
-        // and let in when it drains without waiting for the period.
-        let mut words = [(&UNUSED_WORD, 0); MAX_WORDS];
-        let n = ctl.phase_words(&mut words);
-        host.wait_until(deadline, &words[..n]);
+        // and let in when it drains without waiting for the period. A wake that changed no
+        // listened word ticks nothing: the loop waits again (and a container doing that too
+        // often is no longer listened to).
+        let mut keys = [(0u64, 0u8); MAX_WORDS];
+        loop {
+            let (changed, woken) = {
+                let mut words = [(&UNUSED_WORD, 0); MAX_WORDS];
+                let n = ctl.phase_words(&mut words, &mut keys);
+                let woken = host.wait_until(deadline, &words[..n]).filter(|&i| i < n);
+                let changed = words[..n].iter().any(|(w, v)| w.load(Acquire) != *v);
+                (changed, woken)
+            };
+            if stop.load(Acquire) {
+                break;
+            }
+            let woke = host.now();
+            early = woke < deadline;
+            if !early {
+                let late = woke - deadline;
+                late_sum += late as u128;
+                stats.late_max_ns = stats.late_max_ns.max(late);
+                health.late_max_ns.store(stats.late_max_ns, Relaxed);
+                break;
+            }
+            if changed {
+                break;
+            }
+            // Early with nothing changed: a wake of an unchanged word, or a signal.
+            if let Some(i) = woken {
+                health.spurious_wakes.fetch_add(1, Relaxed);
+                ctl.spurious_wake(keys[i], woke);
+            }
+        }
         if stop.load(Acquire) {
             break;
-        }
-        let woke = host.now();
-        early = woke < deadline;
-        if !early {
-            let late = woke - deadline;
-            late_sum += late as u128;
-            stats.late_max_ns = stats.late_max_ns.max(late);
-            health.late_max_ns.store(stats.late_max_ns, Relaxed);
         }
     }
     health.running.store(0, Release);

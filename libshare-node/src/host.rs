@@ -11,10 +11,13 @@ pub trait Host {
     /// Sleeps until `deadline` (same clock) or a signal arrives, whichever is first.
     fn sleep_until(&self, deadline: u64);
     /// Sleeps until `deadline`, a signal, or one of `words` moving from its expected value
-    /// (another process's futex wake), whichever is first.
-    fn wait_until(&self, deadline: u64, words: &[(&AtomicU32, u32)]) {
+    /// (another process's futex wake), whichever is first. Returns the index of the word whose
+    /// futex wake ended the wait, if one did (its value may not have changed: any process that
+    /// maps the word can wake it).
+    fn wait_until(&self, deadline: u64, words: &[(&AtomicU32, u32)]) -> Option<usize> {
         let _ = words;
-        self.sleep_until(deadline)
+        self.sleep_until(deadline);
+        None
     }
     /// CPU time (user + system) of the calling thread so far, ns.
     fn thread_cpu_ns(&self) -> u64;
@@ -46,9 +49,15 @@ impl Host for LinuxHost {
         };
     }
 
-    fn wait_until(&self, deadline: u64, words: &[(&AtomicU32, u32)]) {
-        if !libshare_abi::rate::wait_any(words, deadline) {
-            self.sleep_until(deadline)
+    fn wait_until(&self, deadline: u64, words: &[(&AtomicU32, u32)]) -> Option<usize> {
+        use libshare_abi::rate::{wait_which, Waited};
+        match wait_which(words, deadline) {
+            Waited::Woken(i) => Some(i),
+            Waited::Other => None,
+            Waited::NotWaited => {
+                self.sleep_until(deadline);
+                None
+            }
         }
     }
 

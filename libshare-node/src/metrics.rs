@@ -308,6 +308,12 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
         );
         c(
             sub,
+            "spurious_wakes",
+            "Early wakes of the control loop by a phase word that did not change (no tick ran)",
+            h.spurious_wakes.load(Relaxed),
+        );
+        c(
+            sub,
             "overruns",
             "Period deadlines skipped because a tick ended past the next one",
             h.overruns.load(Relaxed),

@@ -68,6 +68,8 @@ pub struct DeviceView {
     pub gate_refreshed_ns: u64,
     /// Compute share set by an admin / asked by the environment, basis points; 0 = none.
     pub compute_bp: u32,
+    /// The smallest compute limit of the live processes' environments (`CUDA_DEVICE_SM_LIMIT`,
+    /// per process, the same on every device), basis points; 0 = none.
     pub env_compute_bp: u32,
     /// Weight among opportunistic containers (0 reads as 1).
     pub weight: u32,
@@ -131,6 +133,11 @@ pub fn container(name: &str, st: &State) -> ContainerView {
         ClassView::Production
     };
     let live = st.live_slots();
+    // The environments' compute limit: the smallest of the live processes' (the daemon's rule).
+    let env_compute = libshare_abi::min_limit(
+        live.iter()
+            .map(|(i, _)| st.slot(*i).compute_limit.load(Acquire)),
+    );
     let devices = (0..MAX_DEVICES)
         .map(|d| {
             let dev = st.device(d);
@@ -154,7 +161,7 @@ pub fn container(name: &str, st: &State) -> ContainerView {
                 gate: dev.gate(),
                 gate_refreshed_ns: dev.refreshed.load(Acquire),
                 compute_bp: dev.compute.load(Acquire),
-                env_compute_bp: dev.env_compute.load(Acquire),
+                env_compute_bp: env_compute,
                 weight: dev.weight.load(Acquire),
                 busy: dev.busy_since.load(Acquire) != 0,
             }

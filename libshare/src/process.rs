@@ -276,11 +276,6 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     if !managed && env_applies {
         state.header().class.store(cfg.class, Release);
     }
-    // The environment's compute limit, published for the daemon (basis points; 0 = none).
-    let env_compute = cfg.compute_percent.map_or(0, |p| p * 100);
-    for d in 0..devices {
-        state.device(d).env_compute.store(env_compute, Release);
-    }
     let pid = std::process::id();
     let slot = state.claim_slot(pid).ok_or_else(|| {
         format!(
@@ -289,6 +284,10 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
             container
         )
     })?;
+    // The environment's compute limit, published in this process's slot for the daemon (basis
+    // points; 0 = none): the container's is the smallest over its processes, so a process
+    // started without one lifts nobody's (an untrusting daemon ignores them all).
+    state.set_compute_limit(slot, cfg.compute_percent.map_or(0, |p| p * 100));
     tracing::info!(container = %container, class = cfg.class, slot, "libshare initialised");
     let mut cfg = cfg;
     cfg.container = container;

@@ -10,7 +10,8 @@
 //!   within the bound plus one kernel, where the open gate lets it queue far more;
 //! - a share (tokens refilled by the test at 30 %) gives a saturating job 20–40 % of the GPU,
 //!   measured by the job itself against its own solo run;
-//! - `CUDA_DEVICE_SM_LIMIT` is published as `env_compute` (basis points; 100 % is no limit);
+//! - `CUDA_DEVICE_SM_LIMIT` is published in the process's slot (basis points; 100 % is no
+//!   limit);
 //! - a production train-like loop publishes `busy_since` and `drained_at` around its iterations;
 //! - cudart programs (streams, events, graphs with stream capture) and PyTorch run unchanged as
 //!   opportunistic jobs under an open gate, their launches timed.
@@ -84,7 +85,7 @@ fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
     let mut p = gate_program(&gpu);
     let st = gpu.container_state("opp");
     let d = st.device(0);
-    assert_eq!(d.env_compute.load(Acquire), 0, "100 % is no limit");
+    assert_eq!(st.compute_limit(), 0, "100 % is no limit");
     for path in PATHS {
         d.write_gate(Gate::Paused, 0, now_ns());
         let (launches, held_ns) = (d.launches.load(Acquire), d.held_ns.load(Acquire));
@@ -129,7 +130,11 @@ fn shim_gate_never_holds_a_production_job() {
     let mut p = gate_program(&gpu);
     let st = gpu.container_state("prod");
     let d = st.device(0);
-    assert_eq!(d.env_compute.load(Acquire), 3000, "30 % in basis points");
+    assert_eq!(
+        st.compute_limit(),
+        3000,
+        "30 % in basis points, in its slot"
+    );
     d.write_gate(Gate::Paused, 0, now_ns());
     let launches = d.launches.load(Acquire);
     for (i, path) in PATHS.iter().enumerate() {

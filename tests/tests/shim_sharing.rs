@@ -6,11 +6,18 @@
 //!   exceed the quota by one byte: simgpu's own peak device memory (its `mem_peak`, on a device 32×
 //!   larger than the quota) and the shim's `peak` both stay ≤ the quota, and at the end nothing is
 //!   charged.
+//! - Issue 18, must-show 5a: `CUDA_DEVICE_SM_LIMIT` is per process and the smallest wins: an
+//!   opportunistic container's process started with 20 % and a second one started without a
+//!   limit (both saturating the GPU) keep the container at 20 % under a real daemon; once the
+//!   limited one is killed (its slot reclaimed) the other runs unlimited.
 
 use libshare_abi::SlotTable;
-use libshare_tests::{compile_gcc, describe, json_check, Running, SimGpu};
+use libshare_tests::{
+    artifacts, compile_gcc, describe, json_check, until, Daemon, Running, SimGpu,
+};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Acquire;
+use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -154,4 +161,74 @@ fn shim_four_processes_of_eight_threads_never_exceed_the_quota() {
     );
     assert_eq!(gpu.shim_counts("stress").allocs, allocs);
     gpu.assert_no_stub_calls();
+}
+
+/// The container's GPU time per second of wall time (GPU-ms/s) over `span`, from its state.
+fn gpu_ms_per_s(st: &libshare_abi::State, span: Duration) -> f64 {
+    let dev = st.device(0);
+    let (g0, t0) = (dev.gpu_ns.load(Acquire), Instant::now());
+    std::thread::sleep(span);
+    let (g1, t1) = (dev.gpu_ns.load(Acquire), Instant::now());
+    (g1 - g0) as f64 / 1e6 / (t1 - t0).as_secs_f64()
+}
+
+#[test]
+fn shim_sm_limit_is_per_process_and_a_process_without_one_lifts_no_cap() {
+    let gpu = SimGpu::new().with_shim();
+    let _daemon = Daemon::start(&gpu.shim_state_dir(), &[]);
+    let saturate = |limit: Option<&str>| {
+        let mut cmd = gpu.command(artifacts().bin("simjob-saturate"));
+        cmd.args(["--kernel-ms", "0.5", "--depth", "4", "--duration", "60s"])
+            .env("LIBSHARE_CONTAINER", "batch")
+            .env("LIBSHARE_CLASS", "opportunistic");
+        if let Some(l) = limit {
+            cmd.env("CUDA_DEVICE_SM_LIMIT", l);
+        } else {
+            cmd.env_remove("CUDA_DEVICE_SM_LIMIT");
+        }
+        gpu.spawn(cmd)
+    };
+    let mut capped = saturate(Some("20"));
+    let st = gpu.wait_container_state("batch");
+    let launching = |slot: usize| {
+        let l0 = st.slot(slot).launches[0].load(Acquire);
+        until(Duration::from_secs(30), || {
+            st.slot(slot).launches[0].load(Acquire) > l0 + 10
+        })
+        .is_some()
+    };
+    until(Duration::from_secs(30), || st.live_slots().len() == 1).expect("the first process");
+    let first = st.live_slots()[0].0;
+    assert!(launching(first), "the limited process launches");
+    assert_eq!(st.compute_limit(), 2000);
+
+    // A second process of the container, its environment without the limit.
+    let _free = saturate(None);
+    until(Duration::from_secs(30), || st.live_slots().len() == 2).expect("the second process");
+    let second = st
+        .live_slots()
+        .into_iter()
+        .find(|(i, _)| *i != first)
+        .unwrap()
+        .0;
+    assert!(launching(second), "the second process launches");
+    assert_eq!(st.slot(second).compute_limit.load(Acquire), 0);
+    assert_eq!(st.compute_limit(), 2000, "0 lifts nobody's limit");
+    // The daemon reads the limits at its rescans (100 ms): measure after a few.
+    std::thread::sleep(Duration::from_millis(300));
+    let both = gpu_ms_per_s(&st, Duration::from_millis(1500));
+    eprintln!("two processes, one at CUDA_DEVICE_SM_LIMIT=20: {both:.0} GPU-ms/s");
+    assert!(
+        (120.0..=280.0).contains(&both),
+        "the container should stay at 20 % (200 GPU-ms/s): {both:.0}"
+    );
+
+    // The limited process dies: once its slot is reclaimed, its limit no longer counts.
+    capped.child.kill().unwrap();
+    capped.child.wait().unwrap();
+    until(Duration::from_secs(5), || st.compute_limit() == 0).expect("the dead slot reclaimed");
+    std::thread::sleep(Duration::from_millis(300));
+    let alone = gpu_ms_per_s(&st, Duration::from_millis(1000));
+    eprintln!("the unlimited process alone: {alone:.0} GPU-ms/s");
+    assert!(alone > 600.0, "no limit left: {alone:.0} GPU-ms/s");
 }
