@@ -59,22 +59,35 @@ fn kind(mode: libc::mode_t) -> &'static str {
 }
 
 /// Checks an open directory met on the way to a state file.
-fn check_dir(st: &libc::stat, path: &Path) -> Result<(), StateError> {
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+/// `st` is of type `ifmt` (`expected` names it) and owned by this user (or root, where
+/// `root_too`).
+fn check_kind_and_owner(
+    st: &libc::stat,
+    path: &Path,
+    ifmt: libc::mode_t,
+    expected: &'static str,
+    root_too: bool,
+) -> Result<(), StateError> {
+    if st.st_mode & libc::S_IFMT != ifmt {
         return Err(StateError::WrongType {
             path: path.into(),
             kind: kind(st.st_mode),
-            expected: "directory",
+            expected,
         });
     }
     let me = euid();
-    if st.st_uid != 0 && st.st_uid != me {
+    if st.st_uid != me && !(root_too && st.st_uid == 0) {
         return Err(StateError::ForeignOwner {
             path: path.into(),
             owner: st.st_uid,
             uid: me,
         });
     }
+    Ok(())
+}
+
+fn check_dir(st: &libc::stat, path: &Path) -> Result<(), StateError> {
+    check_kind_and_owner(st, path, libc::S_IFDIR, "directory", true)?;
     let open_to_others = st.st_mode & 0o022 != 0;
     let root_sticky = st.st_uid == 0 && st.st_mode & libc::S_ISVTX != 0;
     if open_to_others && !root_sticky {
@@ -88,21 +101,7 @@ fn check_dir(st: &libc::stat, path: &Path) -> Result<(), StateError> {
 
 /// Checks an open state file.
 pub(crate) fn check_file(st: &libc::stat, path: &Path) -> Result<(), StateError> {
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(StateError::WrongType {
-            path: path.into(),
-            kind: kind(st.st_mode),
-            expected: "regular file",
-        });
-    }
-    let me = euid();
-    if st.st_uid != me {
-        return Err(StateError::ForeignOwner {
-            path: path.into(),
-            owner: st.st_uid,
-            uid: me,
-        });
-    }
+    check_kind_and_owner(st, path, libc::S_IFREG, "regular file", false)?;
     if st.st_mode & 0o022 != 0 {
         return Err(StateError::OpenToOthers {
             path: path.into(),
@@ -367,21 +366,7 @@ pub(crate) fn open_operator_file(path: &Path) -> Result<Option<File>, StateError
     // SAFETY: a fresh descriptor from openat, owned by nobody else.
     let f = unsafe { File::from_raw_fd(fd) };
     let st = fstat(f.as_raw_fd(), path)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(StateError::WrongType {
-            path: path.into(),
-            kind: kind(st.st_mode),
-            expected: "regular file",
-        });
-    }
-    let me = euid();
-    if st.st_uid != 0 && st.st_uid != me {
-        return Err(StateError::ForeignOwner {
-            path: path.into(),
-            owner: st.st_uid,
-            uid: me,
-        });
-    }
+    check_kind_and_owner(&st, path, libc::S_IFREG, "regular file", true)?;
     if st.st_mode & 0o022 != 0 {
         return Err(StateError::OpenToOthers {
             path: path.into(),

@@ -692,6 +692,30 @@ impl SimGpu {
         self.state_dir().join("libshare")
     }
 
+    /// `container`'s state file under [`SimGpu::shim_state_dir`].
+    pub fn container_state_path(&self, container: &str) -> PathBuf {
+        self.shim_state_dir()
+            .join("containers")
+            .join(container)
+            .join(libshare_abi::STATE_FILE)
+    }
+
+    /// `sharectl ARGS --state-dir <this machine's>`, with simgpu's NVML; not yet run.
+    pub fn sharectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(artifacts().bin("sharectl"));
+        self.configure(&mut cmd);
+        cmd.args(args)
+            .arg("--state-dir")
+            .arg(self.shim_state_dir())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// [`SimGpu::sharectl_cmd`], run.
+    pub fn sharectl(&self, args: &[&str]) -> Output {
+        self.sharectl_cmd(args).output().expect("run sharectl")
+    }
+
     /// `<state>/stats.jsonl`: simgpu appends one JSON line per process at exit.
     pub fn stats_file(&self) -> PathBuf {
         self.state_dir().join("stats.jsonl")
@@ -1011,6 +1035,16 @@ impl Drop for Daemon {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A command's standard output, once it succeeded (panics with its stderr otherwise).
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.

@@ -10,7 +10,7 @@
 //!   and the daemon keeps serving.
 
 use libshare_abi::CLASS_OPPORTUNISTIC;
-use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
+use libshare_tests::{artifacts, compile_gcc, ok, until, Daemon, SimGpu};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -38,25 +38,6 @@ fn daemon(gpu: &SimGpu) -> Daemon {
     })
     .expect("the admin socket never appeared");
     d
-}
-
-fn sharectl(gpu: &SimGpu, args: &[&str]) -> Output {
-    Command::new(artifacts().bin("sharectl"))
-        .args(args)
-        .arg("--state-dir")
-        .arg(gpu.shim_state_dir())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sharectl")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The one line a failed command printed.
@@ -96,7 +77,7 @@ fn set_and_time(gpu: &SimGpu, args: &[&str], applied: impl FnMut() -> bool) -> D
     let t0 = Instant::now();
     let mut full = vec!["set"];
     full.extend_from_slice(args);
-    ok(&sharectl(gpu, &full));
+    ok(&gpu.sharectl(&full));
     let _ =
         until(Duration::from_secs(5), applied).unwrap_or_else(|| panic!("{args:?} never applied"));
     t0.elapsed()
@@ -134,14 +115,14 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
     for (what, t) in [("memory", mem), ("class", class), ("compute", compute)] {
         assert!(t <= Duration::from_millis(100), "{what} took {t:?}");
     }
-    let got = ok(&sharectl(&gpu, &["get", "web", "--json"]));
+    let got = ok(&gpu.sharectl(&["get", "web", "--json"]));
     let v: serde_json::Value = serde_json::from_str(got.trim()).unwrap();
     assert_eq!(v["settings"]["all"]["memory"], 128 * MIB);
     assert_eq!(v["settings"]["class"], "opportunistic");
     assert_eq!(v["devices"][0]["used"], 64 * MIB);
 
     // Bad requests change nothing.
-    let line = refused(&sharectl(&gpu, &["set", "web", "--memory", "100TiB"]));
+    let line = refused(&gpu.sharectl(&["set", "web", "--memory", "100TiB"]));
     assert!(line.contains("above device 0"), "{line}");
     for bad in [
         &["set", "web", "--memory", "-5MiB"][..],
@@ -154,7 +135,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
         &["reset", "nobody-here"][..],
         &["set", "../etc", "--weight", "2"][..],
     ] {
-        let line = refused(&sharectl(&gpu, bad));
+        let line = refused(&gpu.sharectl(bad));
         println!("{bad:?}: {line}");
     }
     assert_eq!(st.device(0).quota.load(Acquire), 128 * MIB, "unchanged");
@@ -164,7 +145,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
     // whatever its jobs' environment says.
     d.take().unwrap().kill9();
     let _d = daemon(&gpu);
-    let got = ok(&sharectl(&gpu, &["get", "web", "--json"]));
+    let got = ok(&gpu.sharectl(&["get", "web", "--json"]));
     let v: serde_json::Value = serde_json::from_str(got.trim()).unwrap();
     assert_eq!(v["settings"]["all"]["memory"], 128 * MIB, "{got}");
     job.kill().unwrap();
@@ -190,7 +171,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
     );
 
     // reset: the daemon forgets them.
-    ok(&sharectl(&gpu, &["reset", "web"]));
+    ok(&gpu.sharectl(&["reset", "web"]));
     assert_eq!(st.device(0).compute.load(Acquire), 0);
     job.kill().unwrap();
     job.wait().unwrap();
@@ -200,7 +181,7 @@ fn daemon_admin_set_changes_a_running_job_within_100ms_and_survives_a_restart() 
 fn daemon_admin_socket_refuses_other_users_and_bad_clients() {
     let gpu = SimGpu::new().with_shim();
     let _d = daemon(&gpu);
-    ok(&sharectl(&gpu, &["set", "batch", "--weight", "2"]));
+    ok(&gpu.sharectl(&["set", "batch", "--weight", "2"]));
     let sock = gpu.shim_state_dir().join("admin.sock");
 
     // A non-root user: the socket is root's (0600 in a 0700 directory) and the daemon checks
@@ -241,7 +222,7 @@ fn daemon_admin_socket_refuses_other_users_and_bad_clients() {
     assert!(answer(&(1u32 << 31).to_le_bytes(), false).contains("too long"));
     assert!(answer(&[50, 0, 0, 0, b'{'], true).contains("truncated"));
     let t0 = Instant::now();
-    let got = ok(&sharectl(&gpu, &["get", "batch"]));
+    let got = ok(&gpu.sharectl(&["get", "batch"]));
     assert!(got.contains("weight=2"), "{got}");
     assert!(
         t0.elapsed() < Duration::from_millis(900),

@@ -14,11 +14,11 @@
 //!
 //! (4, the stopped daemon, is `daemon_fail_closed`.)
 
-use libshare_abi::{State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, STATE_FILE};
+use libshare_abi::{State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION};
 use libshare_tests::cgroups::{
     spawn_in, spawn_in_with, start_daemon, untrusting_daemon_cmd, Cgroups,
 };
-use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
+use libshare_tests::{artifacts, compile_gcc, ok, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -27,27 +27,6 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-fn state_path(gpu: &SimGpu, c: &str) -> PathBuf {
-    gpu.shim_state_dir()
-        .join("containers")
-        .join(c)
-        .join(STATE_FILE)
-}
-
-fn sharectl(gpu: &SimGpu, args: &[&str]) {
-    let out = Command::new(artifacts().bin("sharectl"))
-        .args(args)
-        .arg("--state-dir")
-        .arg(gpu.shim_state_dir())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "sharectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A simulated machine (with the shim) whose directory every user may reach (as /dev/nvidia*
 /// are).
@@ -112,7 +91,7 @@ fn daemon_attacks_a_flood_of_idle_connections_does_not_move_a_job_out_of_its_con
     // The jobs log at debug level: the shim's line says how long registration took.
     let gpu = open_to_all(SimGpu::new().with_shim().env("LIBSHARE_LOG", "debug"));
     let d = daemon(&gpu, &cg, &[], None);
-    sharectl(&gpu, &["set", "A", "--memory", "256MiB"]);
+    ok(&gpu.sharectl(&["set", "A", "--memory", "256MiB"]));
     let sock = gpu.shim_state_dir().join("register.sock");
 
     // An unprivileged user in another cgroup opens 2,000 connections that never speak and
@@ -147,10 +126,10 @@ fn daemon_attacks_a_flood_of_idle_connections_does_not_move_a_job_out_of_its_con
         .read_line(&mut held)
         .unwrap();
     assert!(held.contains("\"result\":0"), "the job: {held}");
-    let a = State::open_existing(&state_path(&gpu, "A")).unwrap();
+    let a = State::open_existing(&gpu.container_state_path("A")).unwrap();
     assert_eq!(a.device(0).used.load(Acquire), 64 * MIB, "charged to A");
     assert_eq!(a.device(0).quota.load(Acquire), 256 * MIB, "A's quota");
-    assert!(!state_path(&gpu, "B").exists(), "nothing runs as B");
+    assert!(!gpu.container_state_path("B").exists(), "nothing runs as B");
     assert!(
         us < 1_000_000,
         "registration took {us} us under the flood (asked: within 1 s)"
@@ -216,7 +195,7 @@ fn daemon_attacks_a_registration_from_a_process_gone_is_refused_and_a_mapped_cgr
         assert!(text.contains("cannot tell which container"), "{text}");
         for c in ["host", "victim", "A"] {
             assert!(
-                !state_path(&gpu, c).exists(),
+                !gpu.container_state_path(c).exists(),
                 "a state was handed out for {c}"
             );
         }
@@ -229,7 +208,7 @@ fn daemon_attacks_a_registration_from_a_process_gone_is_refused_and_a_mapped_cgr
             let mut p = Reaped(spawn_in(&gpu, &cg, "A", "victim", &probe(), &args));
             let (status, text) = answer(&mut BufReader::new(p.0.stdout.take().unwrap()));
             assert_eq!((status, text.as_str()), (2, "A"), "the cgroup names it");
-            assert!(!state_path(&gpu, "victim").exists());
+            assert!(!gpu.container_state_path("victim").exists());
         }
     }
 }
@@ -263,11 +242,8 @@ fn daemon_attacks_a_job_that_rewrites_its_class_and_quota_gets_the_daemons_back(
         ],
         Some(&log),
     );
-    sharectl(
-        &gpu,
-        &["set", "X", "--class", "opportunistic", "--memory", "256MiB"],
-    );
-    sharectl(&gpu, &["set", "Y", "--class", "opportunistic"]);
+    ok(&gpu.sharectl(&["set", "X", "--class", "opportunistic", "--memory", "256MiB"]));
+    ok(&gpu.sharectl(&["set", "Y", "--class", "opportunistic"]));
     let saturate = artifacts().bin("simjob-saturate");
     let args = "--kernel-ms 1 --duration 60s";
     let _x = Reaped(spawn_in(&gpu, &cg, "X", "X", &saturate, args));
@@ -378,7 +354,7 @@ fn daemon_attacks_at_a_descriptor_limit_of_256_the_daemon_stays_quiet_and_cheap(
         .read_line(&mut held)
         .unwrap();
     assert!(held.contains("\"result\":0"), "the job: {held}");
-    assert!(state_path(&gpu, "A").exists() && !state_path(&gpu, "B").exists());
+    assert!(gpu.container_state_path("A").exists() && !gpu.container_state_path("B").exists());
     let _ = json_line(&mut out); // the flood's end
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (cpu_seconds(d.0.id()) - c0) / secs;

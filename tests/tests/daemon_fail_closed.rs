@@ -14,24 +14,16 @@
 //! final at once, with the daemon's reason.
 
 use libshare_abi::register::{Hello, Welcome};
-use libshare_abi::{State, STATE_FILE};
+use libshare_abi::State;
 use libshare_tests::cgroups::{spawn_in_with, untrusting_daemon, Cgroups};
 use libshare_tests::{artifacts, compile_gcc, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-fn state_path(gpu: &SimGpu, c: &str) -> PathBuf {
-    gpu.shim_state_dir()
-        .join("containers")
-        .join(c)
-        .join(STATE_FILE)
-}
 
 /// `kill -SIG pid` (the test crate links no libc).
 fn signal(pid: u32, sig: &str) {
@@ -192,12 +184,15 @@ fn daemon_fail_closed_a_stopped_daemon_fails_cuinit_never_the_environment() {
     // default container, and A has nothing charged; not even once the daemon, resumed, has
     // worked through the connections the job left queued.
     let check = || {
-        assert!(!state_path(&gpu, "B").exists(), "B's state appeared");
         assert!(
-            !state_path(&gpu, "default").exists(),
+            !gpu.container_state_path("B").exists(),
+            "B's state appeared"
+        );
+        assert!(
+            !gpu.container_state_path("default").exists(),
             "default's state appeared"
         );
-        if let Ok(a) = State::open_existing(&state_path(&gpu, "A")) {
+        if let Ok(a) = State::open_existing(&gpu.container_state_path("A")) {
             assert_eq!(a.device(0).used.load(Acquire), 0, "charged to A");
         }
     };
@@ -243,14 +238,17 @@ fn daemon_fail_closed_a_job_waits_for_a_resumed_daemon_and_registers_in_its_cgro
     println!(
         "daemon resumed after {waited:?}: the job registered and held its memory after {took:?}"
     );
-    let a = State::open_existing(&state_path(&gpu, "A")).unwrap();
+    let a = State::open_existing(&gpu.container_state_path("A")).unwrap();
     assert_eq!(a.device(0).used.load(Acquire), 64 * MIB, "charged to A");
     assert_eq!(
         a.device(0).quota.load(Acquire),
         256 * MIB,
         "the daemon's quota, not the environment's 4 GiB"
     );
-    assert!(!state_path(&gpu, "B").exists(), "nothing of the job is B's");
+    assert!(
+        !gpu.container_state_path("B").exists(),
+        "nothing of the job is B's"
+    );
     job.kill().unwrap();
     job.wait().unwrap();
 }
@@ -376,7 +374,7 @@ fn daemon_fail_closed_busy_is_asked_again_until_the_deadline_and_a_refusal_fails
         "a refusal is final: {took:?}"
     );
     assert!(
-        !state_path(&gpu, "default").exists(),
+        !gpu.container_state_path("default").exists(),
         "nothing ran as the environment's container"
     );
 }

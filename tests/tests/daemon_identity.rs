@@ -14,14 +14,14 @@
 //! - bad input on the registration socket is refused and the daemon keeps registering.
 
 use libshare_abi::register::{Hello, Welcome};
-use libshare_abi::{State, STATE_FILE};
+use libshare_abi::State;
 use libshare_tests::cgroups::{spawn_in, untrusting_daemon, Cgroups, NOBODY};
 use libshare_tests::{artifacts, compile_gcc, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
@@ -47,13 +47,6 @@ fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> 
     child
 }
 
-fn state_path(gpu: &SimGpu, c: &str) -> PathBuf {
-    gpu.shim_state_dir()
-        .join("containers")
-        .join(c)
-        .join(STATE_FILE)
-}
-
 #[test]
 fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
     let Some(cg) = Cgroups::create(&["A", "B"]) else {
@@ -77,7 +70,7 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
 
     // A non-root job in cgroup A, claiming B (and a 4 GiB limit) in its environment.
     let mut job = holder_in(&gpu, &cg, "A", "B");
-    let a = State::open_existing(&state_path(&gpu, "A")).unwrap();
+    let a = State::open_existing(&gpu.container_state_path("A")).unwrap();
     assert_eq!(a.device(0).used.load(Acquire), 64 * MIB, "charged to A");
     assert_eq!(
         a.device(0).quota.load(Acquire),
@@ -85,7 +78,7 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
         "the daemon's quota, not the environment's"
     );
     assert!(
-        !state_path(&gpu, "B").exists(),
+        !gpu.container_state_path("B").exists(),
         "B was never created: nothing of this job is B's"
     );
 
@@ -123,7 +116,7 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
         assert!(err.contains("Permission denied"), "{program}: {err}");
     };
     for c in ["A", "B"] {
-        nobody("/bin/cat", &state_path(&gpu, c));
+        nobody("/bin/cat", &gpu.container_state_path(c));
     }
     nobody("/bin/ls", &gpu.shim_state_dir());
     let mode = std::fs::metadata(gpu.shim_state_dir()).unwrap();
@@ -229,7 +222,7 @@ fn daemon_identity_registration_survives_bad_clients_and_a_stale_socket_fails_cl
     );
     println!("stale socket: cuInit failed after {took:?}: {last}");
     assert!(
-        !state_path(&gpu, "default").exists(),
+        !gpu.container_state_path("default").exists(),
         "nothing ran as the environment's container"
     );
 

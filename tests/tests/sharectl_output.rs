@@ -6,7 +6,7 @@
 //! - a quota under 16 MiB and a name outside `A-Z a-z 0-9 . _ -` are refused with one line, by
 //!   `sharectl` and by the daemon itself.
 
-use libshare_tests::{artifacts, until, Daemon, SimGpu};
+use libshare_tests::{artifacts, ok, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
@@ -30,30 +30,6 @@ fn daemon(gpu: &SimGpu) -> Daemon {
     })
     .expect("the admin socket never appeared");
     d
-}
-
-/// `sharectl ARGS --state-dir <the gpu's>`, with simgpu's NVML.
-fn sharectl_cmd(gpu: &SimGpu, args: &[&str]) -> Command {
-    let mut cmd = Command::new(artifacts().bin("sharectl"));
-    gpu.configure(&mut cmd);
-    cmd.args(args)
-        .arg("--state-dir")
-        .arg(gpu.shim_state_dir())
-        .stdin(Stdio::null());
-    cmd
-}
-
-fn sharectl(gpu: &SimGpu, args: &[&str]) -> Output {
-    sharectl_cmd(gpu, args).output().expect("run sharectl")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The one line a refused command printed.
@@ -124,7 +100,7 @@ fn first_line_then_close(what: &str, mut cmd: Command) -> String {
 fn a_closed_stdout_ends_every_printing_command_quietly() {
     let gpu = SimGpu::new();
     let _d = daemon(&gpu);
-    ok(&sharectl(&gpu, &["set", "web", "--memory", "256MiB"]));
+    ok(&gpu.sharectl(&["set", "web", "--memory", "256MiB"]));
     for args in [
         &["status"][..],
         &["status", "--json"],
@@ -136,8 +112,8 @@ fn a_closed_stdout_ends_every_printing_command_quietly() {
         &["top", "--once", "--interval", "100ms"],
     ] {
         let what = args.join(" ");
-        into_closed_pipe(&what, sharectl_cmd(&gpu, args));
-        let line = first_line_then_close(&what, sharectl_cmd(&gpu, args));
+        into_closed_pipe(&what, gpu.sharectl_cmd(args));
+        let line = first_line_then_close(&what, gpu.sharectl_cmd(args));
         // `set --offline` prints nothing; the others print at least a line.
         assert!(
             !line.is_empty() || args.contains(&"--offline"),
@@ -156,7 +132,7 @@ fn set_without_device_writes_the_node_devices_only() {
     let gpu = SimGpu::new();
     let rows = |name: &str| {
         let doc: serde_json::Value =
-            serde_json::from_str(&ok(&sharectl(&gpu, &["status", "--json"]))).unwrap();
+            serde_json::from_str(&ok(&gpu.sharectl(&["status", "--json"]))).unwrap();
         let c = doc["containers"]
             .as_array()
             .unwrap()
@@ -167,30 +143,24 @@ fn set_without_device_writes_the_node_devices_only() {
         c["devices"].as_array().unwrap().clone()
     };
     // Offline (no daemon): NVML says one device.
-    ok(&sharectl(
-        &gpu,
-        &["set", "offline", "--memory", "256MiB", "--offline"],
-    ));
+    ok(&gpu.sharectl(&["set", "offline", "--memory", "256MiB", "--offline"]));
     let r = rows("offline");
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(r[0]["device"], 0);
     assert_eq!(r[0]["quota_bytes"], 256u64 << 20);
-    let refused_device = refused(&sharectl(
-        &gpu,
-        &[
-            "set",
-            "offline",
-            "--memory",
-            "256MiB",
-            "--device",
-            "1",
-            "--offline",
-        ],
-    ));
+    let refused_device = refused(&gpu.sharectl(&[
+        "set",
+        "offline",
+        "--memory",
+        "256MiB",
+        "--device",
+        "1",
+        "--offline",
+    ]));
     assert!(refused_device.contains("1 GPU(s)"), "{refused_device}");
 
     let _d = daemon(&gpu);
-    let out = ok(&sharectl(&gpu, &["set", "c", "--memory", "256MiB"]));
+    let out = ok(&gpu.sharectl(&["set", "c", "--memory", "256MiB"]));
     assert_eq!(
         out.lines().filter(|l| l.contains("gpu ")).count(),
         1,
@@ -201,7 +171,7 @@ fn set_without_device_writes_the_node_devices_only() {
     assert_eq!(r[0]["device"], 0);
     assert_eq!(r[0]["quota_bytes"], 256u64 << 20);
     let get: serde_json::Value =
-        serde_json::from_str(&ok(&sharectl(&gpu, &["get", "c", "--json"]))).unwrap();
+        serde_json::from_str(&ok(&gpu.sharectl(&["get", "c", "--json"]))).unwrap();
     assert_eq!(get["devices"].as_array().unwrap().len(), 1, "{get}");
 }
 
@@ -216,7 +186,7 @@ fn tiny_quotas_and_unsafe_names_are_refused_with_one_line() {
             if offline {
                 args.push("--offline");
             }
-            let line = refused(&sharectl(&gpu, &args));
+            let line = refused(&gpu.sharectl(&args));
             assert!(line.contains("below 16 MiB"), "{line}");
             assert!(line.contains("16MiB"), "says what to give: {line}");
         }
@@ -224,13 +194,13 @@ fn tiny_quotas_and_unsafe_names_are_refused_with_one_line() {
         if offline {
             args.push("--offline");
         }
-        ok(&sharectl(&gpu, &args));
+        ok(&gpu.sharectl(&args));
         for name in ["a b", "a\x1b[2Jb", "x\ny", "../etc", "caf\u{e9}"] {
             let mut args = vec!["set", name, "--memory", "1GiB"];
             if offline {
                 args.push("--offline");
             }
-            let line = refused(&sharectl(&gpu, &args));
+            let line = refused(&gpu.sharectl(&args));
             assert!(line.contains("A-Z a-z 0-9 . _ -"), "{line}");
             assert!(!line.chars().any(|c| c.is_control()), "escaped: {line:?}");
         }
@@ -258,6 +228,6 @@ fn tiny_quotas_and_unsafe_names_are_refused_with_one_line() {
     }
     // The quota set above (16 MiB) is what the state holds: the refusals changed nothing.
     let get: serde_json::Value =
-        serde_json::from_str(&ok(&sharectl(&gpu, &["get", "c", "--json"]))).unwrap();
+        serde_json::from_str(&ok(&gpu.sharectl(&["get", "c", "--json"]))).unwrap();
     assert_eq!(get["devices"][0]["quota"], 16u64 << 20, "{get}");
 }
