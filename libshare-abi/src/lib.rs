@@ -8,7 +8,8 @@
 //! ```text
 //! Header                      magic, version, sizes, class, flags, epoch, slots in use
 //! DeviceState × MAX_DEVICES   quota, used, peak, counters, rate-control budget
-//! ProcSlot    × MAX_PROCS     pid + start time, per-device charged/uncharged bytes, counters
+//! ProcSlot    × MAX_PROCS     pid + start time, per-device charged/uncharged bytes, counters,
+//!                             GPU time in flight
 //! Trailer                     a copy of the epoch (see "Loss of the file's content")
 //! ```
 //!
@@ -125,7 +126,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LSHARE\0\x01");
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const STATE_FILE: &str = "state.shm";
@@ -203,7 +204,11 @@ pub struct DeviceState {
     /// Nonzero while a daemon waits on `phase_seq` (written by the daemon): a phase change then
     /// wakes it at once (one futex wake per phase, see `rate.rs`).
     pub daemon_listens: AtomicU32,
-    pub _reserved_shim: [AtomicU64; 1],
+    /// +1 each time a shim takes completed (or reclaimed) work out of `in_flight_ns`: the futex
+    /// an opportunistic launch waits on while the container's work is at its bound.
+    pub drain_seq: AtomicU32,
+    /// Threads of the container waiting on `drain_seq` now (a taker wakes them only if > 0).
+    pub drain_waiters: AtomicU32,
 
     // What the daemon (and the admin) write.
     /// End of the window (`rate::now_ns()` clock) by which the container's gated work must be
@@ -234,7 +239,7 @@ pub struct ProcSlot {
     /// by the process once its slot is claimed, zeroed when the slot is claimed or cleared. The
     /// container's limit is the smallest nonzero one over its claimed slots
     /// ([`State::compute_limit`]): a process without a limit lifts nobody's. (This word was
-    /// padding, always zero, in files of this version before: no layout change.)
+    /// padding, always zero, before.)
     pub compute_limit: AtomicU32,
     /// /proc/<pid>/stat start time (for display and simgpu-style pid checks).
     pub start_time: AtomicU64,
@@ -244,6 +249,10 @@ pub struct ProcSlot {
     pub charged: [AtomicU64; MAX_DEVICES],
     /// Bytes ever uncharged or refused (monotonic while the slot is claimed).
     pub uncharged: [AtomicU64; MAX_DEVICES],
+    /// This process's part of each device's `in_flight_ns` (added here first, taken here
+    /// last, see `rate::add_in_flight`): what leaves `in_flight_ns` when the slot is cleared
+    /// (its process exited or died).
+    pub in_flight: [AtomicU64; MAX_DEVICES],
 }
 
 impl ProcSlot {
@@ -1156,6 +1165,9 @@ impl State {
         for d in 0..MAX_DEVICES {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
+            // What its process still had in flight (a `kill -9`, or an exit with launches
+            // pending) leaves the container's sum, so no other process waits for it.
+            rate::release_in_flight(self.device(d), &s.in_flight[d]);
         }
         s.compute_limit.store(0, Release);
         s.start_time.store(0, Release);
@@ -1286,6 +1298,7 @@ impl slots::SlotTable for State {
             s.uncharged[d].store(0, Release);
             s.launches[d].store(0, Release);
             s.allocs[d].store(0, Release);
+            s.in_flight[d].store(0, Release);
         }
     }
     fn free_slot(&self, i: usize) {

@@ -16,9 +16,18 @@
 //!   the work done, see [`DeviceState::note_drained`]. A drain seen on one stream of a process
 //!   with work on several streams is a hint, not a proof: the daemon treats it as such.
 //!
-//! Opportunistic shims, at the gate: `held`, `held_ns` (time held), `in_flight_ns` (their
-//! estimate of what they have outstanding), `gpu_ns` (GPU time measured with events), and they
-//! take their launches' estimated time from `tokens` when the gate says so.
+//! Opportunistic shims, at the gate: `held`, `held_ns` (time held), `in_flight_ns` (the sum of
+//! their estimates of what they have outstanding, each process's part also kept in its slot's
+//! `in_flight`, see [`add_in_flight`]), `drain_seq` +1 (and a futex wake when `drain_waiters`
+//! says someone waits) whenever work leaves `in_flight_ns`, `gpu_ns` (GPU time measured with
+//! events), and they take their launches' estimated time from `tokens` when the gate says so.
+//! The in-flight bound and the window apply to the **container's** outstanding work
+//! (`in_flight_ns`), whatever the number of its processes.
+//!
+//! Whoever clears a slot (its process at exit, or anyone reclaiming a dead process's slot: the
+//! next process of the container, the daemon's rescan, or a gated launch that saw no work leave
+//! for a while) takes the slot's `in_flight` out of `in_flight_ns` ([`release_in_flight`]): a
+//! process killed with work accounted never holds its container at the bound.
 //!
 //! The daemon, every period: `budget` (the [`Gate`]), `window_end`, `tokens` (refilled), then
 //! `refreshed` (its heartbeat), and `gate_seq` + a futex wake when the gate changed
@@ -43,8 +52,8 @@
 //! which container runtimes do not do).
 
 use crate::DeviceState;
-use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// What the gate says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,8 +127,8 @@ pub const FLOOR: Gate = Gate::Run {
 pub enum Verdict {
     /// Launch.
     Go,
-    /// Wait until some of this process's own outstanding work completes.
-    WaitOwnWork,
+    /// Wait until some of the container's outstanding work completes.
+    WaitWork,
     /// Wait for the daemon to change the gate (or for `window_end`/`tokens` to move).
     WaitGate,
 }
@@ -129,7 +138,8 @@ pub enum Verdict {
 pub struct Ask {
     /// [`now_ns`].
     pub now: u64,
-    /// GPU time this process has outstanding on the device (estimated), ns.
+    /// GPU time the container has outstanding on the device (estimated: `in_flight_ns`, every
+    /// process's gated launches), ns.
     pub outstanding_ns: u64,
     /// The launch's estimated GPU time, ns.
     pub est_ns: u64,
@@ -139,9 +149,10 @@ pub struct Ask {
     pub tokens: i64,
 }
 
-/// The admission rule of an opportunistic launch. A launch longer than the in-flight bound
-/// still goes when nothing is outstanding (else it could never run); a window is honoured
-/// whole: the launch goes only if it and what is outstanding fit before `window_end`.
+/// The admission rule of an opportunistic launch, against the container's outstanding work. A
+/// launch longer than the in-flight bound still goes when the container has nothing outstanding
+/// (else it could never run); a window is honoured whole: the launch goes only if it and what
+/// the container has outstanding fit before `window_end`.
 pub fn admit(gate: Gate, a: Ask) -> Verdict {
     match gate {
         Gate::Open => Verdict::Go,
@@ -153,7 +164,7 @@ pub fn admit(gate: Gate, a: Ask) -> Verdict {
         } => {
             if window && a.now.saturating_add(a.outstanding_ns + a.est_ns) > a.window_end {
                 return if a.window_end > a.now && a.outstanding_ns > 0 {
-                    Verdict::WaitOwnWork
+                    Verdict::WaitWork
                 } else {
                     Verdict::WaitGate
                 };
@@ -163,11 +174,50 @@ pub fn admit(gate: Gate, a: Ask) -> Verdict {
             }
             let bound = in_flight_us as u64 * 1_000;
             if bound > 0 && a.outstanding_ns > 0 && a.outstanding_ns + a.est_ns > bound {
-                return Verdict::WaitOwnWork;
+                return Verdict::WaitWork;
             }
             Verdict::Go
         }
     }
+}
+
+/// A gated launch of `ns` (estimated) joins the container's `in_flight_ns`: the process's
+/// slot word `mine` first (None: it has no slot now, e.g. after its exit handler), so that at
+/// every instruction a slot holds at least its part of the sum and clearing the slot of a
+/// process killed at any point never leaves any of it behind (it may take up to one launch
+/// too much, which the next completions' saturating takes absorb).
+pub fn add_in_flight(d: &DeviceState, mine: Option<&AtomicU64>, ns: u64) {
+    if let Some(m) = mine {
+        m.fetch_add(ns, AcqRel);
+    }
+    d.in_flight_ns.fetch_add(ns, AcqRel);
+}
+
+/// `ns` of the process's work completed (or stopped counting): out of the sum first, then out
+/// of its slot word, both never below 0 (the state may have been lost and re-made, or the slot
+/// cleared meanwhile); then wakes the threads waiting for the container's work to drain.
+pub fn take_in_flight(d: &DeviceState, mine: Option<&AtomicU64>, ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    sub_sat(&d.in_flight_ns, ns);
+    if let Some(m) = mine {
+        sub_sat(m, ns);
+    }
+    d.drained_some();
+}
+
+/// A slot is cleared: what it still had in flight leaves the container's sum.
+pub fn release_in_flight(d: &DeviceState, slot_word: &AtomicU64) {
+    let ns = slot_word.swap(0, AcqRel);
+    if ns > 0 {
+        sub_sat(&d.in_flight_ns, ns);
+        d.drained_some();
+    }
+}
+
+fn sub_sat(w: &AtomicU64, ns: u64) {
+    let _ = w.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(ns)));
 }
 
 /// `CLOCK_MONOTONIC` in ns (the vDSO: no syscall).
@@ -263,6 +313,28 @@ impl DeviceState {
         let _ = self
             .tokens
             .fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add(ns).min(cap)));
+    }
+
+    /// Work left `in_flight_ns`: `drain_seq` moves, and the waiting threads (of any process)
+    /// are woken, one futex wake only when some wait.
+    fn drained_some(&self) {
+        // SeqCst here and in `wait_drain`: either the waiter sees the new sequence or the
+        // taker sees the waiter (no lost wake-up; the wait is bounded anyway).
+        self.drain_seq.fetch_add(1, SeqCst);
+        if self.drain_waiters.load(SeqCst) > 0 {
+            futex_wake(&self.drain_seq);
+        }
+    }
+
+    /// Waits (a futex on `drain_seq`) until some of the container's work leaves `in_flight_ns`
+    /// after `seq` was read, or `timeout_ns` passes. Not counted in `held`: the container's
+    /// work is progressing, the daemon has nothing to release.
+    pub fn wait_drain(&self, seq: u32, timeout_ns: u64) {
+        self.drain_waiters.fetch_add(1, SeqCst);
+        if self.drain_seq.load(SeqCst) == seq {
+            futex_wait(&self.drain_seq, seq, timeout_ns);
+        }
+        self.drain_waiters.fetch_sub(1, AcqRel);
     }
 
     /// Waits (a futex on `gate_seq`, no busy loop) until the gate changes from `seq` or
@@ -422,7 +494,7 @@ mod tests {
         };
         assert_eq!(admit(g, ask(0, 500_000)), Verdict::Go);
         assert_eq!(admit(g, ask(500_000, 500_000)), Verdict::Go);
-        assert_eq!(admit(g, ask(600_000, 500_000)), Verdict::WaitOwnWork);
+        assert_eq!(admit(g, ask(600_000, 500_000)), Verdict::WaitWork);
         assert_eq!(
             admit(g, ask(0, 5_000_000)),
             Verdict::Go,
@@ -443,11 +515,7 @@ mod tests {
         a.window_end = a.now + 500_000;
         assert_eq!(admit(g, a), Verdict::Go);
         a.outstanding_ns = 200_000;
-        assert_eq!(
-            admit(g, a),
-            Verdict::WaitOwnWork,
-            "would end past the window"
-        );
+        assert_eq!(admit(g, a), Verdict::WaitWork, "would end past the window");
         a.outstanding_ns = 0;
         a.window_end = a.now + 300_000;
         assert_eq!(

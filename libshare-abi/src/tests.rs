@@ -136,6 +136,17 @@ fn child_entry() {
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
+        // Claims a slot, puts 3 ms of GPU time in flight on device 1 as a gated launch does,
+        // says so and sleeps until killed.
+        "in-flight" => {
+            let st = State::open_or_create(&dir).unwrap();
+            let slot = st.claim_slot(std::process::id()).unwrap();
+            crate::rate::add_in_flight(st.device(1), Some(&st.slot(slot).in_flight[1]), 3_000_000);
+            say("launched");
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
         // Claims, charges 100, then execs `sleep 30` (same pid, new image).
         "exec-sleep" => {
             let st = State::open_or_create(&dir).unwrap();
@@ -261,8 +272,8 @@ fn layout_is_stable() {
     assert_eq!(FILE_SIZE % 64, 0);
     assert_eq!(std::mem::offset_of!(Header, epoch), 48);
     assert_eq!(FILE_SIZE - TRAILER_OFFSET, 64);
-    // The compute limit took the slot's padding: same slot size, same offsets.
-    assert_eq!(std::mem::size_of::<ProcSlot>(), 576);
+    // The compute limit took the slot's padding; v5 appended each device's in-flight part.
+    assert_eq!(std::mem::size_of::<ProcSlot>(), 704);
     assert_eq!(std::mem::offset_of!(ProcSlot, compute_limit), 4);
     assert_eq!(std::mem::offset_of!(ProcSlot, start_time), 8);
 }
@@ -513,6 +524,36 @@ fn kill_9_at_random_points_leaves_used_equal_to_the_survivors() {
         assert_eq!((used(&st, 0), used(&st, 1)), (0, 0));
         assert!(st.device(0).peak.load(Acquire) <= 48 * MIB);
     }
+}
+
+#[test]
+fn a_killed_process_s_work_in_flight_leaves_the_container_when_its_slot_is_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = State::open_or_create(dir.path()).unwrap();
+    let mine = st.claim_slot(std::process::id()).unwrap();
+    let d = st.device(1);
+    crate::rate::add_in_flight(d, Some(&st.slot(mine).in_flight[1]), 1_000_000);
+    let mut c = spawn_child("in-flight", dir.path(), &[]);
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    assert_eq!(child_line(&mut out).as_deref(), Some("launched"));
+    assert_eq!(d.in_flight_ns.load(Acquire), 4_000_000);
+    assert_eq!(st.reclaim_dead(), 0, "alive: its work counts");
+    assert_eq!(d.in_flight_ns.load(Acquire), 4_000_000);
+    let seq = d.drain_seq.load(Acquire);
+    c.kill().unwrap();
+    c.wait().unwrap();
+    assert_eq!(st.reclaim_dead(), 1);
+    assert_eq!(
+        d.in_flight_ns.load(Acquire),
+        1_000_000,
+        "the dead process's 3 ms left; this process's 1 ms stays"
+    );
+    assert_ne!(d.drain_seq.load(Acquire), seq, "waiters are told");
+    // This process's own completions, then its exit, leave nothing behind either.
+    crate::rate::take_in_flight(d, Some(&st.slot(mine).in_flight[1]), 400_000);
+    assert_eq!(st.slot(mine).in_flight[1].load(Acquire), 600_000);
+    assert!(st.release_slot(mine, std::process::id()));
+    assert_eq!(d.in_flight_ns.load(Acquire), 0);
 }
 
 #[test]

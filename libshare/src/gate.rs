@@ -1,19 +1,23 @@
 //! The opportunistic gate: what an opportunistic process's launch does before and after the
 //! driver's launch (`rate.rs` calls it only for that class; production never comes here).
 //!
-//! Before: it asks `libshare_abi::rate::admit` with what this process has outstanding on the
-//! device and the launch's estimated GPU time, and waits as told — for its own oldest launch to
-//! complete (polling its end event with short sleeps, at most 200 µs each), or for the daemon to
-//! change the gate (a futex on `gate_seq`, at most 1 ms: `window_end` and `tokens` move without
-//! a change of the word). Time held is added to `held_ns`; under a share, the launch's estimate
-//! is taken from `tokens`.
+//! Before: it asks `libshare_abi::rate::admit` with what the **container** has outstanding on
+//! the device (`in_flight_ns`, every process's gated launches, after reaping its own) and the
+//! launch's estimated GPU time, and waits as told — for some of the container's work to
+//! complete (a futex on `drain_seq`, which any process of the container bumps when it takes
+//! completed work out of the sum; at most until its own oldest launch's next poll, 20 to
+//! 200 µs, when it has launches pending, else 1 ms), or for the daemon to change the gate (a
+//! futex on `gate_seq`, at most 1 ms: `window_end` and `tokens` move without a change of the
+//! word). A wait for other processes' work is bounded (see [`pass`]). Time held is added to
+//! `held_ns`; under a share, the launch's estimate is taken from `tokens`.
 //!
 //! Around: every launch, even under an open gate (the gate may bound it while work is queued),
 //! is timed with an event pair recorded on its stream (back to back on a busy explicit stream,
 //! the previous launch's pending end serves as the start; copies queued between two launches
 //! then inflate the sample, which the low-tracking estimate absorbs), kept in a per-device ring
 //! of outstanding launches. What is not complete yet (queried oldest first) is what the process has
-//! outstanding; its estimates are published in `in_flight_ns`, and each completed launch's
+//! outstanding; its estimates are published in `in_flight_ns` (and this process's slot, so a
+//! process that dies does not leave them there, see `libshare_abi::rate`), and each completed launch's
 //! measured duration is added to `gpu_ns` and teaches the estimates of its key (function or
 //! graph; a fixed table, unknown keys 1 ms). A measured duration is the launch's span: its own
 //! GPU time plus the time slices of other contexts that ran in between. Two estimates, for two
@@ -36,11 +40,11 @@
 //! a forked child (`per_process.rs`).
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
-use std::time::Duration;
 
-use libshare_abi::rate::{admit, now_ns, Ask, Gate, Verdict};
+use libshare_abi::rate::{add_in_flight, admit, now_ns, take_in_flight, Ask, Gate, Verdict};
 use libshare_abi::{DeviceState, MAX_DEVICES};
 
 use crate::ops::{DriverOps, EventState, Handle, REAL};
@@ -53,6 +57,8 @@ pub const DEFAULT_EST_NS: u64 = 1_000_000;
 const GATE_WAIT_NS: u64 = 1_000_000;
 const POLL_MAX_NS: u64 = 200_000;
 const POLL_MIN_NS: u64 = 20_000;
+/// Longest single wait for other processes' work to leave `in_flight_ns` (they wake it).
+const DRAIN_WAIT_NS: u64 = 1_000_000;
 /// No completion for this long: the oldest launch stops counting as outstanding (see `reap`).
 const STALL_NS: u64 = 200_000_000;
 /// Launches timed at once per device; beyond, launches go untimed.
@@ -119,10 +125,13 @@ struct Pending {
     issued: u64,
 }
 
-/// Takes this process's `ns` out of a container-wide sum, never below 0 (the state may have
-/// been lost and re-made meanwhile).
-fn take(sum: &std::sync::atomic::AtomicU64, ns: u64) {
-    let _ = sum.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(ns)));
+/// This process's part of device `dev`'s `in_flight_ns` in its slot (None once its exit
+/// handler released the slot: it may be another process's by now).
+fn mine(dev: usize) -> Option<&'static AtomicU64> {
+    let s = crate::process::get()?;
+    let slot = s.account.state.slot(s.account.slot);
+    // The exit handler points the launch counters away from the slot before releasing it.
+    std::ptr::eq(s.launches(), &slot.launches).then(|| &slot.in_flight[dev])
 }
 
 /// This process's timing of its launches.
@@ -214,7 +223,7 @@ impl Tracker {
             }
             let p = self.pending[dev].pop_front().expect("front exists");
             self.outstanding[dev] -= p.est_ns;
-            take(&d.in_flight_ns, p.est_ns);
+            take_in_flight(d, mine(dev), p.est_ns);
             if state == EventState::Done {
                 self.progress[dev] = now;
                 if let Some(ns) = ops.event_elapsed_ns(p.start, p.end) {
@@ -259,7 +268,7 @@ extern "C" fn at_exit() {
     };
     for dev in 0..MAX_DEVICES {
         if let Some(d) = t.devices[dev] {
-            take(&d.in_flight_ns, t.outstanding[dev]);
+            take_in_flight(d, mine(dev), t.outstanding[dev]);
             t.outstanding[dev] = 0;
             t.pending[dev].clear();
         }
@@ -292,39 +301,104 @@ pub fn launch(
 }
 
 /// One device's part of an opportunistic launch on several devices that this process does not
-/// time there (`rate::launch_multi`): waits as `launch` does, runs nothing.
+/// time there (`rate::launch_multi`): waits as `launch` does, runs nothing, and reserves
+/// nothing (untimed: it counts as nothing outstanding, as any untimed launch does).
 pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
     let ops: &dyn DriverOps = &REAL;
     let mode = ops.relax_capture();
-    pass(ops, d, dev, key);
+    let est_ns = pass(ops, d, dev, key);
+    take_in_flight(d, mine(dev), est_ns);
     if let Some(m) = mode {
         ops.restore_capture(m);
     }
 }
 
-/// Waits until the gate admits a launch of the key's estimated span, takes its cost from the
-/// tokens under a share; returns the span.
+/// Adds `ns` to `in_flight_ns` if it still reads `seen` (this process's slot word first, taken
+/// back if the sum moved). Whether it did.
+fn reserve(d: &DeviceState, mine: Option<&AtomicU64>, seen: u64, ns: u64) -> bool {
+    if let Some(m) = mine {
+        m.fetch_add(ns, AcqRel);
+    }
+    let ok = d
+        .in_flight_ns
+        .compare_exchange(seen, seen.saturating_add(ns), AcqRel, Acquire)
+        .is_ok();
+    if !ok {
+        if let Some(m) = mine {
+            let _ = m.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(ns)));
+        }
+    }
+    ok
+}
+
+/// Waits until the gate admits a launch of the key's estimated span against the container's
+/// outstanding work, adds the span to `in_flight_ns` (the caller's launch takes it back when it
+/// completes, or at once if it goes untimed), takes its cost from the tokens under a share;
+/// returns the span.
+///
+/// The container's outstanding work is `in_flight_ns` (this process's part reaped first), so N
+/// processes queue what one would. Waiting for it: a futex on `drain_seq` (any process taking
+/// completed work out of the sum wakes it), at most this process's next poll of its own oldest
+/// launch ([`POLL_MAX_NS`]) when it has some, else [`DRAIN_WAIT_NS`]. If no work leaves the sum
+/// for [`STALL_NS`] (a process stopped, or one that launched and does not come back to the
+/// driver to see its work complete), the dead processes' slots are reclaimed (their part
+/// leaves the sum) and, if that frees nothing, this launch counts only its own process's work:
+/// a wait for others' work never lasts more than about [`STALL_NS`].
 fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
+    pass_within(ops, d, dev, key, STALL_NS)
+}
+
+/// [`pass`], others' work counting until no work left the sum for `stall_ns`.
+fn pass_within(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize, stall_ns: u64) -> u64 {
     let est = TRACKER.lock().estimate(key);
     let mut held_since = None;
+    // The last change of `drain_seq` seen, and when.
+    let (mut drain_seen, mut drain_at) = (d.drain_seq.load(Acquire), now_ns());
+    let mut reclaimed = false;
     loop {
         let seq = d.gate_seq.load(Acquire);
         let gate = d.gate_at(now_ns());
-        let (outstanding, delay) = {
+        let (own, delay) = {
             let mut t = TRACKER.lock();
             let o = t.reap(ops, d, dev, now_ns());
             (o, t.poll_delay(dev, now_ns()))
         };
+        // After the own reap (which moves it), before the sum: a take from now on ends the wait.
+        let drain = d.drain_seq.load(Acquire);
         let now = now_ns();
+        if drain != drain_seen {
+            (drain_seen, drain_at) = (drain, now);
+        }
+        let container = d.in_flight_ns.load(Acquire);
+        let stalled = now.saturating_sub(drain_at) > stall_ns && container > own;
+        if stalled && !reclaimed {
+            reclaimed = true;
+            if let Some(s) = crate::process::get() {
+                if s.account.reclaim_dead() > 0 {
+                    continue;
+                }
+            }
+        }
         let ask = Ask {
             now,
-            outstanding_ns: outstanding,
+            outstanding_ns: if stalled { own } else { container.max(own) },
             est_ns: est.span,
             window_end: d.window_end.load(Acquire),
             tokens: d.tokens.load(Acquire),
         };
         match admit(gate, ask) {
             Verdict::Go => {
+                // The launch's estimate joins the sum as it is admitted (before the launch), a
+                // compare-and-swap against the sum it was admitted with: processes woken
+                // together by the gate cannot all pass on the same empty sum. Lost: ask again.
+                let mine = mine(dev);
+                let bounded = matches!(gate, Gate::Run { in_flight_us, window, .. }
+                    if in_flight_us > 0 || window);
+                if stalled || !bounded {
+                    add_in_flight(d, mine, est.span);
+                } else if !reserve(d, mine, container, est.span) {
+                    continue;
+                }
                 if let Gate::Run { share: true, .. } = gate {
                     d.tokens
                         .fetch_sub(est.cost.min(i64::MAX as u64) as i64, AcqRel);
@@ -334,10 +408,11 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
                 }
                 return est.span;
             }
-            Verdict::WaitOwnWork => {
+            Verdict::WaitWork => {
                 held_since.get_or_insert(now);
-                // Not counted in `held`: this thread waits for its own work, not for the daemon.
-                std::thread::sleep(Duration::from_nanos(delay));
+                // Not counted in `held`: the container's work progresses, the daemon has
+                // nothing to release. Own launches pending: back by the next poll of them.
+                d.wait_drain(drain, if own > 0 { delay } else { DRAIN_WAIT_NS });
             }
             Verdict::WaitGate => {
                 held_since.get_or_insert(now);
@@ -347,7 +422,9 @@ fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
     }
 }
 
-/// Runs `call` between a start and an end event on `stream`, and keeps the pair as outstanding.
+/// Runs `call` between a start and an end event on `stream`, and keeps the pair as outstanding
+/// (its `est_ns`, already in `in_flight_ns`, leaves when it completes; at once if the launch
+/// fails or goes untimed).
 #[allow(clippy::too_many_arguments)]
 fn timed(
     ops: &dyn DriverOps,
@@ -375,6 +452,7 @@ fn timed(
         None
     };
     let Some(ctx) = ctx else {
+        take_in_flight(d, mine(dev), est_ns); // untimed: counts as nothing outstanding
         return call();
     };
     // Back to back on an explicit stream, the previous launch's end (still pending) is this
@@ -413,10 +491,10 @@ fn timed(
                 est_ns,
                 issued: now_ns(),
             });
-            t.outstanding[dev] += est_ns;
-            d.in_flight_ns.fetch_add(est_ns, AcqRel);
+            t.outstanding[dev] += est_ns; // already in `in_flight_ns` (`pass`)
         }
         (start, end) if rc != CUDA_SUCCESS => {
+            take_in_flight(d, mine(dev), est_ns);
             if let (Some(e), None) = (start, lender) {
                 t.pool.push((ctx, e));
             }
@@ -424,7 +502,7 @@ fn timed(
                 t.pool.push((ctx, e));
             }
         }
-        _ => {} // a failed end record: its events are dropped
+        _ => take_in_flight(d, mine(dev), est_ns), // a failed end record: its events are dropped
     }
     rc
 }
@@ -540,6 +618,97 @@ mod tests {
         assert!(t
             .event(&f, 0x20)
             .is_some_and(|e| !t.pool.iter().any(|p| p.1 == e)));
+    }
+
+    const BOUND_US: u32 = 2_000;
+
+    fn bounded(d: &DeviceState) {
+        d.write_gate(
+            Gate::Run {
+                in_flight_us: BOUND_US,
+                window: false,
+                share: false,
+            },
+            0,
+            now_ns(),
+        );
+    }
+
+    fn leaked_state() -> &'static DeviceState {
+        // SAFETY: every field of DeviceState is an atomic or an integer: all zeroes is valid.
+        Box::leak(Box::new(unsafe { std::mem::zeroed() }))
+    }
+
+    /// Waits (bounded) until `f` holds.
+    fn until(what: &str, f: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "never: {what}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_bound_is_the_containers_whatever_the_number_of_launching_threads() {
+        // Eight launchers with nothing of their own outstanding, admitted together at an
+        // empty container: the bound (2 ms) admits two 1 ms launches (the default estimate),
+        // and each 2 ms that leaves the sum (another process's completions) admits two more.
+        let d = leaked_state();
+        bounded(d);
+        let f: &'static crate::ops::fake::Fake =
+            Box::leak(Box::new(crate::ops::fake::Fake::new(0x10)));
+        let admitted: &'static std::sync::atomic::AtomicUsize =
+            Box::leak(Box::new(std::sync::atomic::AtomicUsize::new(0)));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    pass_within(f, d, 0, 0x40, u64::MAX);
+                    admitted.fetch_add(1, AcqRel);
+                })
+            })
+            .collect();
+        for round in 1..=4 {
+            until(
+                "two more admitted, the others waiting for the container",
+                || {
+                    admitted.load(Acquire) == 2 * round
+                        && d.drain_waiters.load(Acquire) as usize == 8 - 2 * round
+                },
+            );
+            assert_eq!(
+                d.in_flight_ns.load(Acquire),
+                BOUND_US as u64 * 1_000,
+                "round {round}: the container at its bound, not beyond"
+            );
+            take_in_flight(d, None, BOUND_US as u64 * 1_000);
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(admitted.load(Acquire), 8);
+    }
+
+    #[test]
+    fn work_nobody_takes_back_holds_a_launch_for_the_stall_time_only() {
+        // Another process's 2 ms in the sum, never taken (stopped, or gone without a reclaim):
+        // this launch waits no longer than the stall time, then counts its own work only.
+        let d = leaked_state();
+        bounded(d);
+        d.in_flight_ns.store(2_000_000, Release);
+        let f = crate::ops::fake::Fake::new(0x10);
+        let start = std::time::Instant::now();
+        assert_eq!(pass_within(&f, d, 0, 0x40, 50_000_000), DEFAULT_EST_NS);
+        let waited = start.elapsed();
+        assert!(waited >= std::time::Duration::from_millis(50), "{waited:?}");
+        assert!(waited < std::time::Duration::from_secs(10), "{waited:?}");
+        assert_eq!(
+            d.in_flight_ns.load(Acquire),
+            3_000_000,
+            "its launch joined the sum"
+        );
     }
 
     #[test]

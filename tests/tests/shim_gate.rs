@@ -7,7 +7,9 @@
 //!   and goes once it opens; a production process's launches under a paused word are not held,
 //!   and each is counted in the container's `launches` and marks it busy;
 //! - a bounded gate keeps a saturating opportunistic job's outstanding GPU time (`in_flight_ns`)
-//!   within the bound plus one kernel, where the open gate lets it queue far more;
+//!   within the bound plus one kernel, where the open gate lets it queue far more; the same for
+//!   four processes in one container together (issue 18), and one of them killed with work in
+//!   flight leaves none behind once its slot is reclaimed;
 //! - a share (tokens refilled by the test at 30 %) gives a saturating job 20–40 % of the GPU,
 //!   measured by the job itself against its own solo run;
 //! - `CUDA_DEVICE_SM_LIMIT` is published in the process's slot (basis points; 100 % is no
@@ -288,6 +290,86 @@ fn shim_gate_bounds_what_an_opportunistic_job_has_in_flight() {
     assert!(
         busy > 0.3,
         "the bounded job still runs: {busy:.2} of the GPU"
+    );
+}
+
+#[test]
+fn shim_gate_bounds_what_a_multi_process_container_has_in_flight() {
+    // Issue 18 (A11): the bound is the container's, not each process's. Four saturating
+    // processes in one container under a 3 ms bound: never more than the bound and one kernel
+    // in flight together (per process, it was up to 4 × that); one killed with work in flight
+    // leaves nothing behind once its slot is reclaimed (as the daemon's rescan does), and the
+    // others keep running.
+    const BOUND_NS: u64 = 3_000_000;
+    const KERNEL_NS: u64 = 2_000_000;
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "sat4")
+        .env("LIBSHARE_CLASS", "opportunistic");
+    let st = precreate(&gpu, "sat4");
+    let d: &'static DeviceState = st.device(0);
+    let stop_beat = Arc::new(AtomicBool::new(false));
+    let beat = heartbeat(d, stop_beat.clone());
+    d.write_gate(
+        Gate::Run {
+            in_flight_us: (BOUND_NS / 1000) as u32,
+            window: false,
+            share: false,
+        },
+        0,
+        now_ns(),
+    );
+    let mut jobs: Vec<Running> = (0..4).map(|_| saturate(&gpu, 5.0)).collect();
+    wait_until(Duration::from_secs(20), "the jobs' first launches", || {
+        d.launches.load(Acquire) > 40
+    });
+    let (gpu0, t0) = (d.gpu_ns.load(Acquire), Instant::now());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bounded = sample_max(d, stop.clone(), |d| d.in_flight_ns.load(Acquire));
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Relaxed);
+    let bounded_max = bounded.join().unwrap();
+    let busy = (d.gpu_ns.load(Acquire) - gpu0) as f64 / t0.elapsed().as_nanos() as f64;
+
+    // kill -9 one of them while it has work in flight (it always has: it saturates).
+    let victim = jobs.remove(0);
+    assert!(std::process::Command::new("kill")
+        .args(["-KILL", &victim.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // Left unreaped (a zombie holds no lock); dropped at the end.
+    wait_until(
+        Duration::from_secs(10),
+        "the dead process's slot reclaimed",
+        || {
+            use libshare_abi::SlotTable;
+            st.reclaim_dead() > 0
+        },
+    );
+    let launches = d.launches.load(Acquire);
+    wait_until(
+        Duration::from_secs(10),
+        "the survivors to keep launching",
+        || d.launches.load(Acquire) > launches + 100,
+    );
+    stop_beat.store(true, Relaxed);
+    beat.join().unwrap();
+    drop(victim);
+    for j in jobs {
+        let out = j.finish();
+        assert!(out.status.success(), "{}", describe(&out));
+    }
+    eprintln!("in flight: 4 processes bounded max {bounded_max} ns, busy {busy:.2}");
+    assert!(
+        bounded_max <= BOUND_NS + KERNEL_NS,
+        "bounded gate: the container had up to {bounded_max} ns in flight, bound {BOUND_NS} + one kernel"
+    );
+    assert!(busy > 0.3, "the container still runs: {busy:.2} of the GPU");
+    assert_eq!(
+        d.in_flight_ns.load(Acquire),
+        0,
+        "every process gone: nothing left in flight"
     );
 }
 

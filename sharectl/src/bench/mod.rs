@@ -84,6 +84,8 @@ pub enum ScenarioArg {
     S6,
     #[value(name = "S7")]
     S7,
+    #[value(name = "S9")]
+    S9,
     All,
 }
 
@@ -184,6 +186,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S3,
             ScenarioArg::S6,
             ScenarioArg::S7,
+            ScenarioArg::S9,
         ],
         ref one => std::slice::from_ref(one),
     };
@@ -200,6 +203,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S3 => s3(&ctx, &mut out)?,
             ScenarioArg::S6 => s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
+            ScenarioArg::S9 => s9(&ctx, &mut out)?,
             ScenarioArg::All => unreachable!(),
         }
     }
@@ -918,6 +922,144 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// S9's production inference: 40 requests/s of 4 ms of GPU time (2 kernels) for `secs`.
+fn infer40(secs: f64) -> JobSpec {
+    JobSpec {
+        container: "prod".into(),
+        class: Class::Production,
+        bin: "simjob-infer",
+        args: [
+            "--rate",
+            "40",
+            "--gpu-ms",
+            "4",
+            "--trace",
+            "--report-interval",
+            "100ms",
+            "--duration",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .chain([format!("{secs:.3}")])
+        .collect(),
+        delay: 0.0,
+    }
+}
+
+/// S9's opportunistic processes: `n` saturating jobs (2 ms kernels, depth 4) started 1 s late,
+/// all in container `opp` (`one`) or each in its own (`opp0`, `opp1`, ...).
+fn s9_opportunistic(n: usize, one: bool, secs: f64) -> Vec<JobSpec> {
+    (0..n)
+        .map(|i| JobSpec {
+            container: if one { "opp".into() } else { format!("opp{i}") },
+            class: Class::Opportunistic,
+            bin: "simjob-saturate",
+            args: [
+                "--kernel-ms",
+                "2",
+                "--depth",
+                "4",
+                "--report-interval",
+                "100ms",
+                "--duration",
+            ]
+            .iter()
+            .map(|x| x.to_string())
+            .chain([format!("{:.3}", secs - 1.0)])
+            .collect(),
+            delay: 1.0,
+        })
+        .collect()
+}
+
+/// The numbers of opportunistic processes S9 runs.
+const S9_PROCESSES: [usize; 4] = [1, 2, 4, 8];
+
+/// S9, a multi-process opportunistic container: production inference (40 req/s, 4 ms of GPU
+/// each) for 2 D beside N = 1, 2, 4, 8 saturating processes (2 ms kernels) in ONE opportunistic
+/// container, and the same N in N containers. One row per policy, N and layout (`containers`);
+/// `native` has no containers (one row per N). p99 ratio against production alone (one solo run).
+fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    let d = 2.0 * ctx.d;
+    let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
+        rec.job("prod")
+            .spans("request")
+            .filter(|(s, _, _)| *s >= a && *s <= b)
+            .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
+            .collect()
+    };
+    let solo = run_policy(ctx, Policy::Exclusive, &[infer40(d)], &[], false)
+        .context("S9: production alone (the solo baseline)")?;
+    let (sa, sb) = window(&solo, 1.0)?;
+    let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
+        .ok_or_else(|| anyhow!("S9: no solo requests"))?;
+    let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+    for &p in ctx.policies {
+        let layouts: &[bool] = match p {
+            Policy::Exclusive => &[],
+            Policy::Native => &[true],
+            _ => &[true, false],
+        };
+        if p == Policy::Exclusive {
+            let mut m = row("S9", p);
+            m.insert("production_ratio".into(), num(1.0));
+            m.insert("p99_ratio".into(), num(1.0));
+            m.insert("p99_ms".into(), num(solo_p99));
+            m.insert("solo_requests_per_s".into(), num(solo_rate));
+            out.plot("S9", p, "", &solo);
+            out.emit(m);
+            continue;
+        }
+        for &n in &S9_PROCESSES {
+            for &one in layouts.iter().filter(|&&one| one || n > 1) {
+                let part = format!("n{n}-{}", if one { "one" } else { "each" });
+                let mut jobs = vec![infer40(d)];
+                jobs.extend(s9_opportunistic(n, one, d));
+                let res = (|| -> anyhow::Result<Map<String, Value>> {
+                    let rec = run_policy(ctx, p, &jobs, &[], false)?;
+                    let (a, b) = window(&rec, 1.0)?;
+                    let lat = latencies(&rec, a, b);
+                    let p99 = metrics::percentile(&lat, 99.0);
+                    let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
+                    let opp_gpu: f64 = rec
+                        .jobs
+                        .iter()
+                        .filter(|j| j.class == Class::Opportunistic)
+                        .map(|j| opportunistic_in(j, a, b))
+                        .sum();
+                    let mut m = row("S9", p);
+                    m.insert("production_ratio".into(), num(rate / solo_rate));
+                    m.insert(
+                        "opportunistic_harvest".into(),
+                        opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
+                    );
+                    m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
+                    m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
+                    m.insert("processes".into(), n.into());
+                    m.insert(
+                        "containers".into(),
+                        if p == Policy::Native {
+                            Value::Null
+                        } else {
+                            Value::from(if one { 1 } else { n })
+                        },
+                    );
+                    m.insert("p99_ms".into(), opt(p99));
+                    m.insert("solo_p99_ms".into(), num(solo_p99));
+                    m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
+                    out.plot("S9", p, &part, &rec);
+                    Ok(m)
+                })();
+                match res {
+                    Ok(m) => out.emit(m),
+                    Err(e) => out.error("S9", p, &e.context(part)),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -950,6 +1092,7 @@ mod tests {
         .unwrap();
         assert_eq!(a.scenario, ScenarioArg::All);
         assert_eq!(a.policy, vec![Policy::Native, Policy::Libshare]);
+        assert_eq!(parse(&["S9"]).unwrap().scenario, ScenarioArg::S9);
         assert!(parse(&["S4"]).is_err());
         assert!(parse(&["S1", "--duration", "1"]).is_err());
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());
