@@ -32,6 +32,10 @@ pub trait DriverOps: Sync {
     fn primary_active(&self, dev: usize) -> Option<bool>;
     /// The context a device allocation belongs to (None: not a live allocation).
     fn pointer_ctx(&self, ptr: CUdeviceptr) -> Option<Handle>;
+    /// Whether `ptr` is device memory (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is DEVICE, as managed
+    /// memory reads too; false for host memory, registered or not, and for anything the driver
+    /// does not know).
+    fn pointer_on_device(&self, ptr: CUdeviceptr) -> bool;
     /// Whether `h` is a live CUDA array.
     fn array_alive(&self, h: Handle) -> bool;
     /// The pool `cuMemAllocAsync` uses on `dev`.
@@ -73,6 +77,8 @@ pub struct RealDriver;
 pub static REAL: RealDriver = RealDriver;
 
 const CU_POINTER_ATTRIBUTE_CONTEXT: c_uint = 1;
+const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_uint = 2;
+const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 
 // Each `unsafe` call below is one of the real driver's functions (`Real`, resolved with the
 // declaration list's prototype) called with live locals as out-pointers of the written type,
@@ -113,6 +119,22 @@ impl DriverOps for RealDriver {
             )
         };
         (rc == CUDA_SUCCESS).then_some(c as Handle)
+    }
+
+    fn pointer_on_device(&self, ptr: CUdeviceptr) -> bool {
+        let Some(f) = real().cuPointerGetAttribute else {
+            return false;
+        };
+        let mut t: c_uint = 0;
+        // SAFETY: see the impl's comment; the MEMORY_TYPE attribute writes one CUmemorytype.
+        let rc = unsafe {
+            f(
+                &mut t as *mut c_uint as *mut c_void,
+                CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        };
+        rc == CUDA_SUCCESS && t == CU_MEMORYTYPE_DEVICE
     }
 
     fn array_alive(&self, h: Handle) -> bool {
@@ -376,6 +398,9 @@ pub mod fake {
         }
         fn pointer_ctx(&self, ptr: CUdeviceptr) -> Option<Handle> {
             self.ptrs.lock().unwrap().get(&ptr).copied()
+        }
+        fn pointer_on_device(&self, ptr: CUdeviceptr) -> bool {
+            self.ptrs.lock().unwrap().contains_key(&ptr)
         }
         fn array_alive(&self, _h: Handle) -> bool {
             true
