@@ -44,8 +44,10 @@ pub use crate::gate::{COPY_D2D, MEMSET};
 
 /// A memset or device-to-device copy of `kind` moving `bytes` on `stream` (`ptsz`: a
 /// per-thread default-stream variant; a synchronous form passes the NULL stream): counted as a
-/// launch on the current device (production: that and nothing more, as for a kernel), gated
-/// and timed as one if the process is opportunistic, and run.
+/// launch of the container on the current device, marking it busy (`note_launch`; production:
+/// that and nothing more, one add and one load), gated and timed as a launch if the process is
+/// opportunistic, and run. The process's slot counter is left to kernels and graphs (it is
+/// the driver's launch count, per process).
 ///
 /// `gated` says whether the call is really one to gate; asked only on the opportunistic path
 /// (`cuMemcpy`/`cuMemcpyAsync` ask the driver whether both pointers are device memory). Every
@@ -68,7 +70,6 @@ pub fn transfer(
     let state = &s.account.state;
     let d = state.device(dev);
     d.note_launch();
-    s.launches()[dev].fetch_add(1, Relaxed);
     if state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC && gated() {
         // A copy reads and writes each byte; a memset writes it.
         let traffic = if kind == COPY_D2D {
