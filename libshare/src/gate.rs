@@ -20,7 +20,7 @@
 //! process that dies does not leave them there, see `libshare_abi::rate`), and each completed launch's
 //! measured duration is added to `gpu_ns` and teaches the estimates of its key (function or
 //! graph, or a memset's or device-to-device copy's kind and size class; a fixed table, unknown
-//! keys 1 ms, an unknown transfer its bytes ÷ [`MEMORY_BANDWIDTH`]). A measured duration is the launch's span: its own
+//! keys 1 ms, an unknown transfer its bytes ÷ the device's memory bandwidth). A measured duration is the launch's span: its own
 //! GPU time plus the time slices of other contexts that ran in between. Two estimates, for two
 //! uses:
 //! - **span**, for admission (the window and the in-flight bound): how long a launch takes to
@@ -303,19 +303,34 @@ pub const MEMSET: usize = 0x100;
 pub const COPY_D2D: usize = 0x200;
 
 /// Device-memory bandwidth assumed for pricing a memset or a device-to-device copy never
-/// measured, bytes per second: an A100-class device (HBM2e, 1.5 TB/s; simgpu's default device
-/// reports the same, 1215 MHz × 2 × 5120 bits). A faster device's transfers are overestimated
-/// until their first completion, a slower one's underestimated as long (then they are timed
-/// like any launch).
+/// measured, bytes per second, when the device does not report its memory clock and bus width
+/// (`DriverOps::memory_bandwidth`): an A100-class device (HBM2e, 1.5 TB/s; simgpu's default
+/// device reports 1215 MHz × 2 × 5120 bits, 1.56 TB/s). A transfer priced too high or too low is
+/// so only until the first like it completes (then it is timed like any launch).
 pub const MEMORY_BANDWIDTH: u64 = 1_500_000_000_000;
 /// The least a transfer is priced at before it is measured: a launch's fixed cost.
 const MIN_TRANSFER_NS: u64 = 2_000;
 
-/// The estimate of a transfer that moves `bytes` through device memory (read plus written),
-/// before any like it was timed.
-fn transfer_prior(bytes: u64) -> Estimate {
+/// Each device's memory bandwidth, bytes per second, asked of the driver once per process
+/// (0: not yet).
+static BANDWIDTH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+fn bandwidth(ops: &dyn DriverOps, dev: usize) -> u64 {
+    match BANDWIDTH[dev].load(Relaxed) {
+        0 => {
+            let bw = ops.memory_bandwidth(dev).unwrap_or(MEMORY_BANDWIDTH);
+            BANDWIDTH[dev].store(bw, Relaxed);
+            bw
+        }
+        bw => bw,
+    }
+}
+
+/// The estimate of a transfer that moves `bytes` through device memory (read plus written) at
+/// `bandwidth` bytes per second, before any like it was timed.
+fn transfer_prior(bytes: u64, bandwidth: u64) -> Estimate {
     let ns =
-        (bytes as u128 * 1_000_000_000 / MEMORY_BANDWIDTH as u128).min(u64::MAX as u128) as u64;
+        (bytes as u128 * 1_000_000_000 / bandwidth.max(1) as u128).min(u64::MAX as u128) as u64;
     let ns = ns.max(MIN_TRANSFER_NS);
     Estimate { span: ns, cost: ns }
 }
@@ -328,7 +343,8 @@ fn transfer_key(kind: usize, bytes: u64) -> usize {
 
 /// An opportunistic memset or device-to-device copy (`rate::transfer`): gated and timed as a
 /// launch is, keyed by its kind and size class, priced by `traffic` (bytes read plus written in
-/// device memory) ÷ [`MEMORY_BANDWIDTH`] until transfers of its key have been timed.
+/// device memory) ÷ the device's memory bandwidth (its attributes', else [`MEMORY_BANDWIDTH`])
+/// until transfers of its key have been timed.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 pub fn transfer(
@@ -342,7 +358,8 @@ pub fn transfer(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let key = transfer_key(kind, bytes);
-    launch_with(d, dev, key, transfer_prior(traffic), stream, ptsz, call)
+    let prior = transfer_prior(traffic, bandwidth(&REAL, dev));
+    launch_with(d, dev, key, prior, stream, ptsz, call)
 }
 
 /// [`launch`], with `prior` the estimate of a key never timed.
@@ -628,8 +645,17 @@ mod tests {
     #[test]
     fn a_transfer_is_priced_by_its_bytes_until_its_kind_and_size_are_timed() {
         // 1.5 GB through 1.5 TB/s: 1 ms; a few bytes: a launch's fixed cost.
-        assert_eq!(transfer_prior(1_500_000_000).span, 1_000_000);
-        assert_eq!(transfer_prior(8).span, MIN_TRANSFER_NS);
+        assert_eq!(
+            transfer_prior(1_500_000_000, MEMORY_BANDWIDTH).span,
+            1_000_000
+        );
+        assert_eq!(
+            transfer_prior(3_000_000_000, 3_000_000_000_000).span,
+            1_000_000
+        );
+        assert_eq!(transfer_prior(8, MEMORY_BANDWIDTH).span, MIN_TRANSFER_NS);
+        let f = crate::ops::fake::Fake::new(0x10);
+        assert_eq!(bandwidth(&f, 3), MEMORY_BANDWIDTH, "not reported: assumed");
         let (memset, copy) = (MEMSET, COPY_D2D);
         let key = transfer_key(memset, 64 << 20);
         assert_eq!(
@@ -641,7 +667,7 @@ mod tests {
         assert_ne!(key, transfer_key(copy, 64 << 20), "another kind");
         assert_ne!(transfer_key(memset, 0), 0, "never the empty key");
         let mut t = Tracker::default();
-        let prior = transfer_prior(64 << 20);
+        let prior = transfer_prior(64 << 20, MEMORY_BANDWIDTH);
         assert_eq!(t.estimate_or(key, prior), prior);
         t.learn(key, 30_000);
         assert_eq!(t.estimate_or(key, prior).span, 30_000, "timed: its measure");
@@ -661,7 +687,7 @@ mod tests {
         bounded(d);
         let f = crate::ops::fake::Fake::new(0x10);
         let key = transfer_key(COPY_D2D, 3_000_000_000);
-        let prior = transfer_prior(2 * 3_000_000_000);
+        let prior = transfer_prior(2 * 3_000_000_000, MEMORY_BANDWIDTH);
         assert_eq!(pass_within(&f, d, 0, key, prior, u64::MAX), 4_000_000);
         assert_eq!(d.in_flight_ns.load(Acquire), 4_000_000);
     }

@@ -159,6 +159,7 @@ macro_rules! driver_hooks {
     call cuCtxGetDevice(dev: *mut CUdevice);
     call cuDeviceGetCount(count: *mut i32);
     call cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+    call cuDeviceGetAttribute(value: *mut i32, attr: c_uint, dev: CUdevice);
     call cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut i32);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
     call cuCtxGetCurrent(ctx: *mut CUcontext);
