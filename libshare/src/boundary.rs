@@ -156,6 +156,8 @@ macro_rules! as_value {
 // Scalars, handles (`*mut c_void`), opaque parameter blocks and C strings the shim passes on
 // without reading them.
 as_value!(
+    u8,
+    u16,
     u32,
     i32,
     u64,

@@ -19,7 +19,8 @@
 //! outstanding; its estimates are published in `in_flight_ns` (and this process's slot, so a
 //! process that dies does not leave them there, see `libshare_abi::rate`), and each completed launch's
 //! measured duration is added to `gpu_ns` and teaches the estimates of its key (function or
-//! graph; a fixed table, unknown keys 1 ms). A measured duration is the launch's span: its own
+//! graph, or a memset's or device-to-device copy's kind and size class; a fixed table, unknown
+//! keys 1 ms, an unknown transfer its bytes ÷ the device's memory bandwidth). A measured duration is the launch's span: its own
 //! GPU time plus the time slices of other contexts that ran in between. Two estimates, for two
 //! uses:
 //! - **span**, for admission (the window and the in-flight bound): how long a launch takes to
@@ -170,10 +171,16 @@ fn slot(key: usize) -> usize {
 }
 
 impl Tracker {
+    #[cfg(test)]
     fn estimate(&self, key: usize) -> Estimate {
+        self.estimate_or(key, DEFAULT_EST)
+    }
+
+    /// What is known of `key`, else `prior`.
+    fn estimate_or(&self, key: usize, prior: Estimate) -> Estimate {
         match self.est[slot(key)] {
             e if e.key == key && key != 0 => e.estimate(),
-            _ => DEFAULT_EST,
+            _ => prior,
         }
     }
 
@@ -286,12 +293,91 @@ pub fn launch(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    launch_with(d, dev, key, DEFAULT_EST, stream, ptsz, call)
+}
+
+/// The kinds of transfer the device runs like a kernel (with a size class, the keys of their
+/// estimates; small constants, never a function's or graph's address): memsets, and copies from
+/// device memory to device memory.
+pub const MEMSET: usize = 0x100;
+pub const COPY_D2D: usize = 0x200;
+
+/// Device-memory bandwidth assumed for pricing a memset or a device-to-device copy never
+/// measured, bytes per second, when the device does not report its memory clock and bus width
+/// (`DriverOps::memory_bandwidth`): an A100-class device (HBM2e, 1.5 TB/s; simgpu's default
+/// device reports 1215 MHz × 2 × 5120 bits, 1.56 TB/s). A transfer priced too high or too low is
+/// so only until the first like it completes (then it is timed like any launch).
+pub const MEMORY_BANDWIDTH: u64 = 1_500_000_000_000;
+/// The least a transfer is priced at before it is measured: a launch's fixed cost.
+const MIN_TRANSFER_NS: u64 = 2_000;
+
+/// Each device's memory bandwidth, bytes per second, asked of the driver once per process
+/// (0: not yet).
+static BANDWIDTH: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+fn bandwidth(ops: &dyn DriverOps, dev: usize) -> u64 {
+    match BANDWIDTH[dev].load(Relaxed) {
+        0 => {
+            let bw = ops.memory_bandwidth(dev).unwrap_or(MEMORY_BANDWIDTH);
+            BANDWIDTH[dev].store(bw, Relaxed);
+            bw
+        }
+        bw => bw,
+    }
+}
+
+/// The estimate of a transfer that moves `bytes` through device memory (read plus written) at
+/// `bandwidth` bytes per second, before any like it was timed.
+fn transfer_prior(bytes: u64, bandwidth: u64) -> Estimate {
+    let ns =
+        (bytes as u128 * 1_000_000_000 / bandwidth.max(1) as u128).min(u64::MAX as u128) as u64;
+    let ns = ns.max(MIN_TRANSFER_NS);
+    Estimate { span: ns, cost: ns }
+}
+
+/// The key of a transfer of `kind` ([`MEMSET`], [`COPY_D2D`]) moving `bytes`: one per kind and power-of-two size class, so the spans learnt for a class are
+/// those of transfers within a factor of 2 of each other.
+fn transfer_key(kind: usize, bytes: u64) -> usize {
+    kind + (u64::BITS - bytes.leading_zeros()) as usize
+}
+
+/// An opportunistic memset or device-to-device copy (`rate::transfer`): gated and timed as a
+/// launch is, keyed by its kind and size class, priced by `traffic` (bytes read plus written in
+/// device memory) ÷ the device's memory bandwidth (its attributes', else [`MEMORY_BANDWIDTH`])
+/// until transfers of its key have been timed.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub fn transfer(
+    d: &'static DeviceState,
+    dev: usize,
+    kind: usize,
+    bytes: u64,
+    traffic: u64,
+    stream: Handle,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let key = transfer_key(kind, bytes);
+    let prior = transfer_prior(traffic, bandwidth(&REAL, dev));
+    launch_with(d, dev, key, prior, stream, ptsz, call)
+}
+
+/// [`launch`], with `prior` the estimate of a key never timed.
+fn launch_with(
+    d: &'static DeviceState,
+    dev: usize,
+    key: usize,
+    prior: Estimate,
+    stream: Handle,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let ops: &dyn DriverOps = &REAL;
     let mode = ops.relax_capture();
     let rc = if ops.capturing(stream, ptsz).is_some() {
         call() // recorded into a graph, not run now
     } else {
-        let est = pass(ops, d, dev, key);
+        let est = pass(ops, d, dev, key, prior);
         timed(ops, d, dev, key, est, stream, ptsz, call)
     };
     if let Some(m) = mode {
@@ -306,7 +392,7 @@ pub fn launch(
 pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
     let ops: &dyn DriverOps = &REAL;
     let mode = ops.relax_capture();
-    let est_ns = pass(ops, d, dev, key);
+    let est_ns = pass(ops, d, dev, key, DEFAULT_EST);
     take_in_flight(d, mine(dev), est_ns);
     if let Some(m) = mode {
         ops.restore_capture(m);
@@ -344,13 +430,20 @@ fn reserve(d: &DeviceState, mine: Option<&AtomicU64>, seen: u64, ns: u64) -> boo
 /// driver to see its work complete), the dead processes' slots are reclaimed (their part
 /// leaves the sum) and, if that frees nothing, this launch counts only its own process's work:
 /// a wait for others' work never lasts more than about [`STALL_NS`].
-fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize) -> u64 {
-    pass_within(ops, d, dev, key, STALL_NS)
+fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize, prior: Estimate) -> u64 {
+    pass_within(ops, d, dev, key, prior, STALL_NS)
 }
 
 /// [`pass`], others' work counting until no work left the sum for `stall_ns`.
-fn pass_within(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize, stall_ns: u64) -> u64 {
-    let est = TRACKER.lock().estimate(key);
+fn pass_within(
+    ops: &dyn DriverOps,
+    d: &DeviceState,
+    dev: usize,
+    key: usize,
+    prior: Estimate,
+    stall_ns: u64,
+) -> u64 {
+    let est = TRACKER.lock().estimate_or(key, prior);
     let mut held_since = None;
     // The last change of `drain_seq` seen, and when.
     let (mut drain_seen, mut drain_at) = (d.drain_seq.load(Acquire), now_ns());
@@ -550,6 +643,56 @@ mod tests {
     }
 
     #[test]
+    fn a_transfer_is_priced_by_its_bytes_until_its_kind_and_size_are_timed() {
+        // 1.5 GB through 1.5 TB/s: 1 ms; a few bytes: a launch's fixed cost.
+        assert_eq!(
+            transfer_prior(1_500_000_000, MEMORY_BANDWIDTH).span,
+            1_000_000
+        );
+        assert_eq!(
+            transfer_prior(3_000_000_000, 3_000_000_000_000).span,
+            1_000_000
+        );
+        assert_eq!(transfer_prior(8, MEMORY_BANDWIDTH).span, MIN_TRANSFER_NS);
+        let f = crate::ops::fake::Fake::new(0x10);
+        assert_eq!(bandwidth(&f, 3), MEMORY_BANDWIDTH, "not reported: assumed");
+        let (memset, copy) = (MEMSET, COPY_D2D);
+        let key = transfer_key(memset, 64 << 20);
+        assert_eq!(
+            key,
+            transfer_key(memset, (64 << 20) + 1000),
+            "same size class"
+        );
+        assert_ne!(key, transfer_key(memset, 16 << 20), "another size class");
+        assert_ne!(key, transfer_key(copy, 64 << 20), "another kind");
+        assert_ne!(transfer_key(memset, 0), 0, "never the empty key");
+        let mut t = Tracker::default();
+        let prior = transfer_prior(64 << 20, MEMORY_BANDWIDTH);
+        assert_eq!(t.estimate_or(key, prior), prior);
+        t.learn(key, 30_000);
+        assert_eq!(t.estimate_or(key, prior).span, 30_000, "timed: its measure");
+        let other = transfer_key(copy, 64 << 20);
+        assert_eq!(
+            t.estimate_or(other, prior),
+            prior,
+            "other kinds still priced"
+        );
+    }
+
+    #[test]
+    fn an_untimed_transfer_is_admitted_at_its_bytes_worth() {
+        // A 3 GB copy never timed (6 GB read and written: 4 ms) passes an empty container's
+        // bound and reserves its price, not the default 1 ms.
+        let d = leaked_state();
+        bounded(d);
+        let f = crate::ops::fake::Fake::new(0x10);
+        let key = transfer_key(COPY_D2D, 3_000_000_000);
+        let prior = transfer_prior(2 * 3_000_000_000, MEMORY_BANDWIDTH);
+        assert_eq!(pass_within(&f, d, 0, key, prior, u64::MAX), 4_000_000);
+        assert_eq!(d.in_flight_ns.load(Acquire), 4_000_000);
+    }
+
+    #[test]
     fn one_alone_launch_in_a_bucket_keeps_the_cost_true() {
         let mut t = Tracker::default();
         // Interleaved with another context: measured at 2 to 3 × the true 4 ms, but one in
@@ -665,7 +808,7 @@ mod tests {
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 std::thread::spawn(move || {
-                    pass_within(f, d, 0, 0x40, u64::MAX);
+                    pass_within(f, d, 0, 0x40, DEFAULT_EST, u64::MAX);
                     admitted.fetch_add(1, AcqRel);
                 })
             })
@@ -700,7 +843,10 @@ mod tests {
         d.in_flight_ns.store(2_000_000, Release);
         let f = crate::ops::fake::Fake::new(0x10);
         let start = std::time::Instant::now();
-        assert_eq!(pass_within(&f, d, 0, 0x40, 50_000_000), DEFAULT_EST_NS);
+        assert_eq!(
+            pass_within(&f, d, 0, 0x40, DEFAULT_EST, 50_000_000),
+            DEFAULT_EST_NS
+        );
         let waited = start.elapsed();
         assert!(waited >= std::time::Duration::from_millis(50), "{waited:?}");
         assert!(waited < std::time::Duration::from_secs(10), "{waited:?}");

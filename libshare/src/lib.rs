@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! hooks (exports, from list.rs) · procaddr · interpose (dlsym) · nvml      the job's entry points
-//! init · memory · graph_mem · launch · sync                                handlers (safe fns)
+//! init · memory · graph_mem · launch · transfer · sync                     handlers (safe fns)
 //! context · rate                                                           contexts, launch seam
 //! ledger · gate                                                            quota ledger, the gate
 //! pools · deferred                                                         pool and free tracking
@@ -48,6 +48,7 @@ pub mod process;
 pub mod rate;
 pub mod register;
 pub mod sync;
+pub mod transfer;
 
 pub use shim_headers::types;
 

@@ -35,6 +35,49 @@ macro_rules! driver_hooks {
     wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph::<false>;
     wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph::<true>;
 
+    // Memsets and device-to-device copies: counted and gated as launches (`transfer.rs`).
+    wrap cuMemsetD8(d: u32, uc: u8, n: c_uint) => transfer::memset_v1::<1>;
+    wrap cuMemsetD8_v2(d: CUdeviceptr, uc: u8, n: usize) => transfer::memset::<1, false>;
+    wrap cuMemsetD8_v2_ptds(d: CUdeviceptr, uc: u8, n: usize) => transfer::memset::<1, true>;
+    wrap cuMemsetD8Async(d: CUdeviceptr, uc: u8, n: usize, stream: CUstream) => transfer::memset_async::<1, false>;
+    wrap cuMemsetD8Async_ptsz(d: CUdeviceptr, uc: u8, n: usize, stream: CUstream) => transfer::memset_async::<1, true>;
+    wrap cuMemsetD2D8(d: u32, pitch: c_uint, uc: u8, w: c_uint, h: c_uint) => transfer::memset_2d_v1::<1>;
+    wrap cuMemsetD2D8_v2(d: CUdeviceptr, pitch: usize, uc: u8, w: usize, h: usize) => transfer::memset_2d::<1, false>;
+    wrap cuMemsetD2D8_v2_ptds(d: CUdeviceptr, pitch: usize, uc: u8, w: usize, h: usize) => transfer::memset_2d::<1, true>;
+    wrap cuMemsetD2D8Async(d: CUdeviceptr, pitch: usize, uc: u8, w: usize, h: usize, stream: CUstream) => transfer::memset_2d_async::<1, false>;
+    wrap cuMemsetD2D8Async_ptsz(d: CUdeviceptr, pitch: usize, uc: u8, w: usize, h: usize, stream: CUstream) => transfer::memset_2d_async::<1, true>;
+    wrap cuMemsetD16(d: u32, us: u16, n: c_uint) => transfer::memset_v1::<2>;
+    wrap cuMemsetD16_v2(d: CUdeviceptr, us: u16, n: usize) => transfer::memset::<2, false>;
+    wrap cuMemsetD16_v2_ptds(d: CUdeviceptr, us: u16, n: usize) => transfer::memset::<2, true>;
+    wrap cuMemsetD16Async(d: CUdeviceptr, us: u16, n: usize, stream: CUstream) => transfer::memset_async::<2, false>;
+    wrap cuMemsetD16Async_ptsz(d: CUdeviceptr, us: u16, n: usize, stream: CUstream) => transfer::memset_async::<2, true>;
+    wrap cuMemsetD2D16(d: u32, pitch: c_uint, us: u16, w: c_uint, h: c_uint) => transfer::memset_2d_v1::<2>;
+    wrap cuMemsetD2D16_v2(d: CUdeviceptr, pitch: usize, us: u16, w: usize, h: usize) => transfer::memset_2d::<2, false>;
+    wrap cuMemsetD2D16_v2_ptds(d: CUdeviceptr, pitch: usize, us: u16, w: usize, h: usize) => transfer::memset_2d::<2, true>;
+    wrap cuMemsetD2D16Async(d: CUdeviceptr, pitch: usize, us: u16, w: usize, h: usize, stream: CUstream) => transfer::memset_2d_async::<2, false>;
+    wrap cuMemsetD2D16Async_ptsz(d: CUdeviceptr, pitch: usize, us: u16, w: usize, h: usize, stream: CUstream) => transfer::memset_2d_async::<2, true>;
+    wrap cuMemsetD32(d: u32, ui: c_uint, n: c_uint) => transfer::memset_v1::<4>;
+    wrap cuMemsetD32_v2(d: CUdeviceptr, ui: c_uint, n: usize) => transfer::memset::<4, false>;
+    wrap cuMemsetD32_v2_ptds(d: CUdeviceptr, ui: c_uint, n: usize) => transfer::memset::<4, true>;
+    wrap cuMemsetD32Async(d: CUdeviceptr, ui: c_uint, n: usize, stream: CUstream) => transfer::memset_async::<4, false>;
+    wrap cuMemsetD32Async_ptsz(d: CUdeviceptr, ui: c_uint, n: usize, stream: CUstream) => transfer::memset_async::<4, true>;
+    wrap cuMemsetD2D32(d: u32, pitch: c_uint, ui: c_uint, w: c_uint, h: c_uint) => transfer::memset_2d_v1::<4>;
+    wrap cuMemsetD2D32_v2(d: CUdeviceptr, pitch: usize, ui: c_uint, w: usize, h: usize) => transfer::memset_2d::<4, false>;
+    wrap cuMemsetD2D32_v2_ptds(d: CUdeviceptr, pitch: usize, ui: c_uint, w: usize, h: usize) => transfer::memset_2d::<4, true>;
+    wrap cuMemsetD2D32Async(d: CUdeviceptr, pitch: usize, ui: c_uint, w: usize, h: usize, stream: CUstream) => transfer::memset_2d_async::<4, false>;
+    wrap cuMemsetD2D32Async_ptsz(d: CUdeviceptr, pitch: usize, ui: c_uint, w: usize, h: usize, stream: CUstream) => transfer::memset_2d_async::<4, true>;
+    wrap cuMemcpyDtoD(dst: u32, src: u32, n: c_uint) => transfer::dtod_v1;
+    wrap cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => transfer::dtod::<false>;
+    wrap cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => transfer::dtod::<true>;
+    wrap cuMemcpyDtoDAsync(dst: u32, src: u32, n: c_uint, stream: CUstream) => transfer::dtod_async_v1;
+    wrap cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) => transfer::dtod_async::<false>;
+    wrap cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) => transfer::dtod_async::<true>;
+    // Unified addressing: gated when both pointers are device memory (asked when opportunistic).
+    wrap cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => transfer::copy::<false>;
+    wrap cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => transfer::copy::<true>;
+    wrap cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) => transfer::copy_async::<false>;
+    wrap cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) => transfer::copy_async::<true>;
+
     // Synchronising calls that return with work done: the drain signal (a hint, `sync.rs`).
     wrap cuCtxSynchronize() => sync::ctx;
     wrap cuCtxSynchronize_v2(ctx: CUcontext) => sync::ctx_v2;
@@ -116,6 +159,7 @@ macro_rules! driver_hooks {
     call cuCtxGetDevice(dev: *mut CUdevice);
     call cuDeviceGetCount(count: *mut i32);
     call cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+    call cuDeviceGetAttribute(value: *mut i32, attr: c_uint, dev: CUdevice);
     call cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut i32);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
     call cuCtxGetCurrent(ctx: *mut CUcontext);

@@ -32,6 +32,10 @@ pub trait DriverOps: Sync {
     fn primary_active(&self, dev: usize) -> Option<bool>;
     /// The context a device allocation belongs to (None: not a live allocation).
     fn pointer_ctx(&self, ptr: CUdeviceptr) -> Option<Handle>;
+    /// Whether `ptr` is device memory (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is DEVICE, as managed
+    /// memory reads too; false for host memory, registered or not, and for anything the driver
+    /// does not know).
+    fn pointer_on_device(&self, ptr: CUdeviceptr) -> bool;
     /// Whether `h` is a live CUDA array.
     fn array_alive(&self, h: Handle) -> bool;
     /// The pool `cuMemAllocAsync` uses on `dev`.
@@ -63,6 +67,9 @@ pub trait DriverOps: Sync {
     fn mem_free_async(&self, ptr: CUdeviceptr, stream: Handle, ptsz: bool);
     /// `cuMemGetInfo`: (free, total) of the current context's device.
     fn mem_info(&self) -> Result<(u64, u64), CUresult>;
+    /// Device `dev`'s memory bandwidth, bytes per second, from its attributes: the memory clock
+    /// (kHz) × 2 (double data rate) × the bus width (bits) ÷ 8 (None: not reported).
+    fn memory_bandwidth(&self, dev: usize) -> Option<u64>;
     /// (count of devices, total memory of each) for checking limits at init.
     fn device_totals(&self) -> Option<Vec<u64>>;
 }
@@ -73,6 +80,10 @@ pub struct RealDriver;
 pub static REAL: RealDriver = RealDriver;
 
 const CU_POINTER_ATTRIBUTE_CONTEXT: c_uint = 1;
+const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_uint = 2;
+const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: c_uint = 36;
+const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: c_uint = 37;
+const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 
 // Each `unsafe` call below is one of the real driver's functions (`Real`, resolved with the
 // declaration list's prototype) called with live locals as out-pointers of the written type,
@@ -113,6 +124,34 @@ impl DriverOps for RealDriver {
             )
         };
         (rc == CUDA_SUCCESS).then_some(c as Handle)
+    }
+
+    fn pointer_on_device(&self, ptr: CUdeviceptr) -> bool {
+        let Some(f) = real().cuPointerGetAttribute else {
+            return false;
+        };
+        let mut t: c_uint = 0;
+        // SAFETY: see the impl's comment; the MEMORY_TYPE attribute writes one CUmemorytype.
+        let rc = unsafe {
+            f(
+                &mut t as *mut c_uint as *mut c_void,
+                CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                ptr,
+            )
+        };
+        rc == CUDA_SUCCESS && t == CU_MEMORYTYPE_DEVICE
+    }
+
+    fn memory_bandwidth(&self, dev: usize) -> Option<u64> {
+        let f = real().cuDeviceGetAttribute?;
+        let attr = |a: c_uint| {
+            let mut v = 0i32;
+            // SAFETY: see the impl's comment; the attribute is an int.
+            (unsafe { f(&mut v, a, dev as CUdevice) } == CUDA_SUCCESS && v > 0).then_some(v as u64)
+        };
+        let khz = attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
+        let bits = attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
+        Some(khz * 1_000 * 2 * bits / 8)
     }
 
     fn array_alive(&self, h: Handle) -> bool {
@@ -376,6 +415,12 @@ pub mod fake {
         }
         fn pointer_ctx(&self, ptr: CUdeviceptr) -> Option<Handle> {
             self.ptrs.lock().unwrap().get(&ptr).copied()
+        }
+        fn pointer_on_device(&self, ptr: CUdeviceptr) -> bool {
+            self.ptrs.lock().unwrap().contains_key(&ptr)
+        }
+        fn memory_bandwidth(&self, _dev: usize) -> Option<u64> {
+            None
         }
         fn array_alive(&self, _h: Handle) -> bool {
             true

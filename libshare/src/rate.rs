@@ -1,5 +1,6 @@
 //! The rate gate's seam on the shim side: every launch path calls [`launch`] with the launch's
-//! key (its function or graph), stream and the real call. The protocol (who writes what, the
+//! key (its function or graph), stream and the real call; every memset and device-to-device
+//! copy calls [`transfer`] with its kind and size. The protocol (who writes what, the
 //! gate word, the admission rule) is defined once, next to the shared-memory layout, in
 //! `libshare_abi::rate`.
 //!
@@ -35,6 +36,48 @@ pub fn launch(
     s.launches()[dev].fetch_add(1, Relaxed);
     if state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC {
         return crate::gate::launch(d, dev, key, stream as usize, ptsz, call);
+    }
+    call()
+}
+
+pub use crate::gate::{COPY_D2D, MEMSET};
+
+/// A memset or device-to-device copy of `kind` moving `bytes` on `stream` (`ptsz`: a
+/// per-thread default-stream variant; a synchronous form passes the NULL stream): counted as a
+/// launch of the container on the current device, marking it busy (`note_launch`; production:
+/// that and nothing more, one add and one load), gated and timed as a launch if the process is
+/// opportunistic, and run. The process's slot counter is left to kernels and graphs (it is
+/// the driver's launch count, per process).
+///
+/// `gated` says whether the call is really one to gate; asked only on the opportunistic path
+/// (`cuMemcpy`/`cuMemcpyAsync` ask the driver whether both pointers are device memory). Every
+/// such call is counted whatever its answer: production never pays for the question, and a
+/// copy through the unified call that turns out host-side still marks the container busy
+/// (which errs towards protecting production).
+#[inline(always)]
+pub fn transfer(
+    kind: usize,
+    bytes: u64,
+    stream: CUstream,
+    ptsz: bool,
+    gated: impl FnOnce() -> bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some(s) = crate::process::get() else {
+        return call();
+    };
+    let dev = crate::context::device_fast();
+    let state = &s.account.state;
+    let d = state.device(dev);
+    d.note_launch();
+    if state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC && gated() {
+        // A copy reads and writes each byte; a memset writes it.
+        let traffic = if kind == COPY_D2D {
+            bytes.saturating_mul(2)
+        } else {
+            bytes
+        };
+        return crate::gate::transfer(d, dev, kind, bytes, traffic, stream as usize, ptsz, call);
     }
     call()
 }

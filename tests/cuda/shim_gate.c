@@ -8,7 +8,14 @@
  *   grid (cuLaunchGrid, from cuGetProcAddress as an old binary asks: the 4-argument
  *   cuGetProcAddress at CUDA 2.0), grid_async (cuLaunchGridAsync, linked directly), launch
  *   (cuLaunch, by dlsym), multi (cuLaunchCooperativeKernelMultiDevice, one entry, from
- *   cuGetProcAddress_v2 at CUDA 9.0). "OK" at EOF.
+ *   cuGetProcAddress_v2 at CUDA 9.0). Memsets and device-to-device copies of 64 MiB (issue 18,
+ *   must-show 3), printing "launched <path>" the same way: memset (cuMemsetD8_v2), memset_ptds
+ *   (cuMemsetD32_v2_ptds), memset_2d (cuMemsetD2D16_v2), memset_proc (cuMemsetD16 from
+ *   cuGetProcAddress at CUDA 3.2), memset_async (cuMemsetD8Async), memset_async_ptsz
+ *   (cuMemsetD2D32Async_ptsz), dtod (cuMemcpyDtoD_v2), dtod_ptds, dtod_async
+ *   (cuMemcpyDtoDAsync_v2), dtod_async_ptsz, copy (cuMemcpy, both pointers device memory),
+ *   copy_async (cuMemcpyAsync), copy_async_ptsz; and copy_h2d (cuMemcpy from host memory, not
+ *   a device-to-device copy). "OK" at EOF.
  * Entry points come from dlsym(RTLD_DEFAULT) (the shim's exports when preloaded), the _ptsz
  * ones by their ABI names. The legacy launches use the block shape and parameter buffer set on
  * the spin kernel once. */
@@ -35,6 +42,15 @@ typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
 typedef CUresult (*grid_fn)(CUfunction, int, int);
 typedef CUresult (*legacy_fn)(CUfunction);
 typedef CUresult (*multi_fn)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned);
+typedef CUresult (*memset8_fn)(CUdeviceptr, unsigned char, size_t);
+typedef CUresult (*memset32_fn)(CUdeviceptr, unsigned int, size_t);
+typedef CUresult (*memset2d16_fn)(CUdeviceptr, size_t, unsigned short, size_t, size_t);
+typedef CUresult (*memset16_fn)(CUdeviceptr, unsigned short, size_t);
+typedef CUresult (*memset8_async_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
+typedef CUresult (*memset2d32_async_fn)(CUdeviceptr, size_t, unsigned int, size_t, size_t,
+                                        CUstream);
+typedef CUresult (*copy_fn)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*copy_async_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*proc_v1_fn)(const char *, void **, int, cuuint64_t);
 
 int main(int argc, char **argv) {
@@ -108,13 +124,41 @@ int main(int argc, char **argv) {
     CUlaunchConfig cfg_ptsz = cfg;
     cfg_ptsz.hStream = NULL; /* the per-thread default stream */
 
+    /* Memsets and device-to-device copies, by their ABI names. */
+    enum { BYTES = 64 << 20 };
+    CUdeviceptr a, b;
+    CHECK(cuMemAlloc(&a, BYTES));
+    CHECK(cuMemAlloc(&b, BYTES));
+    static char host[1 << 20];
+    memset8_fn memset8 = (memset8_fn)dl("cuMemsetD8_v2");
+    memset32_fn memset32_ptds = (memset32_fn)dl("cuMemsetD32_v2_ptds");
+    memset2d16_fn memset2d16 = (memset2d16_fn)dl("cuMemsetD2D16_v2");
+    memset8_async_fn memset8_async = (memset8_async_fn)dl("cuMemsetD8Async");
+    memset2d32_async_fn memset2d32_async_ptsz = (memset2d32_async_fn)dl("cuMemsetD2D32Async_ptsz");
+    copy_fn dtod = (copy_fn)dl("cuMemcpyDtoD_v2");
+    copy_fn dtod_ptds = (copy_fn)dl("cuMemcpyDtoD_v2_ptds");
+    copy_async_fn dtod_async = (copy_async_fn)dl("cuMemcpyDtoDAsync_v2");
+    copy_async_fn dtod_async_ptsz = (copy_async_fn)dl("cuMemcpyDtoDAsync_v2_ptsz");
+    copy_fn copy = (copy_fn)dl("cuMemcpy");
+    copy_async_fn copy_async = (copy_async_fn)dl("cuMemcpyAsync");
+    copy_async_fn copy_async_ptsz = (copy_async_fn)dl("cuMemcpyAsync_ptsz");
+    memset16_fn memset16 = NULL;
+    CHECK(cuGetProcAddress("cuMemsetD16", (void **)&memset16, 3020, CU_GET_PROC_ADDRESS_DEFAULT,
+                           &found));
+    EXPECT(memset16 != NULL && found == CU_GET_PROC_ADDRESS_SUCCESS,
+           "cuGetProcAddress(cuMemsetD16) = %p", (void *)memset16);
+
     printf("ready\n");
     fflush(stdout);
     char line[128], path[64];
     while (fgets(line, sizeof line, stdin)) {
         EXPECT(sscanf(line, "go %63s", path) == 1, "bad command %s", line);
         CUresult rc;
-        int ptsz = strstr(path, "_ptsz") != NULL;
+        int ptsz = strstr(path, "_ptsz") != NULL || strstr(path, "_ptds") != NULL;
+        /* The synchronous forms run on the legacy NULL stream. */
+        int legacy = !strcmp(path, "grid") || !strcmp(path, "launch") || !strcmp(path, "memset") ||
+                     !strcmp(path, "memset_2d") || !strcmp(path, "memset_proc") ||
+                     !strcmp(path, "dtod") || !strcmp(path, "copy") || !strcmp(path, "copy_h2d");
         if (!strcmp(path, "kernel")) rc = kernel(spin, 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
         else if (!strcmp(path, "kernel_ptsz")) rc = kernel_ptsz(spin, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL);
         else if (!strcmp(path, "ex")) rc = ex(&cfg, spin, args, NULL);
@@ -127,12 +171,27 @@ int main(int argc, char **argv) {
         else if (!strcmp(path, "grid_async")) rc = cuLaunchGridAsync(spin, 1, 1, s);
         else if (!strcmp(path, "launch")) rc = launch(spin);
         else if (!strcmp(path, "multi")) rc = multi(&entry, 1, 0);
+        else if (!strcmp(path, "memset")) rc = memset8(a, 1, BYTES);
+        else if (!strcmp(path, "memset_ptds")) rc = memset32_ptds(a, 2, BYTES / 4);
+        else if (!strcmp(path, "memset_2d")) rc = memset2d16(a, 4096, 3, 2048, BYTES / 4096);
+        else if (!strcmp(path, "memset_proc")) rc = memset16(a, 4, BYTES / 2);
+        else if (!strcmp(path, "memset_async")) rc = memset8_async(a, 5, BYTES, s);
+        else if (!strcmp(path, "memset_async_ptsz"))
+            rc = memset2d32_async_ptsz(a, 4096, 6, 1024, BYTES / 4096, NULL);
+        else if (!strcmp(path, "dtod")) rc = dtod(b, a, BYTES);
+        else if (!strcmp(path, "dtod_ptds")) rc = dtod_ptds(b, a, BYTES);
+        else if (!strcmp(path, "dtod_async")) rc = dtod_async(b, a, BYTES, s);
+        else if (!strcmp(path, "dtod_async_ptsz")) rc = dtod_async_ptsz(b, a, BYTES, NULL);
+        else if (!strcmp(path, "copy")) rc = copy(b, a, BYTES);
+        else if (!strcmp(path, "copy_async")) rc = copy_async(b, a, BYTES, s);
+        else if (!strcmp(path, "copy_async_ptsz")) rc = copy_async_ptsz(b, a, BYTES, NULL);
+        else if (!strcmp(path, "copy_h2d")) rc = copy(a, (CUdeviceptr)host, sizeof host);
         else EXPECT(0, "unknown path %s", path);
         EXPECT(rc == CUDA_SUCCESS, "%s returned %d", path, (int)rc);
         printf("launched %s\n", path);
         fflush(stdout);
         if (ptsz) CHECK(sync_ptsz(NULL));
-        else if (!strcmp(path, "grid") || !strcmp(path, "launch")) CHECK(cuCtxSynchronize());
+        else if (legacy) CHECK(cuCtxSynchronize());
         else CHECK(cuStreamSynchronize(s));
     }
     printf("OK\n");

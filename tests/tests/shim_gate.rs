@@ -6,6 +6,10 @@
 //!   is held while the gate is paused (the call has not returned, a thread waits at the gate)
 //!   and goes once it opens; a production process's launches under a paused word are not held,
 //!   and each is counted in the container's `launches` and marks it busy;
+//! - issue 18 must-show 3: an opportunistic process's memsets and device-to-device copies
+//!   (synchronous, `Async`, 2D, per-thread, and the unified `cuMemcpy`/`cuMemcpyAsync` between
+//!   device pointers) are held the same way and timed, a host-to-device `cuMemcpy` is counted
+//!   but not held; a production process's are counted and mark its container busy;
 //! - a bounded gate keeps a saturating opportunistic job's outstanding GPU time (`in_flight_ns`)
 //!   within the bound plus one kernel, where the open gate lets it queue far more; the same for
 //!   four processes in one container together (issue 18), and one of them killed with work in
@@ -48,6 +52,25 @@ const PATHS: [&str; 12] = [
     "multi",
 ];
 
+/// Every memset and device-to-device copy path of `shim_gate.c` (issue 18, must-show 3):
+/// synchronous (the NULL stream, `_ptds`), asynchronous (`_ptsz`), 2D, through
+/// `cuGetProcAddress`, and the unified `cuMemcpy`/`cuMemcpyAsync` between device pointers.
+const TRANSFERS: [&str; 13] = [
+    "memset",
+    "memset_ptds",
+    "memset_2d",
+    "memset_proc",
+    "memset_async",
+    "memset_async_ptsz",
+    "dtod",
+    "dtod_ptds",
+    "dtod_async",
+    "dtod_async_ptsz",
+    "copy",
+    "copy_async",
+    "copy_async_ptsz",
+];
+
 fn state_path(gpu: &SimGpu, container: &str) -> PathBuf {
     gpu.shim_state_dir().join("containers").join(container)
 }
@@ -77,6 +100,33 @@ fn launched(p: &mut Running, path: &str) -> bool {
     p.poll_lines().contains(&want)
 }
 
+/// Sends `path` under a paused gate: the call reaches the gate (counted, a thread held) and
+/// stays there 300 ms without returning; opened, it returns, the time counted as held.
+fn held_until_open(p: &mut Running, d: &DeviceState, path: &str) {
+    d.write_gate(Gate::Paused, 0, now_ns());
+    let (launches, held_ns) = (d.launches.load(Acquire), d.held_ns.load(Acquire));
+    p.send(&format!("go {path}\n"));
+    // The launch reached the shim and waits at the gate: counted, a thread held.
+    wait_until(Duration::from_secs(20), "the launch at the gate", || {
+        d.launches.load(Acquire) == launches + 1 && d.held.load(Acquire) == 1
+    });
+    // It stays there: 300 ms later the call has still not returned.
+    std::thread::sleep(Duration::from_millis(300));
+    wait_until(Duration::from_secs(5), "a thread still held", || {
+        d.held.load(Acquire) == 1
+    });
+    assert!(
+        !launched(p, path),
+        "{path} returned while the gate was paused: {:?}",
+        p.lines
+    );
+    d.write_gate(Gate::Open, 0, now_ns());
+    p.wait_for_line(&format!("launched {path}"));
+    let waited = d.held_ns.load(Acquire) - held_ns;
+    assert!(waited >= 300_000_000, "{path}: {waited} ns counted as held");
+    assert_eq!(d.held.load(Acquire), 0);
+}
+
 #[test]
 fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
     let gpu = SimGpu::new()
@@ -89,28 +139,7 @@ fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
     let d = st.device(0);
     assert_eq!(st.compute_limit(), 0, "100 % is no limit");
     for path in PATHS {
-        d.write_gate(Gate::Paused, 0, now_ns());
-        let (launches, held_ns) = (d.launches.load(Acquire), d.held_ns.load(Acquire));
-        p.send(&format!("go {path}\n"));
-        // The launch reached the shim and waits at the gate: counted, a thread held.
-        wait_until(Duration::from_secs(20), "the launch at the gate", || {
-            d.launches.load(Acquire) == launches + 1 && d.held.load(Acquire) == 1
-        });
-        // It stays there: 300 ms later the call has still not returned.
-        std::thread::sleep(Duration::from_millis(300));
-        wait_until(Duration::from_secs(5), "a thread still held", || {
-            d.held.load(Acquire) == 1
-        });
-        assert!(
-            !launched(&mut p, path),
-            "{path} returned while the gate was paused: {:?}",
-            p.lines
-        );
-        d.write_gate(Gate::Open, 0, now_ns());
-        p.wait_for_line(&format!("launched {path}"));
-        let waited = d.held_ns.load(Acquire) - held_ns;
-        assert!(waited >= 300_000_000, "{path}: {waited} ns counted as held");
-        assert_eq!(d.held.load(Acquire), 0);
+        held_until_open(&mut p, d, path);
     }
     let out = p.finish();
     assert!(out.status.success(), "{}", describe(&out));
@@ -122,24 +151,13 @@ fn shim_gate_holds_every_launch_path_of_an_opportunistic_job_while_paused() {
     );
 }
 
-#[test]
-fn shim_gate_never_holds_a_production_job() {
-    let gpu = SimGpu::new()
-        .with_shim()
-        .env("LIBSHARE_CONTAINER", "prod")
-        .env("LIBSHARE_CLASS", "production")
-        .env("CUDA_DEVICE_SM_LIMIT", "30");
-    let mut p = gate_program(&gpu);
-    let st = gpu.container_state("prod");
-    let d = st.device(0);
-    assert_eq!(
-        st.compute_limit(),
-        3000,
-        "30 % in basis points, in its slot"
-    );
+/// Sends each of `paths` under a paused gate to a production job: none is held, each is
+/// counted in the container's `launches` and marks it busy (then drained by its
+/// synchronisation), none is timed.
+fn counted_never_held(p: &mut Running, d: &DeviceState, paths: &[&str]) {
     d.write_gate(Gate::Paused, 0, now_ns());
     let launches = d.launches.load(Acquire);
-    for (i, path) in PATHS.iter().enumerate() {
+    for (i, path) in paths.iter().enumerate() {
         // The previous path's synchronisation ended its busy phase: idle now (before the
         // first, setup's captured launch may have left it busy).
         if i > 0 {
@@ -163,13 +181,74 @@ fn shim_gate_never_holds_a_production_job() {
         );
     }
     assert_eq!(d.gate(), Gate::Paused, "the word stayed paused throughout");
-    assert_eq!(d.launches.load(Acquire), launches + PATHS.len() as u64);
+    assert_eq!(d.launches.load(Acquire), launches + paths.len() as u64);
     assert_eq!(d.held_ns.load(Acquire), 0, "nothing held");
     assert_eq!(
         d.gpu_ns.load(Acquire),
         0,
         "production launches are not timed"
     );
+}
+
+#[test]
+fn shim_gate_never_holds_a_production_job() {
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "prod")
+        .env("LIBSHARE_CLASS", "production")
+        .env("CUDA_DEVICE_SM_LIMIT", "30");
+    let mut p = gate_program(&gpu);
+    let st = gpu.container_state("prod");
+    let d = st.device(0);
+    assert_eq!(
+        st.compute_limit(),
+        3000,
+        "30 % in basis points, in its slot"
+    );
+    counted_never_held(&mut p, d, &PATHS);
+    let out = p.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn shim_gate_holds_an_opportunistic_jobs_memsets_and_device_copies_while_paused() {
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "opp")
+        .env("LIBSHARE_CLASS", "opportunistic");
+    let mut p = gate_program(&gpu);
+    let st = gpu.container_state("opp");
+    let d = st.device(0);
+    for path in TRANSFERS {
+        held_until_open(&mut p, d, path);
+    }
+    // Each was timed: 64 MiB through simgpu's 1.5 TB/s device memory, ≥ 44 µs apiece.
+    wait_until(Duration::from_secs(20), "the transfers timed", || {
+        d.gpu_ns.load(Acquire) >= TRANSFERS.len() as u64 * 40_000
+    });
+    // A cuMemcpy from host memory is no device-to-device copy: counted, never held.
+    d.write_gate(Gate::Paused, 0, now_ns());
+    let (launches, held_ns) = (d.launches.load(Acquire), d.held_ns.load(Acquire));
+    p.send("go copy_h2d\n");
+    p.wait_for_line("launched copy_h2d");
+    assert_eq!(d.launches.load(Acquire), launches + 1, "counted");
+    assert_eq!(d.held_ns.load(Acquire), held_ns, "not held");
+    assert_eq!(d.held.load(Acquire), 0);
+    d.write_gate(Gate::Open, 0, now_ns());
+    let out = p.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn shim_gate_counts_a_production_jobs_memsets_and_device_copies_as_launches() {
+    let gpu = SimGpu::new()
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "prod")
+        .env("LIBSHARE_CLASS", "production");
+    let mut p = gate_program(&gpu);
+    let st = gpu.container_state("prod");
+    let d = st.device(0);
+    counted_never_held(&mut p, d, &TRANSFERS);
     let out = p.finish();
     assert!(out.status.success(), "{}", describe(&out));
 }
