@@ -12,7 +12,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use libshare_abi::CLASS_OPPORTUNISTIC;
+use libshare_abi::{DeviceState, CLASS_OPPORTUNISTIC};
 
 use crate::types::*;
 
@@ -26,18 +26,37 @@ pub fn launch(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let Some(s) = crate::process::get() else {
+    let Some((s, dev, d, opportunistic)) = counted() else {
         return call();
     };
+    s.launches()[dev].fetch_add(1, Relaxed);
+    if opportunistic {
+        return crate::gate::launch(d, dev, key, stream as usize, ptsz, call);
+    }
+    call()
+}
+
+/// The current device's work of this process's container, counted as one launch and marked
+/// busy (`note_launch`: one add and one load): this shim, the device, its state and whether the
+/// process is opportunistic. None before the shim is initialised.
+#[inline(always)]
+fn counted() -> Option<(
+    &'static crate::process::Shim,
+    usize,
+    &'static DeviceState,
+    bool,
+)> {
+    let s = crate::process::get()?;
     let dev = crate::context::device_fast();
     let state = &s.account.state;
     let d = state.device(dev);
     d.note_launch();
-    s.launches()[dev].fetch_add(1, Relaxed);
-    if state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC {
-        return crate::gate::launch(d, dev, key, stream as usize, ptsz, call);
-    }
-    call()
+    Some((
+        s,
+        dev,
+        d,
+        state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC,
+    ))
 }
 
 pub use crate::gate::{COPY_D2D, MEMSET};
@@ -63,14 +82,10 @@ pub fn transfer(
     gated: impl FnOnce() -> bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let Some(s) = crate::process::get() else {
+    let Some((_, dev, d, opportunistic)) = counted() else {
         return call();
     };
-    let dev = crate::context::device_fast();
-    let state = &s.account.state;
-    let d = state.device(dev);
-    d.note_launch();
-    if state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC && gated() {
+    if opportunistic && gated() {
         // A copy reads and writes each byte; a memset writes it.
         let traffic = if kind == COPY_D2D {
             bytes.saturating_mul(2)

@@ -3,7 +3,7 @@
 //! environment, and jobs started inside them as a non-root user (as a container's job usually
 //! is).
 
-use crate::{artifacts, until, Daemon, SimGpu};
+use crate::{until, Daemon, SimGpu};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -85,14 +85,8 @@ pub fn untrusting_daemon(gpu: &SimGpu, prefix: &str, extra: &[&str]) -> Daemon {
 /// The command [`untrusting_daemon`] runs (its stderr inherited), to adjust before
 /// [`start_daemon`].
 pub fn untrusting_daemon_cmd(gpu: &SimGpu, prefix: &str, extra: &[&str]) -> Command {
-    let dir = gpu.shim_state_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cmd = Command::new(artifacts().bin("sharectl"));
-    gpu.configure(&mut cmd);
-    cmd.args(["daemon", "--cgroup-prefix", prefix, "--state-dir"])
-        .arg(&dir)
-        .args(extra)
-        .stdin(Stdio::null())
+    let mut cmd = gpu.sharectl_cmd(&["daemon", "--cgroup-prefix", prefix]);
+    cmd.args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     cmd
@@ -101,6 +95,7 @@ pub fn untrusting_daemon_cmd(gpu: &SimGpu, prefix: &str, extra: &[&str]) -> Comm
 /// Spawns a daemon command for `gpu`'s state directory and waits until both its sockets answer.
 pub fn start_daemon(gpu: &SimGpu, mut cmd: Command) -> Daemon {
     let dir = gpu.shim_state_dir();
+    std::fs::create_dir_all(&dir).unwrap();
     let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
     until(Duration::from_secs(10), || {
         UnixStream::connect(dir.join("register.sock")).is_ok()

@@ -22,22 +22,10 @@ use std::time::{Duration, Instant};
 const MIB: u64 = 1 << 20;
 
 fn daemon(gpu: &SimGpu) -> Daemon {
-    let dir = gpu.shim_state_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cmd = Command::new(artifacts().bin("sharectl"));
-    gpu.configure(&mut cmd); // NVML (the devices' memory) comes from simgpu here
-    cmd.args(["daemon", "--trust-env", "--state-dir"])
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
-    let sock = dir.join("admin.sock");
-    until(Duration::from_secs(10), || {
-        UnixStream::connect(&sock).is_ok()
-    })
-    .expect("the admin socket never appeared");
-    d
+    // NVML (the node's devices) comes from simgpu.
+    let mut cmd = gpu.sharectl_cmd(&["daemon", "--trust-env"]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+    libshare_tests::cgroups::start_daemon(gpu, cmd)
 }
 
 /// The one line a failed command printed.

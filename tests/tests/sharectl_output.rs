@@ -6,30 +6,17 @@
 //! - a quota under 16 MiB and a name outside `A-Z a-z 0-9 . _ -` are refused with one line, by
 //!   `sharectl` and by the daemon itself.
 
-use libshare_tests::{artifacts, ok, until, Daemon, SimGpu};
+use libshare_tests::{artifacts, ok, Daemon, SimGpu};
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 fn daemon(gpu: &SimGpu) -> Daemon {
-    let dir = gpu.shim_state_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut cmd = Command::new(artifacts().bin("sharectl"));
-    gpu.configure(&mut cmd); // NVML (the node's devices) comes from simgpu
-    cmd.args(["daemon", "--trust-env", "--state-dir"])
-        .arg(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
-    let sock = dir.join("admin.sock");
-    until(Duration::from_secs(10), || {
-        UnixStream::connect(&sock).is_ok()
-    })
-    .expect("the admin socket never appeared");
-    d
+    // NVML (the node's devices) comes from simgpu.
+    let mut cmd = gpu.sharectl_cmd(&["daemon", "--trust-env"]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+    libshare_tests::cgroups::start_daemon(gpu, cmd)
 }
 
 /// The one line a refused command printed.
