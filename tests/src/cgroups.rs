@@ -35,11 +35,9 @@ impl Cgroups {
         let root = Path::new("/sys/fs/cgroup/pids").join(&name);
         for c in names {
             if let Err(e) = std::fs::create_dir_all(root.join(c)) {
-                assert!(
-                    std::env::var_os("CI").is_none(),
+                crate::skip(&format!(
                     "cannot create cgroups under /sys/fs/cgroup/pids: {e}"
-                );
-                eprintln!("SKIP: cannot create cgroups under /sys/fs/cgroup/pids: {e}");
+                ));
                 return None;
             }
         }

@@ -181,7 +181,7 @@ fn metrics_of_a_running_daemon_pass_promtool_and_hold_the_jobs_figures() {
     });
     match promtool(&m) {
         Ok(()) => {}
-        Err(why) => eprintln!("SKIP: promtool check of /metrics: {why}"),
+        Err(why) => libshare_tests::skip(&format!("promtool check of /metrics: {why}")),
     }
     let v = |s: &str| value(&m, s).unwrap_or_else(|| panic!("no series {s} in:\n{m}"));
     assert_eq!(
@@ -244,7 +244,7 @@ fn metrics_of_a_running_daemon_pass_promtool_and_hold_the_jobs_figures() {
         (value(&t, &format!("libshare_memory_used_bytes{web}")).unwrap_or(0.0) > 0.0).then_some(t)
     });
     if let Err(why) = promtool(&t) {
-        eprintln!("SKIP: promtool check of the textfile: {why}");
+        libshare_tests::skip(&format!("promtool check of the textfile: {why}"));
     }
     assert_eq!(
         value(&t, &format!("libshare_memory_quota_bytes{web}")),
@@ -344,7 +344,7 @@ impl Drop for Tmux {
 #[test]
 fn top_in_tmux_shows_the_containers_and_quits_on_q() {
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIP: tmux is not installed");
+        libshare_tests::skip("tmux is not installed");
         return;
     }
     let gpu = SimGpu::new().with_shim().timeout(Duration::from_secs(120));

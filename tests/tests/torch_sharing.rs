@@ -74,10 +74,10 @@ fn epoch_now() -> f64 {
 #[test]
 fn production_pytorch_keeps_its_rate_beside_an_opportunistic_one() {
     if !torch_python().exists() {
-        println!(
-            "SKIP: no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
+        libshare_tests::skip(&format!(
+            "no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
             torch_python().display()
-        );
+        ));
         return;
     }
     let state = tempfile::tempdir().unwrap();
