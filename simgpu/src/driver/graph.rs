@@ -91,28 +91,97 @@ pub struct MemsetArgs {
     pub height: u64,
 }
 
-/// Memory of a graph allocation node (or a captured cuMemAllocAsync): allocated when the node
-/// is made (its address is fixed from then on, as with the driver's reserved virtual range),
-/// freed when no graph or executable graph refers to it any more.
+/// Memory of a graph allocation node (or a captured cuMemAllocAsync): its address is fixed when
+/// the node is made (as with the driver's reserved virtual range, fixed for the graph's lifetime),
+/// and its backing stays reserved while a graph or executable graph refers to it (as the driver's
+/// graph memory pool keeps physical memory until `cuDeviceGraphMemTrim`). Whether the allocation
+/// is *live* follows CUDA's rules: a launch allocates it; a free node, `cuMemFree` or
+/// `cuMemFreeAsync` frees it; a launch while it is live is `CUDA_ERROR_INVALID_VALUE` unless the
+/// instance was made with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
 pub struct GraphMem {
     pub ptr: u64,
 }
 
-/// Graph allocations some graph has a free node for. An allocation no graph frees outlives its
-/// graph, as in CUDA: the application frees it (`cuMemFree(Async)`, e.g. PyTorch's
-/// `cudaMallocAsync` backend freeing a tensor made during capture after the graph is gone).
-fn freed_in_a_graph() -> &'static Mutex<std::collections::HashSet<u64>> {
-    static S: std::sync::OnceLock<Mutex<std::collections::HashSet<u64>>> =
-        std::sync::OnceLock::new();
+impl GraphMem {
+    fn new(ptr: u64) -> Arc<GraphMem> {
+        graph_mems().lock().insert(ptr, MemState::default());
+        Arc::new(GraphMem { ptr })
+    }
+}
+
+/// The host-side state of one graph allocation (changed when launches and frees are issued, as
+/// the driver decides whether a launch may allocate again).
+#[derive(Default)]
+struct MemState {
+    /// Allocated by a launch and not freed since.
+    live: bool,
+    /// Some graph has a free node for it, or the application freed it: when no graph refers to
+    /// it any more, its memory goes. Otherwise it outlives its graph, as in CUDA: the application
+    /// frees it (`cuMemFree(Async)`, e.g. PyTorch's `cudaMallocAsync` backend freeing a tensor
+    /// made during capture after the graph is gone).
+    freed_somewhere: bool,
+}
+
+fn graph_mems() -> &'static Mutex<HashMap<u64, MemState>> {
+    static S: OnceLock<Mutex<HashMap<u64, MemState>>> = OnceLock::new();
     S.get_or_init(Default::default)
 }
 
 impl Drop for GraphMem {
     fn drop(&mut self) {
-        if freed_in_a_graph().lock().remove(&self.ptr) {
+        let st = graph_mems().lock().remove(&self.ptr);
+        // A live allocation stays the application's (it frees it); else its memory goes.
+        if st.is_some_and(|st| !st.live && st.freed_somewhere) {
             let _ = super::memory::free_device(self.ptr);
         }
     }
+}
+
+/// `cuMemFree`/`cuMemFreeAsync` of `ptr`: None if it is not a graph allocation. A live one is
+/// freed (its address and backing stay the graph's, for the next launch); freeing one that is not
+/// live is `CUDA_ERROR_INVALID_VALUE`, as for any pointer that is not allocated.
+pub fn free_graph_alloc(ptr: u64) -> Option<R> {
+    let mut t = graph_mems().lock();
+    let st = t.get_mut(&ptr)?;
+    if !st.live {
+        return Some(Err(CUDA_ERROR_INVALID_VALUE));
+    }
+    st.live = false;
+    st.freed_somewhere = true;
+    Some(Ok(()))
+}
+
+/// A launch of `list` allocates its allocation nodes' memory and frees what its free nodes name:
+/// Err (nothing changed) if an allocation is still live from a previous launch and the instance
+/// does not free it on launch.
+fn launch_allocs(list: &[Arc<ExecNode>], auto_free: bool) -> R {
+    let mut allocs = Vec::new();
+    let mut frees = Vec::new();
+    for n in list.iter().filter(|n| n.enabled.load(Acquire)) {
+        match &*n.params.lock() {
+            Params::MemAlloc(m, _) => allocs.push(m.ptr),
+            Params::MemFree(p) => frees.push(*p),
+            _ => {}
+        }
+    }
+    if allocs.is_empty() && frees.is_empty() {
+        return Ok(());
+    }
+    let mut t = graph_mems().lock();
+    if !auto_free && allocs.iter().any(|p| t.get(p).is_some_and(|st| st.live)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for p in &allocs {
+        if let Some(st) = t.get_mut(p) {
+            st.live = true;
+        }
+    }
+    for p in &frees {
+        if let Some(st) = t.get_mut(p) {
+            st.live = false;
+        }
+    }
+    Ok(())
 }
 
 /// sizeof(CUDA_MEM_ALLOC_NODE_PARAMS): pool properties, access descriptors, count, size, dptr.
@@ -313,7 +382,13 @@ pub struct ExecNode {
 
 pub struct GraphExec {
     pub nodes: Vec<Arc<ExecNode>>,
+    /// CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: a launch frees what the last one
+    /// allocated and the application did not free.
+    pub auto_free: bool,
 }
+
+/// CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+const INSTANTIATE_AUTO_FREE_ON_LAUNCH: u64 = 1;
 
 /// Instantiates a graph: nodes in dependency order; child graphs are inlined.
 fn flatten(g: &Graph) -> Result<Vec<Arc<ExecNode>>, CUresult> {
@@ -478,6 +553,8 @@ fn execs() -> &'static Registry<GraphExec> {
 struct Capture {
     streams: HashMap<StreamId, Arc<Graph>>,
     events: HashMap<usize, Arc<Graph>>,
+    /// Streams whose capture goes into the application's graph (cuStreamBeginCaptureToGraph).
+    into_user_graph: std::collections::HashSet<StreamId>,
 }
 static CAPTURE: Mutex<Option<Capture>> = Mutex::new(None);
 /// Number of captures in progress: lets `capturing` skip the lock when there are none.
@@ -497,6 +574,7 @@ fn with_capture<T>(f: impl FnOnce(&mut Capture) -> T) -> T {
     f(c.get_or_insert_with(|| Capture {
         streams: HashMap::new(),
         events: HashMap::new(),
+        into_user_graph: Default::default(),
     }))
 }
 
@@ -533,27 +611,38 @@ unsafe fn begin(h: CUstream, ptds: bool, into: Option<Arc<Graph>>) -> R {
     if capturing(r.id).is_some() {
         return Err(CUDA_ERROR_INVALID_VALUE); // already capturing (CUDA_ERROR_ILLEGAL_STATE)
     }
+    let user = into.is_some();
     let g = into.unwrap_or_default();
     g.capture_id
         .store(NEXT_CAPTURE_ID.fetch_add(1, Relaxed), Release);
     graphs().insert(g.clone());
-    with_capture(|c| c.streams.insert(r.id, g));
+    with_capture(|c| {
+        c.streams.insert(r.id, g);
+        if user {
+            c.into_user_graph.insert(r.id);
+        }
+    });
     ACTIVE.fetch_add(1, AcqRel);
     Ok(())
 }
 
-/// Safety: `out_graph` is NULL or writable (cuStreamEndCapture's out-argument).
+/// Safety: `out_graph` is NULL or writable (cuStreamEndCapture's out-argument). NULL is accepted
+/// when the capture went into the application's own graph (cuStreamBeginCaptureToGraph), which
+/// it already holds; a capture into a new graph needs somewhere to return it.
 unsafe fn end(h: CUstream, ptds: bool, out_graph: *mut *mut c_void) -> R {
     let r = stream_ref(h, ptds)?;
-    let g = with_capture(|c| {
+    let (g, user) = with_capture(|c| {
         let g = c.streams.remove(&r.id)?;
         // Streams that joined this capture stop capturing with it.
         c.streams.retain(|_, x| !Arc::ptr_eq(x, &g));
         c.events.retain(|_, x| !Arc::ptr_eq(x, &g));
-        Some(g)
+        Some((g, c.into_user_graph.remove(&r.id)))
     })
     .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     ACTIVE.fetch_sub(1, AcqRel);
+    if user && out_graph.is_null() {
+        return Ok(());
+    }
     // SAFETY: `out_graph` is NULL or writable (this fn's contract).
     unsafe { out(out_graph, Arc::as_ptr(&g) as *mut c_void) }
 }
@@ -611,10 +700,13 @@ fn graph(h: *mut c_void) -> Result<Arc<Graph>, CUresult> {
 }
 
 /// Safety: `pexec` is NULL or writable (cuGraphInstantiate's out-argument).
-unsafe fn instantiate(pexec: *mut *mut c_void, g: *mut c_void) -> R {
+unsafe fn instantiate(pexec: *mut *mut c_void, g: *mut c_void, flags: u64) -> R {
     let g = graph(g)?;
     let list = flatten(&g)?;
-    let h = execs().insert(Arc::new(GraphExec { nodes: list }));
+    let h = execs().insert(Arc::new(GraphExec {
+        nodes: list,
+        auto_free: flags & INSTANTIATE_AUTO_FREE_ON_LAUNCH != 0,
+    }));
     // SAFETY: `pexec` is NULL or writable (this fn's contract).
     unsafe { out(pexec, h as *mut c_void) }
 }
@@ -802,7 +894,7 @@ unsafe fn mem_alloc_params(p: *mut u8) -> Result<(Builder, Params, u64), CUresul
         *(p.add(112) as *mut u64) = ptr;
         std::ptr::copy_nonoverlapping(p, bytes.as_mut_ptr(), MEM_ALLOC_PARAMS_SIZE);
     }
-    let mem = Arc::new(GraphMem { ptr });
+    let mem = GraphMem::new(ptr);
     let keep = mem.clone();
     let build: Builder = Arc::new(move || {
         let _ = &keep;
@@ -820,7 +912,7 @@ pub fn add_captured_alloc(g: &Graph, ptr: u64, size: usize, dev: usize) {
     bytes[12..16].copy_from_slice(&(dev as i32).to_ne_bytes());
     bytes[104..112].copy_from_slice(&(size as u64).to_ne_bytes());
     bytes[112..120].copy_from_slice(&ptr.to_ne_bytes());
-    let mem = Arc::new(GraphMem { ptr });
+    let mem = GraphMem::new(ptr);
     let keep = mem.clone();
     let build: Builder = Arc::new(move || {
         let _ = &keep;
@@ -836,7 +928,9 @@ pub fn add_captured_free(g: &Graph, ptr: u64) {
 }
 
 fn mem_free_params(ptr: u64) -> (Builder, Params) {
-    freed_in_a_graph().lock().insert(ptr);
+    if let Some(st) = graph_mems().lock().get_mut(&ptr) {
+        st.freed_somewhere = true;
+    }
     (Arc::new(|| Ok(Op::marker())), Params::MemFree(ptr))
 }
 
@@ -1250,13 +1344,13 @@ driver! {
         kernel_node_params(n, p, true)
     }
     fn cuGraphInstantiate(pexec: *mut *mut c_void, g: *mut c_void, _err: *mut *mut c_void, _log: *mut i8, _len: usize) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, 0)
     }
     fn cuGraphInstantiate_v2(pexec: *mut *mut c_void, g: *mut c_void, _err: *mut *mut c_void, _log: *mut i8, _len: usize) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, 0)
     }
-    fn cuGraphInstantiateWithFlags(pexec: *mut *mut c_void, g: *mut c_void, _flags: u64) {
-        instantiate(pexec, g)
+    fn cuGraphInstantiateWithFlags(pexec: *mut *mut c_void, g: *mut c_void, flags: u64) {
+        instantiate(pexec, g, flags)
     }
     fn cuGraphKernelNodeSetParams(n: *mut c_void, p: *const KernelNodeParams) {
         set_node(n, NODE_KERNEL, kernel_params(p, false)?)
@@ -1496,6 +1590,7 @@ driver_ptds! {
         let exec = execs().get(e as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let r = stream_ref(h, ptds)?;
         // One launch call, like cuLaunchKernel (what an interposer counts).
+        launch_allocs(&exec.nodes, exec.auto_free)?;
         s.launch_count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         enqueue(s, &r, &exec.nodes)
     }
@@ -1505,7 +1600,7 @@ driver_ptds! {
     }
     fn cuGraphInstantiateWithParams / cuGraphInstantiateWithParams_ptsz(pexec: *mut *mut c_void, g: *mut c_void, p: *mut GraphInstantiateParams) |ptds| {
         let _ = ptds;
-        instantiate(pexec, g)?;
+        instantiate(pexec, g, if p.is_null() { 0 } else { (*p).flags })?;
         if !p.is_null() {
             (*p).err_node_out = std::ptr::null_mut();
             (*p).result_out = 0; // CUDA_GRAPH_INSTANTIATE_SUCCESS

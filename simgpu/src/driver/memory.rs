@@ -669,6 +669,9 @@ driver! {
     }
 
     fn cuMemFree_v2(p: CUdeviceptr) {
+        if let Some(r) = super::graph::free_graph_alloc(p) {
+            return r; // a graph allocation: freed, its address kept for the graph's next launch
+        }
         free_device(p)
     }
 

@@ -304,6 +304,9 @@ driver_ptds! {
             crate::driver::graph::add_captured_free(&g, ptr);
             return Ok(());
         }
+        if let Some(r) = crate::driver::graph::free_graph_alloc(ptr) {
+            return r; // a graph allocation: freed, its address kept for the graph's next launch
+        }
         let ph = s.mem.lock().map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?.pool;
         submit(s, &r, Op::marker().with_effect(move || {
             let kept = pool(ph as *mut c_void).ok().and_then(|p| {

@@ -1,0 +1,50 @@
+//! simgpu behaves as a GPU where NVIDIA's own sample programs found it did not (issue 19):
+//! graph memory freed by the host and the graph relaunched, `cudaStreamEndCapture(s, NULL)` after
+//! a capture into the application's graph, shareable (file-descriptor) handles between processes,
+//! a stopped process holding the compute engine, and `cuLinkCreate`'s options. C/CUDA programs:
+//! `tests/cuda/sim_fidelity.cu` (cudart 13.5) and `tests/cuda/sim_share.c` (driver API).
+
+use libshare_tests::{compile_cu, json_check, CudartLink, SimGpu};
+
+fn run_cu(gpu: &SimGpu, mode: &str) -> serde_json::Value {
+    let out = gpu.run_ok(compile_cu("sim_fidelity.cu", CudartLink::Shared), &[mode]);
+    json_check(&out, mode)
+}
+
+#[test]
+fn graph_memory_freed_by_the_host_is_allocated_again_by_the_next_launch() {
+    // Plainly and under the shim (where the opportunistic gate's timing made the stale copy
+    // crash simgpu's engine thread in 6 of 8 runs).
+    for gpu in [
+        SimGpu::new(),
+        SimGpu::new()
+            .with_shim()
+            .env("LIBSHARE_CLASS", "opportunistic"),
+    ] {
+        let v = run_cu(&gpu, "graph_relaunch");
+        assert_eq!(v["launches"], 200, "{v}");
+        assert_eq!(
+            v["bytes_ok"], 1,
+            "every relaunch copies through its allocation: {v}"
+        );
+        assert_eq!(
+            v["free_errors"], 0,
+            "cudaFree/cudaFreeAsync of the node's pointer succeed: {v}"
+        );
+        // cudaErrorInvalidValue (1): freeing twice; relaunching while the allocation is live
+        // without cudaGraphInstantiateFlagAutoFreeOnLaunch (cudaGraphLaunch's documented error).
+        assert_eq!(v["double_free"], 1, "{v}");
+        assert_eq!(v["live_relaunch"], 1, "{v}");
+        assert_eq!(v["auto_free_launches"], 3, "{v}");
+        gpu.assert_no_stub_calls();
+    }
+}
+
+#[test]
+fn end_capture_into_the_applications_graph_accepts_null() {
+    let v = run_cu(&SimGpu::new(), "capture_null");
+    assert_eq!(v["end"], 0, "cudaStreamEndCapture(s, NULL) succeeds: {v}");
+    assert_eq!(v["capturing"], 0, "the capture ended: {v}");
+    assert_eq!(v["nodes"], 2, "the memset and the copy were captured: {v}");
+    assert_eq!(v["byte"], 0x5a, "the graph runs what was captured: {v}");
+}
