@@ -4,7 +4,7 @@
 //! a stopped process holding the compute engine, and `cuLinkCreate`'s options. C/CUDA programs:
 //! `tests/cuda/sim_fidelity.cu` (cudart 13.5) and `tests/cuda/sim_share.c` (driver API).
 
-use libshare_tests::{compile_cu, json_check, CudartLink, SimGpu};
+use libshare_tests::{compile_cu, compile_gcc, json_check, CudartLink, SimGpu};
 
 fn run_cu(gpu: &SimGpu, mode: &str) -> serde_json::Value {
     let out = gpu.run_ok(compile_cu("sim_fidelity.cu", CudartLink::Shared), &[mode]);
@@ -47,4 +47,33 @@ fn end_capture_into_the_applications_graph_accepts_null() {
     assert_eq!(v["capturing"], 0, "the capture ended: {v}");
     assert_eq!(v["nodes"], 2, "the memset and the copy were captured: {v}");
     assert_eq!(v["byte"], 0x5a, "the graph runs what was captured: {v}");
+}
+
+#[test]
+fn link_options_get_the_wall_time_and_the_logs_the_jit_writes() {
+    let gpu = SimGpu::new();
+    let out = gpu.run_ok(
+        compile_gcc("link_options.c", "link_options", &["-lcuda"]),
+        &[] as &[&str],
+    );
+    let v = json_check(&out, "link_options");
+    let wall = v["wall_ms"].as_f64().unwrap();
+    assert!(
+        (0.0..1000.0).contains(&wall),
+        "CU_JIT_WALL_TIME overwritten with the milliseconds spent (the program left -1): {v}"
+    );
+    assert_eq!(
+        v["info_ok"], 1,
+        "a NUL-terminated info log, its size written back: {v}"
+    );
+    assert_eq!(v["error_empty"], 1, "an empty error log after success: {v}");
+    assert_eq!(v["bad_input"], 200, "CUDA_ERROR_INVALID_IMAGE: {v}");
+    assert_eq!(
+        v["bad_log_ok"], 1,
+        "the link's error log names the input: {v}"
+    );
+    assert_eq!(
+        v["input_log_capped"], 1,
+        "the call's 8-byte log holds 7 bytes and a NUL: {v}"
+    );
 }

@@ -265,8 +265,13 @@ driver! {
     fn cuModuleLoadData(pm: *mut *mut c_void, image: *const c_void) {
         load(pm, image)
     }
-    fn cuModuleLoadDataEx(pm: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut u32, _vals: *mut *mut c_void) {
-        load(pm, image)
+    fn cuModuleLoadDataEx(pm: *mut *mut c_void, image: *const c_void, n: u32, opts: *mut u32, vals: *mut *mut c_void) {
+        let jit = super::link::JitOutputs::read(n, opts, vals)?;
+        let start = std::time::Instant::now();
+        let r = load(pm, image);
+        let error = if r.is_err() { "error   : not a valid PTX, cubin or fatbin image\n" } else { "" };
+        jit.write(start.elapsed(), "", error);
+        r
     }
     fn cuModuleLoadFatBinary(pm: *mut *mut c_void, image: *const c_void) {
         load(pm, image)
