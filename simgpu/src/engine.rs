@@ -557,6 +557,7 @@ fn params(s: &crate::sim::Sim) -> crate::sched::Params {
         slice: s.cfg.cost.timeslice_ns,
         switch: s.cfg.cost.ctx_switch_ns,
         decide_after: DECIDE_AFTER_NS,
+        lease: s.cfg.cost.timeslice_ns,
     }
 }
 

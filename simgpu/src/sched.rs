@@ -31,6 +31,12 @@ pub struct Params {
     /// later (wake-up latency) still counts as waiting. Not part of the model: modelled times do
     /// not depend on it.
     pub decide_after: u64,
+    /// How long (real time) past its slice end's decision an owner that is alive but does not act
+    /// (its engine thread neither asks for the engine nor gives it up: the process is stopped by
+    /// SIGSTOP or a debugger, or starved by the host) keeps it while others wait: then they take
+    /// it over from its slice end, and it asks again when it runs. A GPU does not stop when its
+    /// host process does. Not part of the model for punctual contexts.
+    pub lease: u64,
 }
 
 /// One device's scheduler state. Contexts are indices `0..contexts()`.
@@ -149,8 +155,16 @@ pub fn advance(s: &mut impl SchedState, p: Params, now: u64) {
             if s.alive(o) {
                 // The owner neither ran to its slice end nor gave the engine up: its engine
                 // thread is late (a loaded host). Its next request or `idle` decides; modelled
-                // times do not depend on when that comes.
-                break;
+                // times do not depend on when that comes — unless it stays away a lease past
+                // its slice end while others wait (a stopped process): it loses the engine at
+                // its slice end, and waits no more until it asks again.
+                let others = (0..s.contexts()).any(|w| w != o && s.waiting(w) != 0 && s.alive(w));
+                if !others || now < t + p.decide_after + p.lease {
+                    break;
+                }
+                s.set_waiting(o, 0);
+                handoff(s, p, t, None);
+                continue;
             }
             // It died (perhaps right after its last operation, before giving the engine up):
             // the engine has been free since its last grant ended.
@@ -325,7 +339,40 @@ mod tests {
         slice: 2_000_000,
         switch: 25_000,
         decide_after: 0,
+        lease: 2_000_000,
     };
+
+    #[test]
+    fn a_stopped_owner_loses_the_engine_a_lease_after_its_slice_end() {
+        let mut s = Plain::new(2);
+        // Context 0 owns the engine, ran 100 µs and then stopped acting (SIGSTOP).
+        request(&mut s, P, 0, 1, 100_000, 1);
+        let end = P.slice + 1;
+        // Context 1 waits; past the slice end but within the lease, the owner is waited for.
+        assert!(matches!(
+            request(&mut s, P, 1, 200_000, 100, end + P.lease - 1),
+            Decision::Wait { .. }
+        ));
+        assert_eq!(s.owner, Some(0));
+        // A lease past the slice end: context 1 takes over from the slice end.
+        assert_eq!(
+            request(&mut s, P, 1, 200_000, 100, end + P.lease),
+            Decision::Run {
+                start: end + P.switch,
+                end: end + P.switch + 100
+            }
+        );
+        // The stopped context is not handed the engine back until it asks again.
+        idle(&mut s, P, 1, end + P.switch + 100, end + P.lease + 1);
+        assert_eq!(s.owner, None);
+        assert_eq!(s.waiting(0), 0);
+        // It resumes and asks: it runs.
+        let later = end + 10 * P.slice;
+        assert!(matches!(
+            request(&mut s, P, 0, 100_001, 5, later),
+            Decision::Run { .. }
+        ));
+    }
 
     #[test]
     fn a_slice_end_is_decided_at_once_when_every_other_context_is_known() {
@@ -620,7 +667,7 @@ mod tests {
             switch in 0u64..50_000,
             decide_after in prop_oneof![Just(0u64), 0u64..500_000],
         ) {
-            let p = Params { slice, switch: switch.min(slice - 1), decide_after };
+            let p = Params { slice, switch: switch.min(slice - 1), decide_after, lease: slice };
             let (mut grants, waits) = simulate(p, &ctxs);
             grants.sort_by_key(|g| g.1);
             for w in grants.windows(2) {

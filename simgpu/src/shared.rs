@@ -445,9 +445,13 @@ impl Shared {
                         std::hint::spin_loop();
                         continue;
                     }
+                    // A dead holder's lock is taken over; so is a stopped one's (SIGSTOP, a
+                    // debugger: a device does not stop with its host), once it has been held
+                    // that long (~1 ms past the spins): the holder's release then frees nothing
+                    // (see Drop), and its decision, if it resumes inside it, may be overwritten.
                     if tries.is_multiple_of(64)
                         && holder != 0
-                        && !proc_alive(holder, 0)
+                        && (!proc_alive(holder, 0) || (tries >= 1024 + 64 && proc_stopped(holder)))
                         && lock.compare_exchange(holder, me, Acquire, Relaxed).is_ok()
                     {
                         break;
@@ -474,8 +478,25 @@ impl Shared {
 
 impl Drop for SchedGuard<'_> {
     fn drop(&mut self) {
-        self.shared.dev(self.dev).sched.lock.store(0, Release);
+        // Only our own lock: it may have been taken over while this process was stopped.
+        let _ = self.shared.dev(self.dev).sched.lock.compare_exchange(
+            std::process::id(),
+            0,
+            Release,
+            Relaxed,
+        );
     }
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`: SIGSTOP, job control).
+fn proc_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+        .unwrap_or(false)
 }
 
 fn slot_word(c: Option<usize>) -> u32 {

@@ -2,11 +2,58 @@
 //   sim_fidelity graph_relaunch  a graph with an allocation node, launched, its memory freed by the
 //                                host (cudaFreeAsync / cudaFree alternately), relaunched 200 times
 //   sim_fidelity capture_null    cudaStreamEndCapture(stream, NULL) after cudaStreamBeginCaptureToGraph
+//   sim_fidelity hog             launches hog_kernel back to back until killed ("running" once started)
+//   sim_fidelity probe SECONDS   launches probe_kernel one at a time for SECONDS, each waited for;
+//                                reports the longest wall time from launch to completion
 // Prints one JSON line {"check": ...}; any unexpected error is a FAIL line (check.h).
 #include <cuda_runtime_api.h>
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include "check.h"
+
+__global__ void hog_kernel(int *x) { if (x) x[threadIdx.x] = 1; }
+__global__ void probe_kernel(int *x) { if (x) x[threadIdx.x] = 2; }
+
+static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static int hog() {
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    for (int round = 0;; round++) {
+        for (int i = 0; i < 16; i++) hog_kernel<<<1, 32, 0, s>>>(nullptr);
+        CHECK(cudaGetLastError());
+        CHECK(cudaStreamSynchronize(s));
+        if (round == 0) {
+            printf("running\n");
+            fflush(stdout);
+        }
+    }
+}
+
+static int probe(double seconds) {
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    probe_kernel<<<1, 32, 0, s>>>(nullptr);  // warm up
+    CHECK(cudaStreamSynchronize(s));
+    printf("start\n");
+    fflush(stdout);
+    double t_end = now_ms() + seconds * 1e3, max_ms = 0;
+    int count = 0;
+    while (now_ms() < t_end) {
+        double t0 = now_ms();
+        probe_kernel<<<1, 32, 0, s>>>(nullptr);
+        CHECK(cudaGetLastError());
+        CHECK(cudaStreamSynchronize(s));
+        double ms = now_ms() - t0;
+        if (ms > max_ms) max_ms = ms;
+        count++;
+    }
+    printf("{\"check\":\"probe\",\"kernels\":%d,\"max_ms\":%.3f}\n", count, max_ms);
+    return 0;
+}
 
 static int graph_relaunch() {
     const size_t n = 1 << 16;
@@ -97,6 +144,8 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "graph_relaunch")) return graph_relaunch();
     if (!strcmp(mode, "capture_null")) return capture_null();
+    if (!strcmp(mode, "hog")) return hog();
+    if (!strcmp(mode, "probe") && argc > 2) return probe(atof(argv[2]));
     printf("FAIL unknown mode %s\n", mode);
     return 1;
 }

@@ -5,6 +5,8 @@
 //! `tests/cuda/sim_fidelity.cu` (cudart 13.5) and `tests/cuda/sim_share.c` (driver API).
 
 use libshare_tests::{compile_cu, compile_gcc, json_check, CudartLink, SimGpu};
+use std::process::Command;
+use std::time::Duration;
 
 fn run_cu(gpu: &SimGpu, mode: &str) -> serde_json::Value {
     let out = gpu.run_ok(compile_cu("sim_fidelity.cu", CudartLink::Shared), &[mode]);
@@ -76,4 +78,51 @@ fn link_options_get_the_wall_time_and_the_logs_the_jit_writes() {
         v["input_log_capped"], 1,
         "the call's 8-byte log holds 7 bytes and a NUL: {v}"
     );
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to `pid`.
+fn signal(pid: u32, signal: &str) {
+    let st = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill {signal} {pid}");
+}
+
+#[test]
+fn a_stopped_process_holding_the_engine_does_not_stop_the_others() {
+    // 2 ms slices (the default); the holder runs 1 ms kernels back to back, the probe 2 ms ones.
+    let gpu = SimGpu::new().env("SIMGPU_KERNEL_TIME", "hog_kernel=1ms,probe_kernel=2ms");
+    let prog = compile_cu("sim_fidelity.cu", CudartLink::Shared);
+    let mut hog = gpu.spawn({
+        let mut c = gpu.command(&prog);
+        c.arg("hog");
+        c
+    });
+    hog.wait_for_line("running");
+    let mut probe = gpu.spawn({
+        let mut c = gpu.command(&prog);
+        c.args(["probe", "2.5"]);
+        c
+    });
+    probe.wait_for_line("start");
+    // Four times: the holder stopped for 300 ms (SIGSTOP; the GPU does not stop with it).
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(100));
+        signal(hog.pid(), "-STOP");
+        std::thread::sleep(Duration::from_millis(300));
+        signal(hog.pid(), "-CONT");
+    }
+    let out = probe.finish();
+    let v = json_check(&out, "probe");
+    drop(hog); // killed
+    let max = v["max_ms"].as_f64().unwrap();
+    eprintln!("probe: {v}");
+    // Sharing alone delays a 2 ms kernel by a slice or two (≈ 4–7 ms); a stopped holder costs
+    // one slice and a lease more. Blocked for a stop, it would be ~300 ms.
+    assert!(
+        max < 100.0,
+        "a probe kernel waited {max} ms for a stopped process: {v}"
+    );
+    assert!(v["kernels"].as_u64().unwrap() > 100, "{v}");
 }
