@@ -126,3 +126,47 @@ fn a_stopped_process_holding_the_engine_does_not_stop_the_others() {
     );
     assert!(v["kernels"].as_u64().unwrap() > 100, "{v}");
 }
+
+const GIB40: u64 = 40 << 30; // simgpu's default device memory
+
+fn share_prog() -> std::path::PathBuf {
+    compile_gcc("sim_share.c", "sim_share", &["-lcuda"])
+}
+
+/// Checks the exporter's `{"check":"share"}` line: the importer read the exporter's bytes of
+/// both allocations, and the exporter read back what the importer wrote.
+fn assert_shared(v: &serde_json::Value) {
+    assert_eq!(v["vmm_read"], 1, "the importer reads the VMM bytes: {v}");
+    assert_eq!(v["pool_read"], 1, "the importer reads the pool bytes: {v}");
+    assert_eq!(
+        v["prop"], 1,
+        "the imported handle's properties are the exporter's: {v}"
+    );
+    assert_eq!(
+        v["vmm_back"], 1,
+        "the exporter reads the importer's VMM bytes: {v}"
+    );
+    assert_eq!(
+        v["pool_back"], 1,
+        "the exporter reads the importer's pool bytes: {v}"
+    );
+}
+
+#[test]
+fn vmm_and_pool_memory_exported_as_file_descriptors_are_shared_with_another_process() {
+    let gpu = SimGpu::new();
+    let out = gpu.run_ok(share_prog(), &["both"]);
+    assert_shared(&json_check(&out, "share"));
+    let v = json_check(&out, "freed");
+    // cudaErrorInvalidValue (1) for a second free of the imported pointer and a second release
+    // of the imported handle; the importer exited 0.
+    assert_eq!(v["importer_free_twice"], 1, "{v}");
+    assert_eq!(v["importer_release_twice"], 1, "{v}");
+    assert_eq!(v["child_status"], 0, "{v}");
+    assert_eq!(
+        gpu.sim_mem_used(0, GIB40),
+        0,
+        "the device's memory is back once both freed"
+    );
+    gpu.assert_no_stub_calls();
+}

@@ -5,6 +5,13 @@
 //! process and that file descriptor, and an importer maps `/proc/<pid>/fd/<fd>`, so both processes
 //! see the same bytes. Imported memory is the exporter's: it is not charged again. IPC events open
 //! as events with no pending work (simgpu's events cannot span processes).
+//!
+//! Shareable handles (POSIX file descriptors, `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`) use the
+//! same files: a VMM allocation's memfd (`vmm.rs`) and a pool's descriptor (`pool.rs`) carry a
+//! 64-byte trailer past their bytes saying what they are, so a descriptor passed to another
+//! process (SCM_RIGHTS, fork) is all the importer needs; a pool allocation is exported with
+//! `cuMemPoolExportPointer` exactly like an IPC handle, and its importer frees it with
+//! `cuMemFree(Async)`.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -23,9 +30,124 @@ const MAGIC: u32 = 0x5049_4753; // "SGIP"
 #[derive(Clone, Copy)]
 pub struct IpcHandle(pub [u8; 64]);
 
-/// Exported allocations (base → memfd) and imported mappings (address → size).
+/// `CUmemPoolPtrExportData`'s magic: a pool allocation's export (same layout as an IPC handle).
+const POOL_PTR_MAGIC: u32 = 0x5050_4753; // "SGPP"
+
+/// Exported allocations (base → memfd) and imported mappings (address → (size, imported from a
+/// pool: freed with cuMemFree(Async) rather than closed)).
 static EXPORTED: Mutex<Option<HashMap<u64, i32>>> = Mutex::new(None);
-static IMPORTED: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+static IMPORTED: Mutex<Option<HashMap<u64, (u64, bool)>>> = Mutex::new(None);
+
+/// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+pub const HANDLE_TYPE_POSIX_FD: u32 = 1;
+
+/// What a shareable descriptor names (its trailer's kind).
+pub const SHARED_VMM: u32 = 1;
+pub const SHARED_POOL: u32 = 2;
+const TRAILER_MAGIC: u32 = 0x4853_4753; // "SGSH"
+const TRAILER: usize = 64;
+
+/// The trailer of a shareable descriptor: kind, device, size and (VMM) the allocation's
+/// properties, written past the `size` bytes of the file (mappings never reach it).
+#[derive(Clone, Copy)]
+pub struct Trailer {
+    pub kind: u32,
+    pub dev: u32,
+    pub size: u64,
+    pub prop: [u8; 32],
+}
+
+/// Writes `t` at offset `t.size` of `fd` (growing the file by the trailer).
+pub fn write_trailer(fd: i32, t: &Trailer) -> R {
+    let mut b = [0u8; TRAILER];
+    b[0..4].copy_from_slice(&TRAILER_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&t.kind.to_le_bytes());
+    b[8..12].copy_from_slice(&t.dev.to_le_bytes());
+    b[16..24].copy_from_slice(&t.size.to_le_bytes());
+    b[24..56].copy_from_slice(&t.prop);
+    // SAFETY: `b` is a local buffer of TRAILER bytes; `fd` is the caller's open descriptor.
+    let n = unsafe { libc::pwrite(fd, b.as_ptr() as *const c_void, TRAILER, t.size as i64) };
+    if n != TRAILER as isize {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(())
+}
+
+/// Reads the trailer of a descriptor an application passes in: CUDA_ERROR_INVALID_VALUE if it
+/// is not a shareable handle of this simulated machine.
+pub fn read_trailer(fd: i32) -> Result<Trailer, CUresult> {
+    // SAFETY: `stat` is plain data, valid all-zero.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the local struct; an invalid `fd` fails.
+    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as usize) < TRAILER {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut b = [0u8; TRAILER];
+    let at = st.st_size as i64 - TRAILER as i64;
+    // SAFETY: reads at most TRAILER bytes into the local buffer.
+    let n = unsafe { libc::pread(fd, b.as_mut_ptr() as *mut c_void, TRAILER, at) };
+    let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    if n != TRAILER as isize || word(0) != TRAILER_MAGIC {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let t = Trailer {
+        kind: word(4),
+        dev: word(8),
+        size: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+        prop: b[24..56].try_into().unwrap(),
+    };
+    if t.size != at as u64 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(t)
+}
+
+/// A new descriptor (close-on-exec) for the same file as `fd`, or CUDA_ERROR_INVALID_VALUE.
+pub fn dup_fd(fd: i32) -> Result<i32, CUresult> {
+    // SAFETY: F_DUPFD_CLOEXEC on the caller's descriptor; fails (-1) if it is not open.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if d < 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(d)
+}
+
+/// A pointer imported from another process's pool (`cuMemPoolImportPointer`)? Then
+/// `cuMemFree` of it unmaps it here (the exporter's allocation and charge are its own).
+pub fn free_pool_import(p: u64) -> Option<R> {
+    if !IMPORTED
+        .lock()
+        .as_ref()
+        .is_some_and(|m| m.get(&p).is_some_and(|e| e.1))
+    {
+        return None;
+    }
+    Some(sim().and_then(|s| close(s, p)))
+}
+
+/// Whether `p` was imported from another process's pool (its `cuMemFreeAsync` unmaps it when the
+/// stream reaches the free).
+pub fn is_pool_import(p: u64) -> bool {
+    IMPORTED
+        .lock()
+        .as_ref()
+        .is_some_and(|m| m.get(&p).is_some_and(|e| e.1))
+}
+
+/// Unmaps imported mapping `dptr` (after the work that may use it).
+fn close(s: &crate::sim::Sim, dptr: u64) -> R {
+    super::memory::wait_for_users(s); // queued copies may still use the mapping
+    let (size, _) = IMPORTED
+        .lock()
+        .as_mut()
+        .and_then(|m| m.remove(&dptr))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    s.mem.lock().map.remove(&dptr);
+    // SAFETY: (dptr, size) was removed from IMPORTED above, so it is a mapping `open` made
+    // and it is unmapped once; the application promises not to use it after closing.
+    unsafe { libc::munmap(dptr as *mut c_void, size as usize) };
+    Ok(())
+}
 
 pub fn is_imported(p: u64) -> bool {
     IMPORTED.lock().as_ref().is_some_and(|m| m.contains_key(&p))
@@ -101,61 +223,40 @@ fn field(h: &IpcHandle, at: usize) -> u64 {
 
 driver! {
     fn cuIpcGetMemHandle(handle: *mut IpcHandle, dptr: CUdeviceptr) {
-        let s = sim()?;
         if handle.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let (base, size) = {
-            let t = s.mem.lock();
-            match t.find(dptr) {
-                Some((b, a)) if a.kind == Kind::Device && !is_imported(b) => (b, a.size),
-                _ => return Err(CUDA_ERROR_INVALID_VALUE),
-            }
-        };
-        let mut exported = EXPORTED.lock();
-        let map = exported.get_or_insert_with(HashMap::new);
-        let fd = match map.get(&base) {
-            Some(fd) => *fd,
-            None => {
-                // No queued work may write the allocation while its bytes move to the file.
-                super::memory::wait_for_users(s);
-                // SAFETY: (base, size) is a device allocation found in `s.mem`, made by
-                // `map_anon` and not imported (checked above), and no queued work uses it any
-                // more (waited for above; new work from other threads is not excluded).
-                let fd = unsafe { share(base, size)? };
-                map.insert(base, fd);
-                fd
-            }
-        };
-        let mut h = [0u8; 64];
-        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        h[4..8].copy_from_slice(&std::process::id().to_le_bytes());
-        h[8..16].copy_from_slice(&(fd as u64).to_le_bytes());
-        h[16..24].copy_from_slice(&size.to_le_bytes());
-        h[24..32].copy_from_slice(&(dptr - base).to_le_bytes());
-        out(handle, IpcHandle(h))
+        out(handle, IpcHandle(export(dptr, MAGIC, |_| true)?))
     }
 
-    fn cuIpcOpenMemHandle(dptr: *mut CUdeviceptr, handle: IpcHandle, flags: u32) {
-        open(dptr, handle, flags)
+    fn cuIpcOpenMemHandle(dptr: *mut CUdeviceptr, handle: IpcHandle, _flags: u32) {
+        open(dptr, handle, MAGIC)
     }
 
-    fn cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcHandle, flags: u32) {
-        open(dptr, handle, flags)
+    fn cuIpcOpenMemHandle_v2(dptr: *mut CUdeviceptr, handle: IpcHandle, _flags: u32) {
+        open(dptr, handle, MAGIC)
     }
 
     fn cuIpcCloseMemHandle(dptr: CUdeviceptr) {
         let s = sim()?;
-        if !IMPORTED.lock().as_ref().is_some_and(|m| m.contains_key(&dptr)) {
+        if IMPORTED.lock().as_ref().is_none_or(|m| m.get(&dptr).is_none_or(|e| e.1)) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::memory::wait_for_users(s); // queued copies may still use the mapping
-        let size = IMPORTED.lock().as_mut().and_then(|m| m.remove(&dptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        s.mem.lock().map.remove(&dptr);
-        // SAFETY: (dptr, size) was removed from IMPORTED above, so it is a mapping `open` made
-        // and it is unmapped once; the application promises not to use it after closing.
-        unsafe { libc::munmap(dptr as *mut c_void, size as usize) };
-        Ok(())
+        close(s, dptr)
+    }
+
+    fn cuMemPoolExportPointer(data: *mut u8, dptr: CUdeviceptr) {
+        // CUmemPoolPtrExportData: 64 opaque bytes, laid out as an IPC handle. Only allocations
+        // of a pool made exportable (cuMemPoolCreate with a handle type).
+        out(data as *mut IpcHandle, IpcHandle(export(dptr, POOL_PTR_MAGIC, super::pool::exportable)?))
+    }
+
+    fn cuMemPoolImportPointer(dptr: *mut CUdeviceptr, pool: *mut c_void, data: *mut u8) {
+        if !super::pool::imported(pool as usize) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = *(data as *const IpcHandle).as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        open(dptr, h, POOL_PTR_MAGIC)
     }
 
     fn cuIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent) {
@@ -175,10 +276,54 @@ driver! {
     }
 }
 
-/// Safety: `dptr` is NULL or writable (cuIpcOpenMemHandle's out-argument).
-unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
+/// The 64 bytes naming the device allocation holding `dptr` for another process (`magic`
+/// first), whose pool `allowed` accepts (0 for cuMemAlloc memory); the allocation is re-backed
+/// with a file the first time.
+fn export(
+    dptr: CUdeviceptr,
+    magic: u32,
+    allowed: impl Fn(usize) -> bool,
+) -> Result<[u8; 64], CUresult> {
     let s = sim()?;
-    if dptr.is_null() || u32::from_le_bytes(h.0[0..4].try_into().unwrap()) != MAGIC {
+    let (base, size) = {
+        let t = s.mem.lock();
+        match t.find(dptr) {
+            Some((b, a)) if a.kind == Kind::Device && !is_imported(b) && allowed(a.pool) => {
+                (b, a.size)
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    let mut exported = EXPORTED.lock();
+    let map = exported.get_or_insert_with(HashMap::new);
+    let fd = match map.get(&base) {
+        Some(fd) => *fd,
+        None => {
+            // No queued work may write the allocation while its bytes move to the file.
+            super::memory::wait_for_users(s);
+            // SAFETY: (base, size) is a device allocation found in `s.mem`, made by `map_anon`
+            // and not imported (checked above), and no queued work uses it any more (waited for
+            // above; new work from other threads is not excluded).
+            let fd = unsafe { share(base, size)? };
+            map.insert(base, fd);
+            fd
+        }
+    };
+    let mut h = [0u8; 64];
+    h[0..4].copy_from_slice(&magic.to_le_bytes());
+    h[4..8].copy_from_slice(&std::process::id().to_le_bytes());
+    h[8..16].copy_from_slice(&(fd as u64).to_le_bytes());
+    h[16..24].copy_from_slice(&size.to_le_bytes());
+    h[24..32].copy_from_slice(&(dptr - base).to_le_bytes());
+    Ok(h)
+}
+
+/// Maps the allocation `h` names (an IPC handle, or a pool pointer's export data: `magic`).
+///
+/// Safety: `dptr` is NULL or writable (cuIpcOpenMemHandle's out-argument).
+unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, magic: u32) -> R {
+    let s = sim()?;
+    if dptr.is_null() || u32::from_le_bytes(h.0[0..4].try_into().unwrap()) != magic {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let pid = u32::from_le_bytes(h.0[4..8].try_into().unwrap());
@@ -228,7 +373,7 @@ unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, _flags: u32) -> R {
     IMPORTED
         .lock()
         .get_or_insert_with(HashMap::new)
-        .insert(base, size);
+        .insert(base, (size, magic == POOL_PTR_MAGIC));
     // SAFETY: `dptr` is not NULL (checked above) and writable (this fn's contract).
     unsafe { out(dptr, base + offset) }
 }

@@ -672,6 +672,9 @@ driver! {
         if let Some(r) = super::graph::free_graph_alloc(p) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
         }
+        if let Some(r) = super::ipc::free_pool_import(p) {
+            return r; // imported from another process's pool: unmapped here
+        }
         free_device(p)
     }
 

@@ -89,6 +89,30 @@ impl Pool {
     }
 }
 
+type Sharing = (HashMap<usize, u32>, std::collections::HashSet<usize>);
+
+/// Pools made exportable (cuMemPoolCreate with `handleTypes`), with those types, and pools
+/// imported from another process (`cuMemPoolImportFromShareableHandle`): these only import
+/// pointers; allocating from them is CUDA_ERROR_INVALID_VALUE, as in CUDA.
+fn sharing() -> &'static Mutex<Sharing> {
+    static S: OnceLock<Mutex<Sharing>> = OnceLock::new();
+    S.get_or_init(Default::default)
+}
+
+/// Pool `ph` may export its allocations (a POSIX file-descriptor pool).
+pub fn exportable(ph: usize) -> bool {
+    sharing()
+        .lock()
+        .0
+        .get(&ph)
+        .is_some_and(|t| t & super::ipc::HANDLE_TYPE_POSIX_FD != 0)
+}
+
+/// Pool `ph` was imported from another process.
+pub fn imported(ph: usize) -> bool {
+    sharing().lock().1.contains(&ph)
+}
+
 fn pools() -> &'static Mutex<HashMap<usize, Arc<Pool>>> {
     static P: OnceLock<Mutex<HashMap<usize, Arc<Pool>>>> = OnceLock::new();
     P.get_or_init(|| Mutex::new(HashMap::new()))
@@ -152,6 +176,9 @@ unsafe fn alloc_async(
     }
     let r = stream_ref(h, ptds)?;
     let p = pool(ph as *mut c_void)?;
+    if imported(ph) {
+        return Err(CUDA_ERROR_INVALID_VALUE); // an imported pool only imports pointers
+    }
     if let Some(g) = crate::driver::graph::capturing(r.id) {
         // Captured: the graph owns the allocation (address fixed now, freed with the graph).
         let ptr = alloc_device(size as u64, 0)?;
@@ -235,10 +262,60 @@ driver! {
     fn cuMemPoolCreate(p: *mut *mut c_void, props: *const MemPoolProps) {
         let props = props.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(props.location.id)?;
-        out(p, new_pool(d) as *mut c_void)
+        if props.handle_types & !super::ipc::HANDLE_TYPE_POSIX_FD != 0 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED); // Win32 and fabric handles: not on Linux here
+        }
+        let h = new_pool(d);
+        if props.handle_types != 0 {
+            sharing().lock().0.insert(h, props.handle_types);
+        }
+        out(p, h as *mut c_void)
+    }
+    fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, p: *mut c_void, kind: u32, _flags: u64) {
+        let pl = pool(p)?;
+        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if handle_out.is_null() || !exportable(p as usize) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // A small file that says "a pool of device d"; its allocations travel as pointers.
+        let fd = libc::memfd_create(c"simgpu-pool".as_ptr(), libc::MFD_CLOEXEC);
+        if fd < 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let t = super::ipc::Trailer { kind: super::ipc::SHARED_POOL, dev: pl.dev as u32, size: 0, prop: [0; 32] };
+        if let Err(e) = super::ipc::write_trailer(fd, &t) {
+            libc::close(fd);
+            return Err(e);
+        }
+        *(handle_out as *mut i32) = fd;
+        Ok(())
+    }
+    fn cuMemPoolImportFromShareableHandle(pool_out: *mut *mut c_void, handle: *mut c_void, kind: u32, _flags: u64) {
+        sim()?;
+        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if pool_out.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // The descriptor is passed by value in the pointer, as CUDA does for POSIX handles.
+        let t = super::ipc::read_trailer(handle as usize as i32)?;
+        if t.kind != super::ipc::SHARED_POOL {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = new_pool(t.dev as usize);
+        sharing().lock().1.insert(h);
+        out(pool_out, h as *mut c_void)
     }
     fn cuMemPoolDestroy(p: *mut c_void) {
         let p = pools().lock().remove(&(p as usize)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        {
+            let mut sh = sharing().lock();
+            sh.0.remove(&(Arc::as_ptr(&p) as usize));
+            sh.1.remove(&(Arc::as_ptr(&p) as usize));
+        }
         p.release_down_to(0);
         Ok(())
     }
@@ -306,6 +383,13 @@ driver_ptds! {
         }
         if let Some(r) = crate::driver::graph::free_graph_alloc(ptr) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
+        }
+        if super::ipc::is_pool_import(ptr) {
+            // Imported from another process's pool: unmapped here when the stream reaches it.
+            submit(s, &r, Op::marker().with_effect(move || {
+                let _ = super::ipc::free_pool_import(ptr);
+            }));
+            return Ok(());
         }
         let ph = s.mem.lock().map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?.pool;
         submit(s, &r, Op::marker().with_effect(move || {

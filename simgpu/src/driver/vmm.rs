@@ -209,6 +209,49 @@ driver! {
         PHYS.lock().insert(h, Phys { fd: -1, size, dev, prop, charged: false, refs: 1 });
         out(handle, h as u64)
     }
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: u64, kind: u32, _flags: u64) {
+        sim()?;
+        let phys = PHYS.lock();
+        let p = phys.get(&(handle as usize)).filter(|p| p.refs > 0).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        // Only what cuMemCreate was asked to make shareable that way (requestedHandleTypes).
+        if shareable.is_null() || p.fd < 0 || p.prop.requested_handle_types & kind == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // The memfd itself, with a trailer past its bytes saying what it is; the application
+        // owns (and closes) the new descriptor.
+        let mut prop = [0u8; 32];
+        std::ptr::copy_nonoverlapping(&p.prop as *const MemAllocationProp as *const u8, prop.as_mut_ptr(), 32);
+        let t = super::ipc::Trailer { kind: super::ipc::SHARED_VMM, dev: p.dev as u32, size: p.size, prop };
+        super::ipc::write_trailer(p.fd, &t)?;
+        let fd = super::ipc::dup_fd(p.fd)?;
+        *(shareable as *mut i32) = fd;
+        Ok(())
+    }
+    fn cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, kind: u32) {
+        sim()?;
+        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // A POSIX descriptor is passed by value in the pointer; the application keeps it.
+        let t = super::ipc::read_trailer(os_handle as usize as i32)?;
+        if t.kind != super::ipc::SHARED_VMM {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let fd = super::ipc::dup_fd(os_handle as usize as i32)?;
+        let mut prop: MemAllocationProp = std::mem::zeroed();
+        std::ptr::copy_nonoverlapping(t.prop.as_ptr(), &mut prop as *mut MemAllocationProp as *mut u8, 32);
+        prop.win32_handle_meta_data = std::ptr::null_mut();
+        let h = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Not charged here: the memory is the exporter's (charged to it while it holds it).
+        PHYS.lock().insert(h, Phys { fd, size: t.size, dev: t.dev as usize, prop, charged: false, refs: 1 });
+        out(handle, h as u64)
+    }
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut MemAllocationProp, handle: u64) {
         sim()?;
         let phys = PHYS.lock();
