@@ -12,7 +12,10 @@
  *                             stdin (the test kills the child with -9), then frees: {"check":"freed",...}
  *   sim_share hold_exporter   the parent prints {"check":"share",...} and waits on stdin (the test kills
  *                             it with -9); the child, seeing it gone, reads the bytes again and frees:
- *                             {"check":"importer",...} */
+ *                             {"check":"importer",...}
+ *   sim_share meminfo         cuMemGetInfo (with the shim: returns dead processes' memory to the
+ *                             container's quota, as any process of the container does), prints
+ *                             {"check":"meminfo","free":...,"total":...} */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -154,6 +157,13 @@ static int importer(int sock, const char *mode) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "both";
+    if (!strcmp(mode, "meminfo")) {
+        size_t free_b = 0, total = 0;
+        context();
+        CHECK(cuMemGetInfo(&free_b, &total));
+        printf("{\"check\":\"meminfo\",\"free\":%zu,\"total\":%zu}\n", free_b, total);
+        return 0;
+    }
     int sv[2];
     EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
     fflush(stdout);

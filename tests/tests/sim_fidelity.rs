@@ -170,3 +170,129 @@ fn vmm_and_pool_memory_exported_as_file_descriptors_are_shared_with_another_proc
     );
     gpu.assert_no_stub_calls();
 }
+
+// ---- Under the shim: how imported memory is charged (README "Memory quotas": charged once, to
+// ---- the container of the process that created it; an import charges nothing).
+
+const MIB: u64 = 1 << 20;
+
+/// The exporter runs in container `exp`, the importer (its child) in `imp`, both with a quota.
+fn shim_gpu() -> SimGpu {
+    SimGpu::new()
+        .with_shim()
+        .quota("64MiB")
+        .env("LIBSHARE_CONTAINER", "exp")
+        .env("SHARE_IMPORTER_CONTAINER", "imp")
+}
+
+fn used(gpu: &SimGpu, container: &str) -> u64 {
+    gpu.container_state(container)
+        .device(0)
+        .used
+        .load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Reads the program's stdout until a JSON line of `check` (the program goes on running).
+fn wait_json(p: &mut libshare_tests::Running, check: &str) -> serde_json::Value {
+    let tag = format!("\"check\":\"{check}\"");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(l) = p.poll_lines().iter().find(|l| l.contains(&tag)) {
+            return serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {check} line: {:?}",
+            p.lines
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `sim_share meminfo` in container `exp` (its cuMemGetInfo returns dead processes'
+/// memory to the quota, and simgpu's registration returns theirs to the device).
+fn meminfo(gpu: &SimGpu) {
+    gpu.run_ok(share_prog(), &["meminfo"]);
+}
+
+#[test]
+fn shim_imported_memory_is_charged_once_to_the_exporters_container() {
+    let gpu = shim_gpu();
+    let out = gpu.run_ok(share_prog(), &["both"]);
+    assert_shared(&json_check(&out, "share"));
+    let v = json_check(&out, "freed");
+    assert_eq!(v["importer_free_twice"], 1, "{v}");
+    assert_eq!(v["child_status"], 0, "{v}");
+    // Both freed: nothing stays charged to either container, nor held by the device.
+    assert_eq!(used(&gpu, "exp"), 0);
+    assert_eq!(used(&gpu, "imp"), 0);
+    assert_eq!(gpu.sim_mem_used(0, GIB40), 0);
+}
+
+#[test]
+fn shim_importer_killed_leaves_the_charge_with_the_exporter_until_it_frees() {
+    let gpu = shim_gpu();
+    let mut p = gpu.spawn({
+        let mut c = gpu.command(share_prog());
+        c.arg("hold_importer");
+        c
+    });
+    let v = wait_json(&mut p, "share");
+    assert_shared(&v);
+    // 4 MiB (VMM) + 8 MiB (the pool's reserve) charged once, to the exporter's container.
+    assert_eq!(used(&gpu, "exp"), 12 * MIB, "{v}");
+    assert_eq!(used(&gpu, "imp"), 0, "an import charges nothing: {v}");
+    signal(v["child"].as_u64().unwrap() as u32, "-KILL");
+    meminfo(&gpu); // a process of `exp` looks at dead processes
+    assert_eq!(
+        used(&gpu, "exp"),
+        12 * MIB,
+        "the exporter still holds its memory"
+    );
+    assert_eq!(used(&gpu, "imp"), 0);
+    p.send("go\n");
+    let out = p.finish();
+    let f = json_check(&out, "freed");
+    assert_ne!(f["child_status"], 0, "the importer was killed: {f}");
+    assert_eq!(used(&gpu, "exp"), 0, "the exporter's frees return it");
+    assert_eq!(used(&gpu, "imp"), 0);
+    assert_eq!(gpu.sim_mem_used(0, GIB40), 0);
+}
+
+#[test]
+fn shim_exporter_killed_returns_its_charge_and_the_importer_still_frees() {
+    let gpu = shim_gpu();
+    let mut p = gpu.spawn({
+        let mut c = gpu.command(share_prog());
+        c.arg("hold_exporter");
+        c
+    });
+    let v = wait_json(&mut p, "share");
+    assert_shared(&v);
+    assert_eq!(used(&gpu, "exp"), 12 * MIB, "{v}");
+    assert_eq!(used(&gpu, "imp"), 0, "{v}");
+    signal(p.pid(), "-KILL");
+    // The importer sees the exporter gone, reads the shared bytes again and frees them.
+    let i = wait_json(&mut p, "importer");
+    assert_eq!(
+        i["vmm_after"], 1,
+        "the imported VMM bytes outlive the exporter: {i}"
+    );
+    assert_eq!(
+        i["pool_after"], 1,
+        "the imported pool bytes outlive the exporter: {i}"
+    );
+    drop(p);
+    meminfo(&gpu);
+    assert_eq!(
+        used(&gpu, "exp"),
+        0,
+        "the killed exporter's memory is back in its quota"
+    );
+    assert_eq!(
+        used(&gpu, "imp"),
+        0,
+        "the importer's frees charged nothing back"
+    );
+    assert_eq!(gpu.sim_mem_used(0, GIB40), 0);
+}
