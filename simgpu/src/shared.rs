@@ -446,12 +446,12 @@ impl Shared {
                         continue;
                     }
                     // A dead holder's lock is taken over; so is a stopped one's (SIGSTOP, a
-                    // debugger: a device does not stop with its host), once it has been held
-                    // that long (~1 ms past the spins): the holder's release then frees nothing
-                    // (see Drop), and its decision, if it resumes inside it, may be overwritten.
+                    // debugger: a device does not stop with its host): the holder's release
+                    // then frees nothing (see Drop), and its decision, if it resumes inside
+                    // it, may be overwritten.
                     if tries.is_multiple_of(64)
                         && holder != 0
-                        && (!proc_alive(holder, 0) || (tries >= 1024 + 64 && proc_stopped(holder)))
+                        && (!proc_alive(holder, 0) || proc_stopped(holder))
                         && lock.compare_exchange(holder, me, Acquire, Relaxed).is_ok()
                     {
                         break;

@@ -102,15 +102,15 @@ fn a_stopped_process_holding_the_engine_does_not_stop_the_others() {
     hog.wait_for_line("running");
     let mut probe = gpu.spawn({
         let mut c = gpu.command(&prog);
-        c.args(["probe", "2.8"]);
+        c.args(["probe", "3.2"]);
         c
     });
     probe.wait_for_line("start");
-    // Four times: the holder stopped for 400 ms (SIGSTOP; the GPU does not stop with it).
-    for _ in 0..4 {
+    // Three times: the holder stopped for 800 ms (SIGSTOP; the GPU does not stop with it).
+    for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(100));
         signal(hog.pid(), "-STOP");
-        std::thread::sleep(Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(800));
         signal(hog.pid(), "-CONT");
     }
     let out = probe.finish();
@@ -119,9 +119,10 @@ fn a_stopped_process_holding_the_engine_does_not_stop_the_others() {
     let max = v["max_ms"].as_f64().unwrap();
     eprintln!("probe: {v}");
     // Sharing alone delays a 2 ms kernel by a slice or two (≈ 4–7 ms); a stopped holder costs
-    // one slice and a lease more (measured 8–18 ms). Blocked for a stop, it would be ~400 ms.
+    // one slice and a lease more (measured 8–20 ms; up to ~120 ms of real time on a loaded
+    // host). Blocked for a stop, it would be ~800 ms.
     assert!(
-        max < 150.0,
+        max < 400.0,
         "a probe kernel waited {max} ms for a stopped process: {v}"
     );
     assert!(v["kernels"].as_u64().unwrap() > 100, "{v}");
