@@ -232,19 +232,25 @@ fn shim_imported_memory_is_charged_once_to_the_exporters_container() {
     assert_eq!(gpu.sim_mem_used(0, GIB40), 0);
 }
 
-#[test]
-fn shim_importer_killed_leaves_the_charge_with_the_exporter_until_it_frees() {
-    let gpu = shim_gpu();
+/// Starts `sim_share <mode>` and waits until both processes hold the shared memory: it is
+/// charged once — 4 MiB (VMM) + 8 MiB (the pool's reserve) — to the exporter's container.
+fn hold_shared(gpu: &SimGpu, mode: &str) -> (libshare_tests::Running, serde_json::Value) {
     let mut p = gpu.spawn({
         let mut c = gpu.command(share_prog());
-        c.arg("hold_importer");
+        c.arg(mode);
         c
     });
     let v = wait_json(&mut p, "share", false);
     assert_shared(&v);
-    // 4 MiB (VMM) + 8 MiB (the pool's reserve) charged once, to the exporter's container.
-    assert_eq!(used(&gpu, "exp"), 12 * MIB, "{v}");
-    assert_eq!(used(&gpu, "imp"), 0, "an import charges nothing: {v}");
+    assert_eq!(used(gpu, "exp"), 12 * MIB, "{v}");
+    assert_eq!(used(gpu, "imp"), 0, "an import charges nothing: {v}");
+    (p, v)
+}
+
+#[test]
+fn shim_importer_killed_leaves_the_charge_with_the_exporter_until_it_frees() {
+    let gpu = shim_gpu();
+    let (mut p, v) = hold_shared(&gpu, "hold_importer");
     signal(v["child"].as_u64().unwrap() as u32, "-KILL");
     meminfo(&gpu); // a process of `exp` looks at dead processes
     assert_eq!(
@@ -265,15 +271,7 @@ fn shim_importer_killed_leaves_the_charge_with_the_exporter_until_it_frees() {
 #[test]
 fn shim_exporter_killed_returns_its_charge_and_the_importer_still_frees() {
     let gpu = shim_gpu();
-    let mut p = gpu.spawn({
-        let mut c = gpu.command(share_prog());
-        c.arg("hold_exporter");
-        c
-    });
-    let v = wait_json(&mut p, "share", false);
-    assert_shared(&v);
-    assert_eq!(used(&gpu, "exp"), 12 * MIB, "{v}");
-    assert_eq!(used(&gpu, "imp"), 0, "{v}");
+    let (mut p, _) = hold_shared(&gpu, "hold_exporter");
     signal(p.pid(), "-KILL");
     // The importer sees the exporter gone, reads the shared bytes again and frees them.
     let i = wait_json(&mut p, "importer", true);
