@@ -31,11 +31,12 @@ pub struct Params {
     /// later (wake-up latency) still counts as waiting. Not part of the model: modelled times do
     /// not depend on it.
     pub decide_after: u64,
-    /// How long (real time) past its slice end's decision an owner that is alive but does not act
-    /// (its engine thread neither asks for the engine nor gives it up: the process is stopped by
-    /// SIGSTOP or a debugger, or starved by the host) keeps it while others wait: then they take
-    /// it over from its slice end, and it asks again when it runs. A GPU does not stop when its
-    /// host process does. Not part of the model for punctual contexts.
+    /// How long (real time) past its slice end's decision an owner that does not act because
+    /// its process is stopped (SIGSTOP, a debugger: its engine thread neither asks for the engine
+    /// nor gives it up) keeps it while others wait: then they take it over from its slice end,
+    /// and it asks again when it runs. A GPU does not stop when its host process does. An owner
+    /// that is merely late (a loaded host) is waited for, so modelled times stay right. Not part
+    /// of the model for punctual contexts.
     pub lease: u64,
 }
 
@@ -59,6 +60,9 @@ pub trait SchedState {
     fn set_waiting(&mut self, c: usize, ready: u64);
     /// False once the process of context `c` has died.
     fn alive(&self, c: usize) -> bool;
+    /// True while the process of context `c` is stopped (SIGSTOP, a debugger): its engine thread
+    /// cannot act, though a GPU would go on.
+    fn stopped(&self, c: usize) -> bool;
     /// True when context `c` has no compute operation queued (enqueued and not completed): it
     /// cannot have work ready that it has not registered yet, so a slice-end decision need not
     /// wait `decide_after` for it.
@@ -155,11 +159,11 @@ pub fn advance(s: &mut impl SchedState, p: Params, now: u64) {
             if s.alive(o) {
                 // The owner neither ran to its slice end nor gave the engine up: its engine
                 // thread is late (a loaded host). Its next request or `idle` decides; modelled
-                // times do not depend on when that comes — unless it stays away a lease past
-                // its slice end while others wait (a stopped process): it loses the engine at
-                // its slice end, and waits no more until it asks again.
+                // times do not depend on when that comes — unless its process is stopped a
+                // lease past its slice end while others wait: it loses the engine at its slice
+                // end, and waits no more until it asks again.
                 let others = (0..s.contexts()).any(|w| w != o && s.waiting(w) != 0 && s.alive(w));
-                if !others || now < t + p.decide_after + p.lease {
+                if !others || now < t + p.decide_after + p.lease || !s.stopped(o) {
                     break;
                 }
                 s.set_waiting(o, 0);
@@ -269,6 +273,8 @@ pub struct Plain {
     pub free_at: u64,
     pub waiting: Vec<u64>,
     pub dead: Vec<bool>,
+    /// Contexts whose process is stopped (see [`SchedState::stopped`]).
+    pub stopped: Vec<bool>,
     pub woken: Vec<usize>,
     /// Contexts with compute work queued (see [`SchedState::quiet`]).
     pub queued: Vec<bool>,
@@ -279,6 +285,7 @@ impl Plain {
         Plain {
             waiting: vec![0; contexts],
             dead: vec![false; contexts],
+            stopped: vec![false; contexts],
             queued: vec![false; contexts],
             ..Plain::default()
         }
@@ -322,6 +329,9 @@ impl SchedState for Plain {
     fn alive(&self, c: usize) -> bool {
         !self.dead[c]
     }
+    fn stopped(&self, c: usize) -> bool {
+        self.stopped[c]
+    }
     fn quiet(&self, c: usize) -> bool {
         !self.queued[c]
     }
@@ -345,16 +355,23 @@ mod tests {
     #[test]
     fn a_stopped_owner_loses_the_engine_a_lease_after_its_slice_end() {
         let mut s = Plain::new(2);
-        // Context 0 owns the engine, ran 100 µs and then stopped acting (SIGSTOP).
+        // Context 0 owns the engine, ran 100 µs and then did not act: late (a loaded host).
         request(&mut s, P, 0, 1, 100_000, 1);
         let end = P.slice + 1;
-        // Context 1 waits; past the slice end but within the lease, the owner is waited for.
+        // Context 1 waits; a late owner is waited for, past the lease too.
+        assert!(matches!(
+            request(&mut s, P, 1, 200_000, 100, end + 10 * P.lease),
+            Decision::Wait { .. }
+        ));
+        assert_eq!(s.owner, Some(0));
+        // Its process is stopped (SIGSTOP): within the lease it is still waited for ...
+        s.stopped[0] = true;
         assert!(matches!(
             request(&mut s, P, 1, 200_000, 100, end + P.lease - 1),
             Decision::Wait { .. }
         ));
         assert_eq!(s.owner, Some(0));
-        // A lease past the slice end: context 1 takes over from the slice end.
+        // ... a lease past the slice end, context 1 takes over from the slice end.
         assert_eq!(
             request(&mut s, P, 1, 200_000, 100, end + P.lease),
             Decision::Run {
@@ -367,6 +384,7 @@ mod tests {
         assert_eq!(s.owner, None);
         assert_eq!(s.waiting(0), 0);
         // It resumes and asks: it runs.
+        s.stopped[0] = false;
         let later = end + 10 * P.slice;
         assert!(matches!(
             request(&mut s, P, 0, 100_001, 5, later),

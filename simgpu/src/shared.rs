@@ -488,13 +488,14 @@ impl Drop for SchedGuard<'_> {
     }
 }
 
-/// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`: SIGSTOP, job control).
+/// Whether process `pid` is stopped (state `T` in `/proc/<pid>/stat`: SIGSTOP, job control; `t`:
+/// stopped by a debugger).
 fn proc_stopped(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('T'))
+                .map(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
         })
         .unwrap_or(false)
 }
@@ -549,6 +550,10 @@ impl crate::sched::SchedState for SchedGuard<'_> {
         let s = self.shared.id(c);
         let pid = s.pid.load(Acquire);
         pid != 0 && proc_alive(pid, s.start_time.load(Acquire))
+    }
+    fn stopped(&self, c: usize) -> bool {
+        let pid = self.shared.id(c).pid.load(Acquire);
+        pid != 0 && proc_stopped(pid)
     }
     fn quiet(&self, c: usize) -> bool {
         self.shared.slot(c).dev[self.dev].queued.load(SeqCst) == 0
