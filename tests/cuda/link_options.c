@@ -56,8 +56,18 @@ int main(void) {
     int bad_ok = bad_size > 1 && bad_error[bad_size - 1] == 0 && strstr(bad_error, "junk.ptx") != NULL;
     int input_capped = input_size == 8 && input_error[7] == 0 && strlen(input_error) == 7;
     CHECK(cuLinkDestroy(bad));
+
+    /* cuModuleLoadDataEx takes the same options. */
+    CUjit_option mo[1] = {CU_JIT_WALL_TIME};
+    void *mv[1];
+    memcpy(&mv[0], &sentinel, sizeof sentinel);
+    CUmodule m;
+    CHECK(cuModuleLoadDataEx(&m, ptx, 1, mo, mv));
+    float load_wall = *(float *)&mv[0];
+    CHECK(cuModuleUnload(m));
     printf("{\"check\":\"link_options\",\"wall_ms\":%.6f,\"info_size\":%zu,\"info_ok\":%d,"
-           "\"error_empty\":%d,\"bad_input\":%d,\"bad_log_ok\":%d,\"input_log_capped\":%d}\n",
-           wall, info_size, info_ok, error_empty, (int)r, bad_ok, input_capped);
+           "\"error_empty\":%d,\"bad_input\":%d,\"bad_log_ok\":%d,\"input_log_capped\":%d,"
+           "\"load_wall_ms\":%.6f}\n",
+           wall, info_size, info_ok, error_empty, (int)r, bad_ok, input_capped, load_wall);
     return 0;
 }

@@ -78,6 +78,11 @@ fn link_options_get_the_wall_time_and_the_logs_the_jit_writes() {
         v["input_log_capped"], 1,
         "the call's 8-byte log holds 7 bytes and a NUL: {v}"
     );
+    let load = v["load_wall_ms"].as_f64().unwrap();
+    assert!(
+        (0.0..1000.0).contains(&load),
+        "cuModuleLoadDataEx fills CU_JIT_WALL_TIME too: {v}"
+    );
 }
 
 /// Sends `signal` (`-STOP`, `-CONT`) to `pid`.

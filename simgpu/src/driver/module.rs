@@ -261,17 +261,36 @@ fn func_attr(f: &Function, attr: i32) -> Result<i32, CUresult> {
     })
 }
 
+/// Runs a load that JIT options came with, then fills their outputs (wall time, logs) as the
+/// JIT does (`link::JitOutputs`).
+///
+/// Safety: `JitOutputs::read`'s, for the call's duration.
+unsafe fn with_jit_outputs(
+    n: u32,
+    opts: *mut u32,
+    vals: *mut *mut c_void,
+    load: impl FnOnce() -> R,
+) -> R {
+    // SAFETY: this fn's contract.
+    let jit = unsafe { super::link::JitOutputs::read(n, opts, vals)? };
+    let start = std::time::Instant::now();
+    let r = load();
+    let error = if r.is_err() {
+        "error   : not a valid PTX, cubin or fatbin image\n"
+    } else {
+        ""
+    };
+    // SAFETY: as above; the options stay valid for the call.
+    unsafe { jit.write(start.elapsed(), "", error) };
+    r
+}
+
 driver! {
     fn cuModuleLoadData(pm: *mut *mut c_void, image: *const c_void) {
         load(pm, image)
     }
     fn cuModuleLoadDataEx(pm: *mut *mut c_void, image: *const c_void, n: u32, opts: *mut u32, vals: *mut *mut c_void) {
-        let jit = super::link::JitOutputs::read(n, opts, vals)?;
-        let start = std::time::Instant::now();
-        let r = load(pm, image);
-        let error = if r.is_err() { "error   : not a valid PTX, cubin or fatbin image\n" } else { "" };
-        jit.write(start.elapsed(), "", error);
-        r
+        with_jit_outputs(n, opts, vals, || load(pm, image))
     }
     fn cuModuleLoadFatBinary(pm: *mut *mut c_void, image: *const c_void) {
         load(pm, image)
@@ -292,13 +311,13 @@ driver! {
         let m = sim()?.modules.get(h as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         out(count, m.info.kernels.len() as u32)
     }
-    fn cuLibraryLoadData(pl: *mut *mut c_void, code: *const c_void, _jo: *mut u32, _jv: *mut *mut c_void, _nj: u32,
+    fn cuLibraryLoadData(pl: *mut *mut c_void, code: *const c_void, jo: *mut u32, jv: *mut *mut c_void, nj: u32,
                          _lo: *mut u32, _lv: *mut *mut c_void, _nl: u32) {
-        load(pl, code)
+        with_jit_outputs(nj, jo, jv, || load(pl, code))
     }
-    fn cuLibraryLoadFromFile(pl: *mut *mut c_void, path: *const c_char, _jo: *mut u32, _jv: *mut *mut c_void, _nj: u32,
+    fn cuLibraryLoadFromFile(pl: *mut *mut c_void, path: *const c_char, jo: *mut u32, jv: *mut *mut c_void, nj: u32,
                              _lo: *mut u32, _lv: *mut *mut c_void, _nl: u32) {
-        load_file(pl, path)
+        with_jit_outputs(nj, jo, jv, || load_file(pl, path))
     }
     fn cuLibraryUnload(h: *mut c_void) {
         unload(h)
