@@ -1,0 +1,257 @@
+//! Containers through CDI with real podman (issue 21, must-show 1): `sharectl cdi generate`
+//! writes the spec, `podman run --device <kind>=0` injects libshare, the daemon names each
+//! container from its cgroup (podman's `libpod-<id>`), `sharectl set <container id>` sets its
+//! quota and class, and the cudart program inside sees the quota as the device.
+
+use libshare_tests::containers::{quota_program, rootfs, unique, Node, Podman, Removed, PROBE};
+use libshare_tests::ok;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Stdio};
+
+const MIB: u64 = 1 << 20;
+
+/// A node with a CDI spec of a kind private to this test in /etc/cdi (removed at the end).
+fn cdi_node(podman_dir: &std::path::Path) -> Option<(Node, Podman, Removed, String)> {
+    let node = Node::start("8GiB", &[]);
+    let prog = quota_program();
+    rootfs(podman_dir, &[&prog]);
+    let podman = Podman::new(podman_dir)?;
+    let kind = format!("t{}.libshare.dev/gpu", std::process::id());
+    std::fs::create_dir_all("/etc/cdi").unwrap();
+    let spec = Removed(format!("/etc/cdi/{}.json", unique("cdi")).into());
+    let mut args = vec!["cdi", "generate", "--kind", &kind, "--output"];
+    let path = spec.0.display().to_string();
+    args.push(&path);
+    let inject = node.inject_args();
+    args.extend(inject.iter().map(String::as_str));
+    ok(&node.sharectl(&args).output().unwrap());
+    Some((node, podman, spec, kind))
+}
+
+/// `podman create` of the quota program with `device`, its full id.
+fn create(podman: &Podman, name: &str, device: &str, mib: u64) -> String {
+    let out = podman
+        .cmd(&[
+            "create",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--pid",
+            "host",
+            "--device",
+            device,
+        ])
+        .arg(&podman.image)
+        .args(["/usr/bin/container_quota", &mib.to_string()])
+        .output()
+        .unwrap();
+    ok(&out).trim().to_string()
+}
+
+/// `podman start -ai NAME`, once the program printed its "held" line; its JSON lines so far.
+fn start_until_held(podman: &Podman, name: &str) -> (Child, Vec<serde_json::Value>) {
+    let mut child = podman
+        .cmd(&["start", "-ai", name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    let mut r = BufReader::new(child.stdout.take().unwrap());
+    loop {
+        let mut l = String::new();
+        if r.read_line(&mut l).unwrap() == 0 {
+            panic!("{name} ended before holding its memory: {lines:?}");
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(l.trim()).unwrap_or_else(|_| panic!("{name}: {l}"));
+        let held = v["check"] == "held";
+        lines.push(v);
+        if held {
+            break;
+        }
+    }
+    (child, lines)
+}
+
+fn check<'a>(lines: &'a [serde_json::Value], what: &str) -> &'a serde_json::Value {
+    lines
+        .iter()
+        .find(|v| v["check"] == what)
+        .unwrap_or_else(|| panic!("no {what} line in {lines:?}"))
+}
+
+#[test]
+fn two_cdi_containers_get_their_own_quota_and_class_by_container_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((node, podman, _spec, kind)) = cdi_node(dir.path()) else {
+        return;
+    };
+    let device = format!("{kind}=0");
+    let (prod_name, opp_name) = (unique("prod"), unique("opp"));
+    let prod = create(&podman, &prod_name, &device, 1024 - 16);
+    let opp = create(&podman, &opp_name, &device, 512 - 16);
+    let _cleanup = scopeguard(&podman, &[&prod_name, &opp_name]);
+    let (prod_id, opp_id) = (&prod[..12], &opp[..12]);
+    ok(&node
+        .sharectl(&["set", prod_id, "--memory", "1GiB", "--class", "production"])
+        .output()
+        .unwrap());
+    ok(&node
+        .sharectl(&[
+            "set",
+            opp_id,
+            "--memory",
+            "512MiB",
+            "--class",
+            "opportunistic",
+        ])
+        .output()
+        .unwrap());
+
+    let (mut p, prod_lines) = start_until_held(&podman, &prod_name);
+    let (mut o, opp_lines) = start_until_held(&podman, &opp_name);
+    for (lines, quota) in [(&prod_lines, 1024 * MIB), (&opp_lines, 512 * MIB)] {
+        let mem = check(lines, "mem");
+        assert_eq!(mem["result"], 0, "{lines:?}");
+        assert_eq!(mem["total"], quota, "the device is the quota: {lines:?}");
+        assert_eq!(check(lines, "fill")["result"], 0, "{lines:?}");
+        // CUDA_ERROR_OUT_OF_MEMORY = 2
+        assert_eq!(check(lines, "past")["result"], 2, "{lines:?}");
+    }
+
+    let status = ok(&node.sharectl(&["status", "--json"]).output().unwrap());
+    let doc: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let containers = doc["containers"].as_array().unwrap();
+    for (id, class, quota, used) in [
+        (prod_id, "production", 1024 * MIB, 1008 * MIB),
+        (opp_id, "opportunistic", 512 * MIB, 496 * MIB),
+    ] {
+        let c = containers
+            .iter()
+            .find(|c| c["container"] == id)
+            .unwrap_or_else(|| panic!("{id} not in sharectl status: {status}"));
+        assert_eq!(c["class"], class, "{status}");
+        assert_eq!(c["devices"][0]["quota_bytes"], quota, "{status}");
+        assert_eq!(c["devices"][0]["used_bytes"], used, "{status}");
+        assert_eq!(c["devices"][0]["refused_over_quota"], 1, "{status}");
+        assert_eq!(c["processes"].as_array().unwrap().len(), 1, "{status}");
+    }
+    assert_eq!(
+        containers.len(),
+        2,
+        "nothing registered as another container: {status}"
+    );
+    for c in [&mut p, &mut o] {
+        c.stdin.take().unwrap().write_all(b"").unwrap();
+        assert!(c.wait().unwrap().success());
+    }
+    eprintln!(
+        "two podman containers through CDI: {prod_id} production 1 GiB, {opp_id} opportunistic 512 MiB"
+    );
+}
+
+#[test]
+fn only_containers_with_the_cdi_device_are_injected_and_see_only_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((node, podman, _spec, kind)) = cdi_node(dir.path()) else {
+        return;
+    };
+    let device = format!("{kind}=all");
+    let with = podman.run(&["--device", &device], &["/bin/sh", "-c", PROBE]);
+    assert_eq!(ok(&with).trim(), "INJECTED");
+    let without = podman.run(&[], &["/bin/sh", "-c", PROBE]);
+    assert_eq!(ok(&without).trim(), "NOT-INJECTED");
+    let without = podman.run(
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "for f in /etc/ld.so.preload /run/libshare /usr/lib/libshare; do [ -e $f ] && echo $f; done; true",
+        ],
+    );
+    assert_eq!(
+        ok(&without).trim(),
+        "",
+        "nothing injected without the device"
+    );
+    // What the container sees of the node: the socket, never admin.sock or any state.
+    let list = podman.run(
+        &["--device", &device],
+        &[
+            "/bin/sh",
+            "-c",
+            "for f in /run/libshare/* /usr/lib/libshare/*; do echo $f; done; while read -r l; do echo \"$l\"; done < /etc/ld.so.preload",
+        ],
+    );
+    assert_eq!(
+        ok(&list).trim(),
+        "/run/libshare/register.sock\n/usr/lib/libshare/libshare.so\n/usr/lib/libshare/libshare.so"
+    );
+    // A GPU the node does not have: podman refuses the device, nothing runs.
+    let missing = podman.run(
+        &["--device", &format!("{kind}=7")],
+        &["/bin/sh", "-c", "echo RAN"],
+    );
+    assert!(!missing.status.success());
+    assert!(!String::from_utf8_lossy(&missing.stdout).contains("RAN"));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("unresolvable CDI devices"), "{err}");
+    // And generating a spec for it is one line, nothing written.
+    let out = node
+        .sharectl(&[
+            "cdi",
+            "generate",
+            "--kind",
+            &kind,
+            "--devices",
+            "0,7",
+            "--output",
+            "/etc/cdi/never.json",
+        ])
+        .args(node.inject_args())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert!(err.contains("GPU 7 does not exist"), "{err}");
+    assert!(!std::path::Path::new("/etc/cdi/never.json").exists());
+    let spec: serde_json::Value = serde_json::from_str(&ok(&node
+        .sharectl(&["cdi", "generate", "--kind", &kind])
+        .args(node.inject_args())
+        .output()
+        .unwrap()))
+    .unwrap();
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    let names: Vec<&str> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["0", "all"], "one device per GPU and all");
+}
+
+/// Removes the named containers when dropped.
+fn scopeguard<'a>(podman: &'a Podman, names: &[&str]) -> impl Drop + 'a {
+    struct G<'a>(&'a Podman, Vec<String>);
+    impl Drop for G<'_> {
+        fn drop(&mut self) {
+            for n in &self.1 {
+                let _ = self
+                    .0
+                    .cmd(&["rm", "-f", n])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+    G(podman, names.iter().map(|s| s.to_string()).collect())
+}
