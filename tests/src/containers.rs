@@ -111,6 +111,108 @@ impl Node {
     }
 }
 
+pub const MIB: u64 = 1 << 20;
+
+/// `container_quota` running in a container (its runtime's command attached to its stdio),
+/// holding its memory.
+pub struct Held {
+    child: std::process::Child,
+    pub lines: Vec<serde_json::Value>,
+}
+
+impl Held {
+    /// Starts `cmd` (which runs `container_quota QUOTA-16MiB` attached) and checks what the
+    /// program saw once it holds its memory: the device's size is `quota`, the allocation up to
+    /// it succeeded, 32 MiB more failed with CUDA_ERROR_OUT_OF_MEMORY.
+    pub fn start(mut cmd: Command, quota: u64) -> Held {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = Vec::new();
+        let mut r = std::io::BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut l = String::new();
+            if r.read_line(&mut l).unwrap() == 0 {
+                let _ = child.kill();
+                panic!("{cmd:?} ended before holding its memory: {lines:?}");
+            }
+            let v: serde_json::Value =
+                serde_json::from_str(l.trim()).unwrap_or_else(|_| panic!("{cmd:?}: {l}"));
+            let held = v["check"] == "held";
+            lines.push(v);
+            if held {
+                break;
+            }
+        }
+        let h = Held { child, lines };
+        let mem = h.check("mem");
+        assert_eq!(mem["result"], 0, "{:?}", h.lines);
+        assert_eq!(
+            mem["total"], quota,
+            "the device is the quota: {:?}",
+            h.lines
+        );
+        assert_eq!(h.check("fill")["result"], 0, "{:?}", h.lines);
+        // CUDA_ERROR_OUT_OF_MEMORY = 2
+        assert_eq!(h.check("past")["result"], 2, "{:?}", h.lines);
+        h
+    }
+
+    pub fn check(&self, what: &str) -> &serde_json::Value {
+        self.lines
+            .iter()
+            .find(|v| v["check"] == what)
+            .unwrap_or_else(|| panic!("no {what} line in {:?}", self.lines))
+    }
+
+    /// Closes its stdin: the program frees and exits 0, and so does its runtime's command.
+    pub fn end(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Node {
+    /// `sharectl set ID --memory MEMORY --class CLASS` through the daemon.
+    pub fn set(&self, id: &str, memory: &str, class: &str) {
+        crate::ok(
+            &self
+                .sharectl(&["set", id, "--memory", memory, "--class", class])
+                .output()
+                .unwrap(),
+        );
+    }
+
+    /// `sharectl status --json` lists exactly `want` (container id, class, quota), each with one
+    /// process holding its quota less 16 MiB and one allocation refused.
+    pub fn assert_status(&self, want: &[(&str, &str, u64)]) {
+        let status = crate::ok(&self.sharectl(&["status", "--json"]).output().unwrap());
+        let doc: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let containers = doc["containers"].as_array().unwrap();
+        for &(id, class, quota) in want {
+            let c = containers
+                .iter()
+                .find(|c| c["container"] == id)
+                .unwrap_or_else(|| panic!("{id} not in sharectl status: {status}"));
+            assert_eq!(c["class"], class, "{status}");
+            let d = &c["devices"][0];
+            assert_eq!(d["quota_bytes"], quota, "{status}");
+            assert_eq!(d["used_bytes"], quota - 16 * MIB, "{status}");
+            assert_eq!(d["refused_over_quota"], 1, "{status}");
+            assert_eq!(c["processes"].as_array().unwrap().len(), 1, "{status}");
+        }
+        assert_eq!(
+            containers.len(),
+            want.len(),
+            "nothing registered as another container: {status}"
+        );
+    }
+}
+
 /// A root filesystem with `programs` (at `/usr/bin/<name>`), dash as `/bin/sh`, and every
 /// library they, simgpu and the shim need from this host (glibc, libgcc); cudart 13 at
 /// `/opt/cudart`. No libcuda: the runtime mounts the node's.
@@ -276,5 +378,201 @@ pub struct Removed(pub PathBuf);
 impl Drop for Removed {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// runc with its own state root and bundles made from one root filesystem (hard-linked copies,
+/// so what a hook creates in one does not show in another); the cgroups under `cgroup_prefix`
+/// are removed when dropped.
+pub struct Runc {
+    dir: tempfile::TempDir,
+    pub cgroup_prefix: String,
+}
+
+impl Runc {
+    /// `None` (after a SKIP line) when runc is missing.
+    pub fn new() -> Option<Runc> {
+        if !have("runc") {
+            return None;
+        }
+        Some(Runc {
+            dir: tempfile::tempdir().unwrap(),
+            cgroup_prefix: format!("/{}", unique("runc")),
+        })
+    }
+
+    /// A bundle `name` with a copy of `rootfs_dir`, `runc spec`'s config (no terminal; the
+    /// host's pid namespace, see the module's doc; cgroup `<cgroup_prefix>/<name>`) changed by
+    /// `edit`.
+    pub fn bundle(
+        &self,
+        name: &str,
+        rootfs_dir: &Path,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> PathBuf {
+        let b = self.dir.path().join(name);
+        std::fs::create_dir_all(&b).unwrap();
+        let st = Command::new("cp")
+            .arg("-al")
+            .arg(rootfs_dir)
+            .arg(b.join("rootfs"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let st = Command::new("runc")
+            .arg("spec")
+            .current_dir(&b)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let path = b.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        cfg["process"]["terminal"] = false.into();
+        cfg["linux"]["cgroupsPath"] = format!("{}/{name}", self.cgroup_prefix).into();
+        cfg["linux"]["namespaces"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|n| n["type"] != "pid");
+        edit(&mut cfg);
+        std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+        b
+    }
+
+    /// `runc --root <private> ARGS`.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("runc");
+        c.arg("--root")
+            .arg(self.dir.path().join("state"))
+            .args(args);
+        c
+    }
+
+    /// `runc run --bundle B ID` (the container is deleted when its process ends).
+    pub fn run(&self, bundle: &Path, id: &str) -> Command {
+        let mut c = self.cmd(&["run", "--bundle"]);
+        c.arg(bundle).arg(id);
+        c
+    }
+}
+
+impl Drop for Runc {
+    fn drop(&mut self) {
+        if let Ok(dirs) = std::fs::read_dir("/sys/fs/cgroup") {
+            for d in dirs.flatten() {
+                let top = d.path().join(self.cgroup_prefix.trim_start_matches('/'));
+                if let Ok(children) = std::fs::read_dir(&top) {
+                    for c in children.flatten().filter(|c| c.path().is_dir()) {
+                        let _ = std::fs::remove_dir(c.path());
+                    }
+                }
+                let _ = std::fs::remove_dir(&top);
+            }
+        }
+    }
+}
+
+/// The OCI hook entry running `sharectl hook ARGS` (a bundle's `hooks.createRuntime`).
+pub fn hook_entry(args: &[String]) -> serde_json::Value {
+    let mut a = vec!["sharectl".to_string(), "hook".to_string()];
+    a.extend(args.iter().cloned());
+    serde_json::json!({ "path": artifacts().bin("sharectl"), "args": a })
+}
+
+/// Debian's dockerd, started for one test with networking off, its own data root, exec root,
+/// pid file and socket, and a runtime `libshare` (`sharectl runtime ARGS --`); stopped by pid.
+pub struct Dockerd {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Dockerd {
+    /// `None` (after a SKIP line) when dockerd or docker is missing or does not come up.
+    pub fn start(runtime_args: &[String]) -> Option<Dockerd> {
+        if !have("dockerd") || !have("docker") {
+            return None;
+        }
+        // Short paths: the exec root holds unix sockets (108 bytes at most).
+        let dir = tempfile::Builder::new().prefix("ls-dk").tempdir().unwrap();
+        let d = dir.path();
+        let mut args = vec!["runtime".to_string()];
+        args.extend(runtime_args.iter().cloned());
+        args.push("--".into());
+        let cfg = serde_json::json!({
+            "data-root": d.join("root"), "exec-root": d.join("exec"), "pidfile": d.join("pid"),
+            "hosts": [format!("unix://{}", d.join("sock").display())],
+            "iptables": false, "ip-masq": false, "bridge": "none",
+            "runtimes": { "libshare": { "path": artifacts().bin("sharectl"), "runtimeArgs": args } },
+        });
+        std::fs::write(d.join("daemon.json"), cfg.to_string()).unwrap();
+        let log = std::fs::File::create(d.join("log")).unwrap();
+        let child = Command::new("dockerd")
+            .arg("--config-file")
+            .arg(d.join("daemon.json"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut dk = Dockerd { child, dir };
+        let up = until(Duration::from_secs(30), || {
+            dk.cmd(&["info"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+                || dk.child.try_wait().ok().flatten().is_some()
+        });
+        if up.is_none() || dk.child.try_wait().ok().flatten().is_some() {
+            let log = std::fs::read_to_string(dk.dir.path().join("log")).unwrap_or_default();
+            skip(&format!(
+                "dockerd did not start here: {}",
+                crate::tail(&log, 5)
+            ));
+            return None;
+        }
+        Some(dk)
+    }
+
+    /// `docker -H unix://<its socket> ARGS`.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("docker");
+        c.arg("-H")
+            .arg(format!("unix://{}", self.dir.path().join("sock").display()))
+            .args(args);
+        c
+    }
+
+    /// Imports a root filesystem as image `name`.
+    pub fn import(&self, rootfs_dir: &Path, name: &str) {
+        let tar = self.dir.path().join("image.tar");
+        let st = Command::new("tar")
+            .arg("-C")
+            .arg(rootfs_dir)
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = self.cmd(&["import"]).arg(&tar).arg(name).output().unwrap();
+        crate::ok(&out);
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        // By its pid (our child, not yet reaped), never by name.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        if until(Duration::from_secs(15), || {
+            self.child.try_wait().ok().flatten().is_some()
+        })
+        .is_none()
+        {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
     }
 }

@@ -3,12 +3,11 @@
 //! container from its cgroup (podman's `libpod-<id>`), `sharectl set <container id>` sets its
 //! quota and class, and the cudart program inside sees the quota as the device.
 
-use libshare_tests::containers::{quota_program, rootfs, unique, Node, Podman, Removed, PROBE};
+use libshare_tests::containers::{
+    quota_program, rootfs, unique, Held, Node, Podman, Removed, MIB, PROBE,
+};
 use libshare_tests::ok;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Stdio};
-
-const MIB: u64 = 1 << 20;
+use std::process::Stdio;
 
 /// A node with a CDI spec of a kind private to this test in /etc/cdi (removed at the end).
 fn cdi_node(podman_dir: &std::path::Path) -> Option<(Node, Podman, Removed, String)> {
@@ -50,40 +49,6 @@ fn create(podman: &Podman, name: &str, device: &str, mib: u64) -> String {
     ok(&out).trim().to_string()
 }
 
-/// `podman start -ai NAME`, once the program printed its "held" line; its JSON lines so far.
-fn start_until_held(podman: &Podman, name: &str) -> (Child, Vec<serde_json::Value>) {
-    let mut child = podman
-        .cmd(&["start", "-ai", name])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = Vec::new();
-    let mut r = BufReader::new(child.stdout.take().unwrap());
-    loop {
-        let mut l = String::new();
-        if r.read_line(&mut l).unwrap() == 0 {
-            panic!("{name} ended before holding its memory: {lines:?}");
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(l.trim()).unwrap_or_else(|_| panic!("{name}: {l}"));
-        let held = v["check"] == "held";
-        lines.push(v);
-        if held {
-            break;
-        }
-    }
-    (child, lines)
-}
-
-fn check<'a>(lines: &'a [serde_json::Value], what: &str) -> &'a serde_json::Value {
-    lines
-        .iter()
-        .find(|v| v["check"] == what)
-        .unwrap_or_else(|| panic!("no {what} line in {lines:?}"))
-}
-
 #[test]
 fn two_cdi_containers_get_their_own_quota_and_class_by_container_id() {
     let dir = tempfile::tempdir().unwrap();
@@ -96,59 +61,17 @@ fn two_cdi_containers_get_their_own_quota_and_class_by_container_id() {
     let opp = create(&podman, &opp_name, &device, 512 - 16);
     let _cleanup = scopeguard(&podman, &[&prod_name, &opp_name]);
     let (prod_id, opp_id) = (&prod[..12], &opp[..12]);
-    ok(&node
-        .sharectl(&["set", prod_id, "--memory", "1GiB", "--class", "production"])
-        .output()
-        .unwrap());
-    ok(&node
-        .sharectl(&[
-            "set",
-            opp_id,
-            "--memory",
-            "512MiB",
-            "--class",
-            "opportunistic",
-        ])
-        .output()
-        .unwrap());
+    node.set(prod_id, "1GiB", "production");
+    node.set(opp_id, "512MiB", "opportunistic");
 
-    let (mut p, prod_lines) = start_until_held(&podman, &prod_name);
-    let (mut o, opp_lines) = start_until_held(&podman, &opp_name);
-    for (lines, quota) in [(&prod_lines, 1024 * MIB), (&opp_lines, 512 * MIB)] {
-        let mem = check(lines, "mem");
-        assert_eq!(mem["result"], 0, "{lines:?}");
-        assert_eq!(mem["total"], quota, "the device is the quota: {lines:?}");
-        assert_eq!(check(lines, "fill")["result"], 0, "{lines:?}");
-        // CUDA_ERROR_OUT_OF_MEMORY = 2
-        assert_eq!(check(lines, "past")["result"], 2, "{lines:?}");
-    }
-
-    let status = ok(&node.sharectl(&["status", "--json"]).output().unwrap());
-    let doc: serde_json::Value = serde_json::from_str(&status).unwrap();
-    let containers = doc["containers"].as_array().unwrap();
-    for (id, class, quota, used) in [
-        (prod_id, "production", 1024 * MIB, 1008 * MIB),
-        (opp_id, "opportunistic", 512 * MIB, 496 * MIB),
-    ] {
-        let c = containers
-            .iter()
-            .find(|c| c["container"] == id)
-            .unwrap_or_else(|| panic!("{id} not in sharectl status: {status}"));
-        assert_eq!(c["class"], class, "{status}");
-        assert_eq!(c["devices"][0]["quota_bytes"], quota, "{status}");
-        assert_eq!(c["devices"][0]["used_bytes"], used, "{status}");
-        assert_eq!(c["devices"][0]["refused_over_quota"], 1, "{status}");
-        assert_eq!(c["processes"].as_array().unwrap().len(), 1, "{status}");
-    }
-    assert_eq!(
-        containers.len(),
-        2,
-        "nothing registered as another container: {status}"
-    );
-    for c in [&mut p, &mut o] {
-        c.stdin.take().unwrap().write_all(b"").unwrap();
-        assert!(c.wait().unwrap().success());
-    }
+    let p = Held::start(podman.cmd(&["start", "-ai", &prod_name]), 1024 * MIB);
+    let o = Held::start(podman.cmd(&["start", "-ai", &opp_name]), 512 * MIB);
+    node.assert_status(&[
+        (prod_id, "production", 1024 * MIB),
+        (opp_id, "opportunistic", 512 * MIB),
+    ]);
+    p.end();
+    o.end();
     eprintln!(
         "two podman containers through CDI: {prod_id} production 1 GiB, {opp_id} opportunistic 512 MiB"
     );
