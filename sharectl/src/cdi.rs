@@ -4,8 +4,9 @@
 //! The spec is JSON (which every CDI consumer reads, YAML being a superset) at `cdiVersion`
 //! 0.5.0: the lowest version covering what it uses (mounts, hooks, env), which is also the
 //! highest that podman 4.3 accepts. Its edits are `inject.rs`'s mounts, applied once for any
-//! device of the spec, and one `createRuntime` hook (`sharectl hook --cdi`) that merges an
-//! image's own `/etc/ld.so.preload` and undoes the preload in a musl or static image. A device
+//! device of the spec, and `sharectl hook --cdi` (createRuntime) that merges an image's own
+//! `/etc/ld.so.preload` and undoes the preload in a musl or static image (poststop: removes the
+//! merged list). A device
 //! per GPU (`<kind>=0`, `=1`, … selecting it with `CUDA_VISIBLE_DEVICES`) and `<kind>=all`.
 
 use crate::inject::{sharectl_exe, sim_state_in_container, write_atomic, InjectArgs};
@@ -142,13 +143,13 @@ pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
         "name": "all",
         "containerEdits": { "env": ["LIBSHARE_VISIBLE_DEVICES=all"] },
     }));
+    let hooks: Vec<Value> = ["createRuntime", "poststop"]
+        .iter()
+        .map(|stage| json!({ "hookName": stage, "path": exe, "args": hook_args }))
+        .collect();
     let mut edits = json!({
         "mounts": mounts,
-        "hooks": [{
-            "hookName": "createRuntime",
-            "path": exe,
-            "args": hook_args,
-        }],
+        "hooks": hooks,
     });
     if !env.is_empty() {
         edits["env"] = json!(env);

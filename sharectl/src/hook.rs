@@ -44,16 +44,17 @@ pub enum Stage {
 pub struct HookArgs {
     #[command(flatten)]
     pub inject: InjectArgs,
-    /// The OCI stage this hook is registered for.
-    #[arg(value_enum, default_value = "createRuntime")]
-    pub stage: Stage,
+    /// The OCI stage this hook is registered for (default: from the state's status: "stopped"
+    /// is poststop, anything else createRuntime).
+    #[arg(value_enum)]
+    pub stage: Option<Stage>,
     /// The runtime applied a CDI spec's mounts: only merge an image's own preload list, or take
     /// the preload away from a musl/static image.
     #[arg(long)]
     pub cdi: bool,
     /// Print the podman/CRI-O hooks.d JSON that runs this hook for containers annotated
     /// libshare.dev/gpu=…, instead of running it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stage")]
     pub print_hooks_d: bool,
 }
 
@@ -61,7 +62,9 @@ pub struct HookArgs {
 #[derive(Debug)]
 struct OciState {
     id: String,
-    pid: i32,
+    stopped: bool,
+    /// None once the container stopped (poststop).
+    pid: Option<i32>,
     bundle: PathBuf,
 }
 
@@ -85,7 +88,12 @@ pub fn run(a: HookArgs) -> Result<()> {
         .read_to_string(&mut text)
         .context("cannot read the container's state on stdin")?;
     let st = parse_state(&text)?;
-    match a.stage {
+    let stage = a.stage.unwrap_or(if st.stopped {
+        Stage::Poststop
+    } else {
+        Stage::CreateRuntime
+    });
+    match stage {
         Stage::Poststop => {
             let _ = std::fs::remove_file(merged_path(&a.inject, &st.id));
             Ok(())
@@ -111,7 +119,7 @@ fn parse_state(text: &str) -> Result<OciState> {
     let pid = v["pid"]
         .as_i64()
         .filter(|&p| p > 0 && p <= i32::MAX as i64)
-        .ok_or_else(|| anyhow!("the container state has no \"pid\" of a process: {WANT}"))?;
+        .map(|p| p as i32);
     let bundle = v["bundle"]
         .as_str()
         .map(PathBuf::from)
@@ -119,7 +127,8 @@ fn parse_state(text: &str) -> Result<OciState> {
         .ok_or_else(|| anyhow!("the container state has no absolute \"bundle\": {WANT}"))?;
     Ok(OciState {
         id: id.into(),
-        pid: pid as i32,
+        stopped: v["status"] == "stopped",
+        pid,
         bundle,
     })
 }
@@ -204,11 +213,17 @@ fn image_preload(root: &Path) -> Result<Option<String>> {
 
 fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     let inj = &a.inject;
+    let pid = st.pid.ok_or_else(|| {
+        anyhow!(
+            "the container state has no \"pid\" of a process: expected the runtime's state \
+             JSON at createRuntime"
+        )
+    })?;
     inj.check()?;
     let b = parse_bundle(&st.bundle)?;
-    let ns = format!("/proc/{}/ns/mnt", st.pid);
+    let ns = format!("/proc/{pid}/ns/mnt");
     if !Path::new(&ns).exists() {
-        bail!("the container's process {} is gone ({ns})", st.pid);
+        bail!("the container's process {pid} is gone ({ns})");
     }
     if !has_glibc(&b.root) {
         log_line(
@@ -221,7 +236,7 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
         );
         if a.cdi {
             let root = b.root.clone();
-            in_mount_ns(st.pid, move || {
+            in_mount_ns(pid, move || {
                 for p in [PRELOAD_IN_CONTAINER, SHIM_IN_CONTAINER] {
                     let t = resolve_in_root(&root, p)?;
                     nix::mount::umount2(&t, nix::mount::MntFlags::MNT_DETACH)
@@ -259,7 +274,7 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
         inj.mounts(&preload, b.uid)
     };
     let root = b.root.clone();
-    in_mount_ns(st.pid, move || {
+    in_mount_ns(pid, move || {
         for m in &mounts {
             bind(&root, m)?;
         }
@@ -343,7 +358,8 @@ fn in_mount_ns(pid: i32, f: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 /// The podman/CRI-O `hooks.d` entry: this hook for every container annotated
-/// `libshare.dev/gpu=<anything>`, at `createRuntime` and `poststop`.
+/// `libshare.dev/gpu=<anything>`, at `createRuntime` and `poststop` (told apart by the state's
+/// status).
 fn hooks_d(inj: &InjectArgs) -> Result<Value> {
     let exe = crate::inject::sharectl_exe()?;
     let mut args: Vec<String> = vec!["sharectl".into(), "hook".into()];
@@ -357,7 +373,7 @@ fn hooks_d(inj: &InjectArgs) -> Result<Value> {
         "version": "1.0.0",
         "hook": { "path": exe, "args": args },
         "when": { "annotations": { pattern: ".+" } },
-        "stages": ["createRuntime"],
+        "stages": ["createRuntime", "poststop"],
     }))
 }
 
@@ -369,13 +385,11 @@ mod tests {
     fn state_json_is_checked() {
         let ok =
             parse_state(r#"{"ociVersion":"1.0.2","id":"abc-1","pid":42,"bundle":"/b"}"#).unwrap();
-        assert_eq!((ok.id.as_str(), ok.pid), ("abc-1", 42));
+        assert_eq!((ok.id.as_str(), ok.pid), ("abc-1", Some(42)));
         for bad in [
             "",
             "{",
             "[]",
-            r#"{"id":"x","pid":0,"bundle":"/b"}"#,
-            r#"{"id":"x","pid":-3,"bundle":"/b"}"#,
             r#"{"id":"../x","pid":3,"bundle":"/b"}"#,
             r#"{"id":"x","pid":3,"bundle":"rel"}"#,
             r#"{"id":"x","pid":3}"#,

@@ -152,7 +152,7 @@ fn bad_input_is_one_line_and_changes_nothing() {
     let me = std::process::id();
     for (stdin, says) in [
         ("{not json", "not JSON"),
-        (r#"{"id":"x","bundle":"/tmp"}"#, "pid"),
+        (r#"{"id":"x","status":"creating","bundle":"/tmp"}"#, "pid"),
         (
             &format!(r#"{{"id":"x","pid":{me},"bundle":"/nonexistent/bundle"}}"#),
             "cannot open the bundle",

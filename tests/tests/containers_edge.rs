@@ -126,7 +126,17 @@ fn podman_cdi_merges_an_images_preload_keeps_ld_preload_and_works_read_only() {
         "libshare.so\nown.so",
         "a read-only root"
     );
-    // The image's file is untouched; the merged list is a host file per container.
+    // The merged lists were host files per container, removed by the poststop hook.
+    let left = || -> Vec<_> {
+        std::fs::read_dir(node.state_dir().join("inject"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect()
+    };
+    let t = libshare_tests::until(std::time::Duration::from_secs(10), || left().is_empty());
+    assert!(t.is_some(), "left behind: {:?}", left());
+    // The image's file is untouched.
     assert_eq!(
         std::fs::read_to_string(dir.path().join("etc/ld.so.preload")).unwrap(),
         "# the image's own\n/usr/lib/own.so\n"
