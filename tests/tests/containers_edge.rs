@@ -44,6 +44,11 @@ fn no_glibc_image(dir: &Path) -> Vec<Vec<String>> {
     for d in ["bin", "etc", "proc", "sys", "dev", "tmp", "run"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }
+    let ldd = Command::new("ldd").arg("/bin/busybox").output().unwrap();
+    assert!(
+        !ldd.status.success(),
+        "/bin/busybox is dynamic: install busybox-static (scripts/test.sh does)"
+    );
     std::fs::copy("/bin/busybox", dir.join("bin/busybox")).unwrap();
     std::os::unix::fs::symlink("busybox", dir.join("bin/sh")).unwrap();
     let mut progs = vec![vec![
@@ -223,4 +228,42 @@ fn musl_and_static_images_are_not_injected_and_every_program_runs() {
             "nothing created in the image"
         );
     }
+}
+
+#[test]
+fn a_debian_11_image_runs_with_the_shipped_shim_injected() {
+    let Some(runc) = Runc::new() else {
+        return;
+    };
+    if !have("debootstrap") {
+        return;
+    }
+    let node = Node::start("8GiB", &[]);
+    let root = libshare_tests::debian::root("bullseye");
+    let script = format!(
+        "({}); /bin/ls / >/dev/null && echo LS; /usr/bin/env true && echo ENV",
+        libshare_tests::containers::PROBE
+    );
+    let run = |name: &str, shim: &Path| {
+        let mut args = node.inject_args();
+        args[1] = shim.display().to_string();
+        let hook = hook_entry(&args);
+        let b = runc.bundle(name, &root, |c| {
+            c["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
+            c["hooks"] = serde_json::json!({ "createRuntime": [hook] });
+        });
+        runc.run(&b, &unique(name)).output().unwrap()
+    };
+    // glibc 2.31: the shipped shim (GLIBC_2.17 at most) loads and every program runs.
+    let shipped = libshare_tests::target_dir().join("dist/libshare.so");
+    assert_eq!(lines(&run("deb11", &shipped)), "INJECTED\nLS\nENV");
+    // Negative control: the host build (GLIBC_2.34) would stop every dynamic program.
+    let out = run("deb11-host", &libshare_tests::shim_lib());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("LS"), "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("GLIBC_2.3"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
