@@ -67,7 +67,9 @@ fn generate(a: GenerateArgs) -> Result<()> {
             a.kind
         );
     }
-    a.inject.check()?;
+    // The daemon may start later (package install): its socket is needed when a container
+    // starts, where the runtime fails the mount without it.
+    a.inject.check(false)?;
     let count = libshare_node::nvml::device_totals()
         .map_err(|e| anyhow::anyhow!("cannot count the node's GPUs: {e}"))?
         .len() as u32;

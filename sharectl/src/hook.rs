@@ -219,7 +219,7 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
              JSON at createRuntime"
         )
     })?;
-    inj.check()?;
+    inj.check(true)?;
     let b = parse_bundle(&st.bundle)?;
     let ns = format!("/proc/{pid}/ns/mnt");
     if !Path::new(&ns).exists() {

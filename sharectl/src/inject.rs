@@ -87,8 +87,9 @@ impl InjectArgs {
         self.state_dir.join("inject")
     }
 
-    /// Every path absolute and there; one line saying which is not and what to do.
-    pub fn check(&self) -> Result<()> {
+    /// Every path absolute and there (the daemon's socket too when `socket`: a container must
+    /// not start without it); one line saying which is not and what to do.
+    pub fn check(&self, socket: bool) -> Result<()> {
         for (what, p) in [
             ("--shim", &self.shim),
             ("--preload-file", &self.preload_file),
@@ -107,6 +108,7 @@ impl InjectArgs {
         use std::os::unix::fs::FileTypeExt;
         match std::fs::metadata(self.socket()) {
             Ok(m) if m.file_type().is_socket() => {}
+            _ if !socket => {}
             _ => bail!(
                 "the daemon's registration socket {} does not exist: start the daemon \
                  (sharectl daemon --state-dir {}, or systemctl start libshare)",

@@ -166,7 +166,7 @@ fn edit_bundle(inj: &InjectArgs, bundle: &std::path::Path) -> Result<()> {
     {
         bail!("{ENV_DEVICES}={want}: expected all or GPU indices like 0,1; nothing was run");
     }
-    inj.check()?;
+    inj.check(true)?;
     let exe = sharectl_exe()?;
     let hook = |stage: &str| {
         let mut args: Vec<String> = vec!["sharectl".into(), "hook".into()];
