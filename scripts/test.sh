@@ -45,7 +45,7 @@ if ! command -v tmux >/dev/null; then
     || echo "cannot install tmux: daemon_metrics will print SKIP for sharectl top" >&2
 fi
 missing=()
-for p in runc:runc podman:podman dockerd:docker.io debootstrap:debootstrap busybox:busybox-static musl-gcc:musl-tools; do
+for p in runc:runc podman:podman dockerd:docker.io debootstrap:debootstrap busybox:busybox-static musl-gcc:musl-tools systemd-analyze:systemd; do
   command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}")
 done
 if [ "${#missing[@]}" -ne 0 ]; then
