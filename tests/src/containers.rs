@@ -289,6 +289,19 @@ pub fn quota_program() -> PathBuf {
     )
 }
 
+/// Packs a root filesystem into an image tarball.
+fn pack(rootfs_dir: &Path, out: &Path) {
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs_dir)
+        .arg("-cf")
+        .arg(out)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
 /// podman with a private configuration, and an image imported from a root filesystem, removed
 /// when dropped.
 pub struct Podman {
@@ -313,15 +326,7 @@ impl Podman {
         .unwrap();
         let image = format!("localhost/{}:latest", unique("image"));
         let tar = dir.path().join("image.tar");
-        let st = Command::new("tar")
-            .arg("-C")
-            .arg(rootfs_dir)
-            .arg("-cf")
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .unwrap();
-        assert!(st.success());
+        pack(rootfs_dir, &tar);
         let p = Podman {
             conf,
             image,
@@ -350,6 +355,17 @@ impl Podman {
         c
     }
 
+    /// `podman create -i --name NAME --network none --pid host --device DEVICE ARGS IMAGE CMD…`,
+    /// not yet run (the container's full id on its stdout).
+    pub fn create(&self, name: &str, device: &str, args: &[&str], cmd: &[&str]) -> Command {
+        let mut c = self.cmd(&["create", "-i", "--name", name, "--network", "none"]);
+        c.args(["--pid", "host", "--device", device])
+            .args(args)
+            .arg(&self.image)
+            .args(cmd);
+        c
+    }
+
     /// `podman run --rm --network none --pid host ARGS IMAGE CMD…`, run to completion.
     pub fn run(&self, args: &[&str], cmd: &[&str]) -> Output {
         self.cmd(&["run", "--rm", "--network", "none", "--pid", "host"])
@@ -369,6 +385,25 @@ impl Drop for Podman {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+impl Node {
+    /// `sharectl cdi generate` for this node into /etc/cdi (podman 4.3 reads only there and
+    /// /var/run/cdi), with a kind private to this test process (`<tag><pid>.libshare.dev/gpu`);
+    /// the spec (removed when dropped) and the kind.
+    pub fn cdi_spec(&self, tag: &str) -> (Removed, String) {
+        let kind = format!("{tag}{}.libshare.dev/gpu", std::process::id());
+        std::fs::create_dir_all("/etc/cdi").unwrap();
+        let spec = Removed(format!("/etc/cdi/{}.json", unique(tag)).into());
+        let out = self
+            .sharectl(&["cdi", "generate", "--kind", &kind, "--output"])
+            .arg(&spec.0)
+            .args(self.inject_args())
+            .output()
+            .unwrap();
+        crate::ok(&out);
+        (spec, kind)
     }
 }
 
@@ -546,15 +581,7 @@ impl Dockerd {
     /// Imports a root filesystem as image `name`.
     pub fn import(&self, rootfs_dir: &Path, name: &str) {
         let tar = self.dir.path().join("image.tar");
-        let st = Command::new("tar")
-            .arg("-C")
-            .arg(rootfs_dir)
-            .arg("-cf")
-            .arg(&tar)
-            .arg(".")
-            .status()
-            .unwrap();
-        assert!(st.success());
+        pack(rootfs_dir, &tar);
         let out = self.cmd(&["import"]).arg(&tar).arg(name).output().unwrap();
         crate::ok(&out);
     }

@@ -47,44 +47,37 @@ fn a_container_cannot_reach_the_admin_socket_other_state_or_another_identity() {
     let Some(podman) = Podman::new(dir.path()) else {
         return;
     };
-    let kind = format!("a{}.libshare.dev/gpu", std::process::id());
-    let spec = Removed(format!("/etc/cdi/{}.json", unique("attack")).into());
-    std::fs::create_dir_all("/etc/cdi").unwrap();
-    ok(&node
-        .sharectl(&["cdi", "generate", "--kind", &kind, "--output"])
-        .arg(&spec.0)
-        .args(node.inject_args())
-        .output()
-        .unwrap());
+    let (_spec, kind) = node.cdi_spec("a");
     let device = format!("{kind}=0");
     let names = [unique("victim"), unique("tenant")];
     let mut ids = Vec::new();
     for (name, claim) in names.iter().zip([None, Some(())]) {
-        let mut c = podman.cmd(&[
-            "create",
-            "-i",
-            "--name",
-            name,
-            "--network",
-            "none",
-            "--pid",
-            "host",
-            "--device",
-            &device,
-        ]);
         let prog = ["/usr/bin/container_quota", "496"];
-        if claim.is_some() {
+        let c = match claim {
+            None => podman.create(name, &device, &[], &prog),
             // The victim's name and a big limit in the environment, and its own user and cgroup
             // namespaces (where /proc/self/cgroup says "/").
-            c.args(["-e", &format!("LIBSHARE_CONTAINER={}", ids[0])])
-                .args(["-e", "LIBSHARE_MEMORY_LIMIT=4GiB"])
-                .args(["-e", "CUDA_DEVICE_MEMORY_LIMIT=4g"])
-                .arg(&podman.image)
-                .args(["/usr/bin/unshare", "--user", "--map-root-user", "--cgroup"]);
-        } else {
-            c.arg(&podman.image);
-        }
-        let id = ok(&c.args(prog).output().unwrap()).trim()[..12].to_string();
+            Some(()) => {
+                let victim = format!("LIBSHARE_CONTAINER={}", ids[0]);
+                let mut cmd = vec!["/usr/bin/unshare", "--user", "--map-root-user", "--cgroup"];
+                cmd.extend(prog);
+                podman.create(
+                    name,
+                    &device,
+                    &[
+                        "-e",
+                        &victim,
+                        "-e",
+                        "LIBSHARE_MEMORY_LIMIT=4GiB",
+                        "-e",
+                        "CUDA_DEVICE_MEMORY_LIMIT=4g",
+                    ],
+                    &cmd,
+                )
+            }
+        };
+        let mut c = c;
+        let id = ok(&c.output().unwrap()).trim()[..12].to_string();
         node.set(&id, "512MiB", "production");
         ids.push(id);
     }

@@ -3,7 +3,7 @@
 //! root, a musl and a static image (not injected, one line in the host's hook log, every
 //! program runs) — through podman's CDI path and runc's hook path.
 
-use libshare_tests::containers::{have, hook_entry, rootfs, unique, Node, Podman, Removed, Runc};
+use libshare_tests::containers::{have, hook_entry, rootfs, unique, Node, Podman, Runc};
 use libshare_tests::ok;
 use std::path::Path;
 use std::process::Command;
@@ -84,20 +84,6 @@ fn lines(out: &std::process::Output) -> String {
     ok(out).trim().to_string()
 }
 
-fn cdi(node: &Node) -> (Removed, String) {
-    let kind = format!("e{}.libshare.dev/gpu", std::process::id());
-    let spec = Removed(format!("/etc/cdi/{}.json", unique("edge")).into());
-    std::fs::create_dir_all("/etc/cdi").unwrap();
-    let out = node
-        .sharectl(&["cdi", "generate", "--kind", &kind, "--output"])
-        .arg(&spec.0)
-        .args(node.inject_args())
-        .output()
-        .unwrap();
-    ok(&out);
-    (spec, format!("{kind}=all"))
-}
-
 fn hook_log(node: &Node) -> String {
     std::fs::read_to_string(node.state_dir().join("inject/hook.log")).unwrap_or_default()
 }
@@ -110,7 +96,8 @@ fn podman_cdi_merges_an_images_preload_keeps_ld_preload_and_works_read_only() {
     let Some(podman) = Podman::new(dir.path()) else {
         return;
     };
-    let (_spec, device) = cdi(&node);
+    let (_spec, kind) = node.cdi_spec("e");
+    let device = format!("{kind}=all");
     let sh = ["/bin/sh", "-c", WHICH];
     assert_eq!(lines(&podman.run(&[], &sh)), "own.so", "control");
     assert_eq!(
@@ -185,7 +172,8 @@ fn musl_and_static_images_are_not_injected_and_every_program_runs() {
     let Some(podman) = Podman::new(dir.path()) else {
         return;
     };
-    let (_spec, device) = cdi(&node);
+    let (_spec, kind) = node.cdi_spec("e");
+    let device = format!("{kind}=all");
     for p in &progs {
         let p: Vec<&str> = p.iter().map(String::as_str).collect();
         let name = unique(&format!("musl{}", p.len()));

@@ -12,41 +12,18 @@ use std::process::Stdio;
 /// A node with a CDI spec of a kind private to this test in /etc/cdi (removed at the end).
 fn cdi_node(podman_dir: &std::path::Path) -> Option<(Node, Podman, Removed, String)> {
     let node = Node::start("8GiB", &[]);
-    let prog = quota_program();
-    rootfs(podman_dir, &[&prog]);
+    rootfs(podman_dir, &[&quota_program()]);
     let podman = Podman::new(podman_dir)?;
-    let kind = format!("t{}.libshare.dev/gpu", std::process::id());
-    std::fs::create_dir_all("/etc/cdi").unwrap();
-    let spec = Removed(format!("/etc/cdi/{}.json", unique("cdi")).into());
-    let mut args = vec!["cdi", "generate", "--kind", &kind, "--output"];
-    let path = spec.0.display().to_string();
-    args.push(&path);
-    let inject = node.inject_args();
-    args.extend(inject.iter().map(String::as_str));
-    ok(&node.sharectl(&args).output().unwrap());
+    let (spec, kind) = node.cdi_spec("t");
     Some((node, podman, spec, kind))
 }
 
 /// `podman create` of the quota program with `device`, its full id.
 fn create(podman: &Podman, name: &str, device: &str, mib: u64) -> String {
-    let out = podman
-        .cmd(&[
-            "create",
-            "-i",
-            "--name",
-            name,
-            "--network",
-            "none",
-            "--pid",
-            "host",
-            "--device",
-            device,
-        ])
-        .arg(&podman.image)
-        .args(["/usr/bin/container_quota", &mib.to_string()])
-        .output()
-        .unwrap();
-    ok(&out).trim().to_string()
+    let cmd = ["/usr/bin/container_quota", &mib.to_string()];
+    ok(&podman.create(name, device, &[], &cmd).output().unwrap())
+        .trim()
+        .to_string()
 }
 
 #[test]
