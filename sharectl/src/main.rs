@@ -67,6 +67,7 @@ enum Command {
     /// runc wrapper (`sharectl runtime [OPTIONS] -- RUNC-ARGS`): adds the hook to containers
     /// asking for a shared GPU (LIBSHARE_VISIBLE_DEVICES or annotation libshare.dev/gpu), then
     /// execs runc with its arguments unchanged.
+    #[command(disable_help_flag = true)]
     Runtime(runtime::RuntimeCli),
 }
 

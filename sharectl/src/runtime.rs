@@ -23,7 +23,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct RuntimeCli {
-    /// [OPTIONS] -- RUNC-ARGUMENTS (see --help of the options: `sharectl runtime --help`).
+    /// [OPTIONS] -- RUNC-ARGUMENTS (the options: `sharectl runtime --help`).
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,
@@ -34,7 +34,12 @@ pub struct RuntimeCli {
 
 /// The wrapper's own options (before `--`).
 #[derive(Parser, Debug)]
-#[command(name = "sharectl runtime", no_binary_name = true)]
+#[command(
+    name = "sharectl runtime",
+    no_binary_name = true,
+    override_usage = "sharectl runtime [OPTIONS] -- <RUNC ARGUMENTS>...",
+    about = "runc wrapper: adds the libshare hook to containers asking for a shared GPU, then execs runc"
+)]
 struct RuntimeOpts {
     #[command(flatten)]
     inject: InjectArgs,
@@ -70,9 +75,17 @@ const VERBS: [&str; 18] = [
 pub fn run(cli: RuntimeCli) -> Result<()> {
     let (own, runc_args) = match cli.args.iter().position(|a| a == "--") {
         Some(i) => (&cli.args[..i], &cli.args[i + 1..]),
+        // `sharectl runtime --help`: the wrapper's own options.
+        None if cli.args.len() == 1 && (cli.args[0] == "--help" || cli.args[0] == "-h") => {
+            (&cli.args[..], &cli.args[..0])
+        }
         None => (&cli.args[..0], &cli.args[..]),
     };
     let opts = RuntimeOpts::try_parse_from(own).map_err(|e| {
+        if e.kind() == clap::error::ErrorKind::DisplayHelp {
+            let _ = e.print();
+            std::process::exit(0);
+        }
         anyhow!(
             "{}",
             e.to_string().lines().next().unwrap_or("bad options").trim()

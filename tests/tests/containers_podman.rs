@@ -155,3 +155,37 @@ fn scopeguard<'a>(podman: &'a Podman, names: &[&str]) -> impl Drop + 'a {
     }
     G(podman, names.iter().map(|s| s.to_string()).collect())
 }
+
+#[test]
+fn the_hooks_d_entry_injects_containers_annotated_for_a_shared_gpu() {
+    let node = Node::start("8GiB", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    rootfs(dir.path(), &[]);
+    let Some(podman) = Podman::new(dir.path()) else {
+        return;
+    };
+    let hooks = tempfile::tempdir().unwrap();
+    let json = ok(&node
+        .sharectl(&["hook", "--print-hooks-d"])
+        .args(node.inject_args())
+        .output()
+        .unwrap());
+    std::fs::write(hooks.path().join("libshare.json"), json).unwrap();
+    let hooks_dir = hooks.path().display().to_string();
+    let run = |annotation: &[&str]| {
+        let mut c = podman.cmd(&[
+            "--hooks-dir",
+            &hooks_dir,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+        ]);
+        c.args(annotation)
+            .arg(&podman.image)
+            .args(["/bin/sh", "-c", PROBE]);
+        ok(&c.output().unwrap()).trim().to_string()
+    };
+    assert_eq!(run(&["--annotation", "libshare.dev/gpu=all"]), "INJECTED");
+    assert_eq!(run(&[]), "NOT-INJECTED");
+}
