@@ -44,6 +44,15 @@ if ! command -v tmux >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux; } \
     || echo "cannot install tmux: daemon_metrics will print SKIP for sharectl top" >&2
 fi
+missing=()
+for p in runc:runc podman:podman dockerd:docker.io debootstrap:debootstrap busybox:busybox-static musl-gcc:musl-tools systemd-analyze:systemd; do
+  command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}")
+done
+if [ "${#missing[@]}" -ne 0 ]; then
+  step "installing ${missing[*]} (tests/tests/containers_*.rs run real containers)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+    || echo "cannot install ${missing[*]}: the container tests will print SKIP" >&2
+fi
 # Another fetch-cuda.sh (e.g. a background torch install) must finish first: never run two.
 while pgrep -f "scripts/fetch-cuda.sh" >/dev/null 2>&1; do
   echo "waiting for a running scripts/fetch-cuda.sh to finish..."; sleep 10

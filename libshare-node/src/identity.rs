@@ -8,7 +8,8 @@
 //!    (`libpod-<id>.scope`, `/libpod_parent/libpod-<id>`), containerd and CRI
 //!    (`cri-containerd-<id>.scope`, kubepods paths ending in the container id), CRI-O
 //!    (`crio-<id>.scope`): the container is the first 12 hex digits of the id, as `docker ps`
-//!    shows it.
+//!    shows it. The outermost id in the path counts, so a child cgroup a container creates
+//!    (named after another container) cannot change whose process it is.
 //!
 //! A process no rule maps is container `host`, unless the operator trusts the environment
 //! (`--trust-env`: plain hosts, tests): then the name the process claims (`LIBSHARE_CONTAINER`,
@@ -63,8 +64,10 @@ pub fn container_of_path(path: &str, cfg: &IdentityConfig) -> Option<String> {
             }
         }
     }
+    // The outermost id wins: a container that may create cgroups under its own (delegated
+    // cgroups, nested runtimes) can name a child `libpod-<another id>`, never its own parents.
     let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    for (i, c) in parts.iter().enumerate().rev() {
+    for (i, c) in parts.iter().enumerate() {
         if let Some(id) = runtime_id(c) {
             return Some(id[..12].to_ascii_lowercase());
         }
@@ -130,6 +133,23 @@ mod tests {
             format!("5:memory:/kubepods/besteffort/pod0b1c2d/{ID}\n"),
         ] {
             assert_eq!(container_of_cgroups(&text, &cfg()).as_deref(), Some(short), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_child_cgroup_named_after_another_container_is_still_its_parents() {
+        let other = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        for text in [
+            format!("0::/libpod_parent/libpod-{ID}/libpod-{other}\n"),
+            format!("0::/system.slice/docker-{ID}.scope/docker-{other}.scope\n"),
+            format!("4:memory:/docker/{ID}/docker/{other}\n"),
+            format!("0::/kubepods.slice/crio-{ID}.scope/crio-{other}.scope\n"),
+        ] {
+            assert_eq!(
+                container_of_cgroups(&text, &cfg()).as_deref(),
+                Some(&ID[..12]),
+                "{text}"
+            );
         }
     }
 

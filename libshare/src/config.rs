@@ -54,6 +54,8 @@ pub const KNOWN: &[&str] = &[
     "LIBSHARE_LOG",
     "LIBSHARE_REAL_LIBCUDA",
     "LIBSHARE_REAL_LIBNVML",
+    // Read by the container runtime (`sharectl runtime`, the CDI spec's devices), not the shim.
+    "LIBSHARE_VISIBLE_DEVICES",
 ];
 
 fn invalid(var: &str, value: &str, expected: &str) -> String {

@@ -4,7 +4,8 @@
 //!   baseline); reused when newer than every input, rebuilt otherwise.
 //! - `scripts/check-glibc.sh` must pass for 2.17.
 //! - In a Debian 11 (bullseye, glibc 2.31) root made once with `debootstrap --variant=minbase` and
-//!   cached under `$LIBSHARE_CACHE/bullseye-rootfs` (default `~/.cache/libshare`), the shim is
+//!   cached under `$LIBSHARE_CACHE/bullseye-rootfs` (default `~/.cache/libshare`;
+//!   `libshare_tests::debian`), the shim is
 //!   preloaded into `/bin/true`, `/bin/sh` and `perl` (whose `dlsym` calls go through the shim's own
 //!   `dlsym`, which finds the real one with `dlvsym` — `GLIBC_2.34` does not exist there).
 //! - Negative control: the host build `target/release/libshare.so` (linked against the host's glibc)
@@ -13,9 +14,8 @@
 //! Needs root (debootstrap, chroot): without root the chroot test says SKIPPED and why.
 //! `LIBSHARE_DEBIAN_MIRROR` overrides the Debian mirror.
 
+use libshare_tests::debian::{self, find_tool, lock};
 use std::fs;
-use std::io::Write as _;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Instant, SystemTime};
@@ -35,35 +35,6 @@ fn target_dir() -> PathBuf {
         Some(dir) if !dir.is_empty() => workspace_root().join(dir),
         _ => workspace_root().join("target"),
     }
-}
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("LIBSHARE_CACHE") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
-            .join(".cache/libshare"),
-    }
-}
-
-/// An exclusive `flock` on `path`, held until the returned file is dropped.
-fn lock(path: &Path) -> fs::File {
-    fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    // SAFETY: flock on a file descriptor we own.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(
-        rc,
-        0,
-        "flock {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    f
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -187,101 +158,6 @@ fn shipped_shim_needs_no_glibc_newer_than_2_17() {
     assert!(version(&highest) <= version(BASELINE));
 }
 
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn sh(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(out.status.success(), "{}", describe(what, &out));
-}
-
-/// Unmounts whatever is mounted under `dir` (a debootstrap killed half-way can leave /proc or a
-/// bind-mounted /dev there), so that removing it can never reach the host's files.
-fn unmount_under(dir: &Path) {
-    let prefix = format!("{}/", dir.display());
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut points: Vec<&str> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .collect();
-    points.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for m in points {
-        let _ = Command::new("umount").arg("-l").arg(m).status();
-    }
-}
-
-/// The cached Debian 11 root (made by debootstrap the first time).
-fn bullseye_root() -> PathBuf {
-    let cache = cache_dir();
-    let dir = cache.join(format!("{SUITE}-rootfs"));
-    let done = dir.join(".libshare-rootfs-complete");
-    let _guard = lock(&cache.join(format!("{SUITE}-rootfs.lock")));
-    if done.exists() {
-        return dir;
-    }
-    let debootstrap = find_tool("debootstrap").unwrap_or_else(|| {
-        println!("installing debootstrap with apt-get");
-        sh(
-            Command::new("apt-get").args(["update", "-qq"]),
-            "apt-get update",
-        );
-        sh(
-            Command::new("apt-get")
-                .args(["install", "-y", "-qq", "debootstrap"])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            "apt-get install debootstrap",
-        );
-        find_tool("debootstrap").expect("debootstrap installed")
-    });
-    let mirror = std::env::var("LIBSHARE_DEBIAN_MIRROR")
-        .unwrap_or_else(|_| "http://deb.debian.org/debian".to_string());
-    let partial = cache.join(format!("{SUITE}-rootfs.partial"));
-    for d in [&partial, &dir] {
-        if d.exists() {
-            unmount_under(d);
-            sh(
-                Command::new("rm")
-                    .arg("-rf")
-                    .arg("--one-file-system")
-                    .arg(d),
-                "remove an incomplete root",
-            );
-        }
-    }
-    println!(
-        "creating a Debian {SUITE} root in {} (once; cached)",
-        dir.display()
-    );
-    let t0 = Instant::now();
-    let out = Command::new(&debootstrap)
-        .args(["--variant=minbase", SUITE])
-        .arg(&partial)
-        .arg(&mirror)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run debootstrap");
-    if !out.status.success() {
-        unmount_under(&partial);
-        panic!("{}", describe("debootstrap", &out));
-    }
-    unmount_under(&partial);
-    println!("debootstrap took {:.0} s", t0.elapsed().as_secs_f64());
-    fs::rename(&partial, &dir).unwrap();
-    fs::File::create(&done)
-        .and_then(|mut f| f.write_all(b"debootstrap --variant=minbase bullseye\n"))
-        .unwrap();
-    dir
-}
-
 /// Runs `argv` in `root` with a clean environment (as in a container) plus `env`.
 fn in_chroot(root: &Path, env: &[&str], argv: &[&str]) -> Output {
     let chroot = find_tool("chroot").expect("chroot not found");
@@ -310,7 +186,7 @@ fn shipped_shim_loads_under_debian_11_glibc_2_31() {
         return;
     }
     let shim = shipped_shim();
-    let root = bullseye_root();
+    let root = debian::root(SUITE);
 
     let out = in_chroot(&root, &[], &["getconf", "GNU_LIBC_VERSION"]);
     assert!(

@@ -1,18 +1,22 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
 //! Each subcommand lives in its own module: `demo`, `status`, `top`, and `commands/` (`daemon`,
-//! `set`/`get`/`reset`, thin layers over `libshare-node`); `cdi`, `hook` come with the
-//! containers issue.
+//! `set`/`get`/`reset`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
+//! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
+mod cdi;
 mod child;
 mod commands;
 mod daemon_child;
 mod demo;
+mod hook;
+mod inject;
 mod platform;
+mod runtime;
 mod status;
 mod top;
 
@@ -52,6 +56,19 @@ enum Command {
     /// A live view of the node (in the manner of nvtop): per device and container memory,
     /// class, gate, launch rate, GPU time and throttled time; refreshes every second, q quits.
     Top(top::TopArgs),
+    /// Container Device Interface: `cdi generate` writes the spec that makes podman, CRI-O,
+    /// containerd >= 1.7 and Docker >= 25 inject libshare into containers asking for
+    /// libshare.dev/gpu=<i>|all.
+    #[command(subcommand)]
+    Cdi(cdi::CdiCommand),
+    /// OCI hook (createRuntime): injects libshare into the container whose state is on stdin
+    /// (runc config.json hooks, podman/CRI-O hooks.d: --print-hooks-d).
+    Hook(hook::HookArgs),
+    /// runc wrapper (`sharectl runtime [OPTIONS] -- RUNC-ARGS`): adds the hook to containers
+    /// asking for a shared GPU (LIBSHARE_VISIBLE_DEVICES or annotation libshare.dev/gpu), then
+    /// execs runc with its arguments unchanged.
+    #[command(disable_help_flag = true)]
+    Runtime(runtime::RuntimeCli),
 }
 
 /// SIGPIPE's disposition: default (a write to a closed pipe ends the process quietly, as it
@@ -91,6 +108,9 @@ fn main() -> ExitCode {
         Command::Get(args) => commands::set::get_or_reset(args, false),
         Command::Reset(args) => commands::set::get_or_reset(args, true),
         Command::Top(args) => top::run(args),
+        Command::Cdi(cmd) => cdi::run(cmd),
+        Command::Hook(args) => hook::run(args),
+        Command::Runtime(args) => runtime::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

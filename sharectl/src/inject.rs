@@ -1,0 +1,338 @@
+//! What a container runtime puts into a container that asks for a shared GPU: one list of edits
+//! for the three paths (`sharectl cdi generate`, `sharectl hook`, `sharectl runtime`).
+//!
+//! The edits are bind mounts only (no environment: an OCI hook cannot set any, and the shim needs
+//! none):
+//! - the shim, read-only, at [`SHIM_IN_CONTAINER`];
+//! - a host file naming it, read-only, over `/etc/ld.so.preload` (the dynamic loader preloads it
+//!   into every glibc program, beside a user's `LD_PRELOAD`; works with a read-only root). An
+//!   image with its own `/etc/ld.so.preload` gets a per-container file holding both (see
+//!   `hook.rs`);
+//! - the daemon's registration socket at [`SOCKET_IN_CONTAINER`] — never its admin socket nor
+//!   any state file: the shim finds it through its default state directory `/run/libshare`
+//!   (root's, 0755, made by the runtime), the daemon names the container from the caller's
+//!   cgroup and passes it its own state file;
+//! - on a simulated node (`--simgpu-lib`, `--simgpu-state`), simgpu's libraries where a driver's
+//!   are (`/usr/lib/x86_64-linux-gnu/libcuda.so.1`, `libnvidia-ml.so.1`) and its state directory
+//!   where simgpu looks by default (`/dev/shm/simgpu-<uid>`). On a GPU node the driver comes from
+//!   NVIDIA's own CDI spec or hook, requested beside ours.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+
+/// Where the shim appears in a container.
+pub const SHIM_IN_CONTAINER: &str = "/usr/lib/libshare/libshare.so";
+/// The loader's preload list, which the injected file covers.
+pub const PRELOAD_IN_CONTAINER: &str = "/etc/ld.so.preload";
+/// Where the daemon's registration socket appears in a container (the shim's default).
+pub const SOCKET_IN_CONTAINER: &str = "/run/libshare/register.sock";
+/// Where a driver's libraries are on Debian-family images (simulated node only).
+pub const SIM_LIB_DIR_IN_CONTAINER: &str = "/usr/lib/x86_64-linux-gnu";
+/// simgpu's libraries mounted from `--simgpu-lib`.
+pub const SIM_LIBS: [&str; 2] = ["libcuda.so.1", "libnvidia-ml.so.1"];
+/// The annotation (or, as `LIBSHARE_VISIBLE_DEVICES`, the environment variable) by which a
+/// container asks for a shared GPU through the hook or the runtime wrapper: `all` or an index.
+pub const ANNOTATION: &str = "libshare.dev/gpu";
+pub const ENV_DEVICES: &str = "LIBSHARE_VISIBLE_DEVICES";
+
+/// The node's layout, as given to each of the three commands (and passed on by `cdi generate`
+/// and `runtime` to the hook they install).
+#[derive(Args, Debug, Clone)]
+pub struct InjectArgs {
+    /// The shipped shim on the host (glibc 2.17 baseline: scripts/build-shim.sh).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/usr/lib/libshare/libshare.so"
+    )]
+    pub shim: PathBuf,
+    /// Host file naming the shim's path in the container, mounted over /etc/ld.so.preload
+    /// (written if missing or different).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/usr/lib/libshare/ld.so.preload"
+    )]
+    pub preload_file: PathBuf,
+    /// The daemon's state directory: its register.sock is mounted (never admin.sock), and
+    /// per-container files go to <DIR>/inject/.
+    #[arg(long, value_name = "DIR", default_value = "/run/libshare")]
+    pub state_dir: PathBuf,
+    /// Simulated node: the directory holding simgpu's libcuda.so.1 and libnvidia-ml.so.1.
+    #[arg(long, value_name = "DIR", requires = "simgpu_state")]
+    pub simgpu_lib: Option<PathBuf>,
+    /// Simulated node: simgpu's state directory (SIMGPU_STATE_DIR of the node).
+    #[arg(long, value_name = "DIR", requires = "simgpu_lib")]
+    pub simgpu_state: Option<PathBuf>,
+}
+
+/// One bind mount into a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub host: PathBuf,
+    pub container: String,
+    pub readonly: bool,
+}
+
+impl InjectArgs {
+    /// The host's registration socket.
+    pub fn socket(&self) -> PathBuf {
+        self.state_dir.join("register.sock")
+    }
+
+    /// Where per-container files (merged preload lists, the hook's log) live.
+    pub fn inject_dir(&self) -> PathBuf {
+        self.state_dir.join("inject")
+    }
+
+    /// Every path absolute and there (the daemon's socket too when `socket`: a container must
+    /// not start without it); one line saying which is not and what to do.
+    pub fn check(&self, socket: bool) -> Result<()> {
+        for (what, p) in [
+            ("--shim", &self.shim),
+            ("--preload-file", &self.preload_file),
+            ("--state-dir", &self.state_dir),
+        ] {
+            if !p.is_absolute() {
+                bail!("{what} {}: expected an absolute path", p.display());
+            }
+        }
+        if !self.shim.is_file() {
+            bail!(
+                "the shim {} does not exist (build it: scripts/build-shim.sh, or give --shim)",
+                self.shim.display()
+            );
+        }
+        use std::os::unix::fs::FileTypeExt;
+        match std::fs::metadata(self.socket()) {
+            Ok(m) if m.file_type().is_socket() => {}
+            _ if !socket => {}
+            _ => bail!(
+                "the daemon's registration socket {} does not exist: start the daemon \
+                 (sharectl daemon --state-dir {}, or systemctl start libshare)",
+                self.socket().display(),
+                self.state_dir.display()
+            ),
+        }
+        if let (Some(lib), Some(state)) = (&self.simgpu_lib, &self.simgpu_state) {
+            for name in SIM_LIBS {
+                if !lib.join(name).is_file() {
+                    bail!("--simgpu-lib {}: no {name} there", lib.display());
+                }
+            }
+            if !state.is_dir() || !state.is_absolute() {
+                bail!(
+                    "--simgpu-state {}: expected an existing absolute directory",
+                    state.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The preload file's content: the shim's path in the container.
+    pub fn preload_line() -> String {
+        format!("{SHIM_IN_CONTAINER}\n")
+    }
+
+    /// Writes `--preload-file` if it is missing or says something else (temp file, rename).
+    pub fn ensure_preload_file(&self) -> Result<()> {
+        let want = Self::preload_line();
+        if std::fs::read_to_string(&self.preload_file).ok().as_deref() == Some(want.as_str()) {
+            return Ok(());
+        }
+        write_atomic(&self.preload_file, want.as_bytes(), 0o644)
+    }
+
+    /// The mounts every injected container gets; `sim_uid` picks simgpu's default state
+    /// directory in the container (`/dev/shm/simgpu-<uid>`).
+    pub fn mounts(&self, preload: &Path, sim_uid: u32) -> Vec<Mount> {
+        let mut m = vec![
+            Mount {
+                host: self.shim.clone(),
+                container: SHIM_IN_CONTAINER.into(),
+                readonly: true,
+            },
+            Mount {
+                host: preload.to_path_buf(),
+                container: PRELOAD_IN_CONTAINER.into(),
+                readonly: true,
+            },
+            Mount {
+                host: self.socket(),
+                container: SOCKET_IN_CONTAINER.into(),
+                readonly: false,
+            },
+        ];
+        if let (Some(lib), Some(state)) = (&self.simgpu_lib, &self.simgpu_state) {
+            for name in SIM_LIBS {
+                let host = lib.join(name);
+                m.push(Mount {
+                    host: std::fs::canonicalize(&host).unwrap_or(host),
+                    container: format!("{SIM_LIB_DIR_IN_CONTAINER}/{name}"),
+                    readonly: true,
+                });
+            }
+            m.push(Mount {
+                host: state.clone(),
+                container: sim_state_in_container(sim_uid),
+                readonly: false,
+            });
+        }
+        m
+    }
+
+    /// These options as command-line arguments, for the hook entry a spec or config carries.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |k: &str, v: &Path| {
+            a.push(k.into());
+            a.push(v.as_os_str().to_owned());
+        };
+        push("--shim", &self.shim);
+        push("--preload-file", &self.preload_file);
+        push("--state-dir", &self.state_dir);
+        if let (Some(lib), Some(state)) = (&self.simgpu_lib, &self.simgpu_state) {
+            push("--simgpu-lib", lib);
+            push("--simgpu-state", state);
+        }
+        a
+    }
+}
+
+/// simgpu's default state directory for a process of `uid` (simgpu's `config.rs`).
+pub fn sim_state_in_container(uid: u32) -> String {
+    format!("/dev/shm/simgpu-{uid}")
+}
+
+/// The running `sharectl`, for the hook entries it writes.
+pub fn sharectl_exe() -> Result<PathBuf> {
+    std::env::current_exe().context("cannot find the sharectl binary (/proc/self/exe)")
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .ok_or_else(|| anyhow!("{}: no directory", path.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow!("cannot write {}: {e}", path.display())
+    })
+}
+
+/// `path` (absolute, as the container will see it) resolved inside `root` the way the
+/// container's own view would resolve it: symbolic links followed with `root` as `/` (an
+/// absolute link target stays inside), `..` never above `root`, at most 40 links. The last
+/// component need not exist.
+pub fn resolve_in_root(root: &Path, path: &str) -> Result<PathBuf> {
+    let mut todo: Vec<OsString> = Path::new(path)
+        .components()
+        .rev()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_owned()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .collect();
+    let mut done: Vec<OsString> = Vec::new();
+    let mut links = 0;
+    while let Some(c) = todo.pop() {
+        if c == ".." {
+            done.pop();
+            continue;
+        }
+        let mut here = root.to_path_buf();
+        here.extend(&done);
+        here.push(&c);
+        match std::fs::symlink_metadata(&here) {
+            Ok(m) if m.file_type().is_symlink() => {
+                links += 1;
+                if links > 40 {
+                    bail!("{path}: too many symbolic links in the image");
+                }
+                let target = std::fs::read_link(&here)?;
+                if target.is_absolute() {
+                    done.clear();
+                }
+                for t in target.components().rev() {
+                    match t {
+                        Component::Normal(s) => todo.push(s.to_owned()),
+                        Component::ParentDir => todo.push("..".into()),
+                        _ => {}
+                    }
+                }
+            }
+            _ => done.push(c),
+        }
+    }
+    let mut out = root.to_path_buf();
+    out.extend(&done);
+    Ok(out)
+}
+
+/// The glibc dynamic loader's path on this architecture.
+#[cfg(target_arch = "x86_64")]
+pub const GLIBC_LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+#[cfg(target_arch = "aarch64")]
+pub const GLIBC_LOADER: &str = "/lib/ld-linux-aarch64.so.1";
+
+/// Whether the image at `root` has glibc's loader (else: musl or static only, where a glibc
+/// shim is either ignored or kills every program).
+pub fn has_glibc(root: &Path) -> bool {
+    resolve_in_root(root, GLIBC_LOADER).is_ok_and(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_resolve_inside_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::create_dir_all(root.join("lib/x86_64-linux-gnu")).unwrap();
+        std::fs::write(root.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"), b"").unwrap();
+        std::os::unix::fs::symlink("/lib/x86_64-linux-gnu", root.join("lib64")).unwrap();
+        std::os::unix::fs::symlink("../../../../etc", root.join("escape")).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", root.join("abs")).unwrap();
+        assert_eq!(
+            resolve_in_root(root, "/lib64/x").unwrap(),
+            root.join("lib/x86_64-linux-gnu/x")
+        );
+        assert_eq!(
+            resolve_in_root(root, "/escape/passwd").unwrap(),
+            root.join("etc/passwd")
+        );
+        assert_eq!(
+            resolve_in_root(root, "/abs").unwrap(),
+            root.join("etc/shadow")
+        );
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        assert!(resolve_in_root(root, "/loop/x").is_err());
+        #[cfg(target_arch = "x86_64")]
+        assert!(has_glibc(root));
+        assert!(!has_glibc(&root.join("lib")));
+    }
+}
