@@ -1,0 +1,124 @@
+//! Issue 20, Build 2: an opportunistic container allowed to oversubscribe (`CUDA_OVERSUBSCRIBE`,
+//! HAMi's variable, or `sharectl set --oversubscribe`) gets managed memory for `cuMemAlloc` and
+//! `cuMemAllocPitch`: its quota limits its footprint, which may exceed the device, and every byte
+//! it wrote reads back. Without the setting, or as production, allocations stay device memory
+//! and the device's size is the end. What cannot be managed (stream-ordered pools, VMM) stays
+//! device memory and a request larger than the device is a clean `CUDA_ERROR_OUT_OF_MEMORY`.
+//! The program is `tests/cuda/oversub.c` (32 MiB pieces, each filled and touched by a kernel).
+
+use libshare_tests::{compile_gcc, json_check, SimGpu};
+
+const OOM: i64 = 2; // CUDA_ERROR_OUT_OF_MEMORY
+
+fn run(gpu: &SimGpu, target_mib: u64) -> serde_json::Value {
+    let bin = compile_gcc("oversub.c", "oversub", &["-lcuda"]);
+    let out = gpu.run_cmd_ok(|| {
+        let mut c = gpu.command(&bin);
+        c.arg(target_mib.to_string());
+        c
+    });
+    json_check(&out, "oversub")
+}
+
+/// A 128 MiB device with the shim, a container of `class`.
+fn machine(class: &str) -> SimGpu {
+    SimGpu::new()
+        .memory("128MiB")
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "batch")
+        .env("LIBSHARE_CLASS", class)
+}
+
+#[test]
+fn an_oversubscribing_opportunistic_job_holds_more_than_the_device_with_every_byte_intact() {
+    // 320 MiB on a 128 MiB device, under a 384 MiB quota.
+    let gpu = machine("opportunistic")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .quota("384MiB");
+    let v = run(&gpu, 320);
+    assert_eq!(v["allocated_mib"], 320, "{v}");
+    assert_eq!(v["alloc_error"], 0, "{v}");
+    assert_eq!(
+        v["managed"], v["pieces"],
+        "every piece is managed memory: {v}"
+    );
+    assert_eq!(v["bad_words"], 0, "every word read back as written: {v}");
+    // The job sees a device of its quota: 384 MiB, 64 MiB of it free with 320 MiB held.
+    assert_eq!(v["total_mib"], 384, "{v}");
+    assert_eq!(v["free_mib"], serde_json::json!([384, 64, 384]), "{v}");
+    // What stays device memory: a pool allocation (not managed) and a VMM allocation fit (the
+    // driver evicts managed memory for them); one larger than the device is refused cleanly.
+    assert_eq!(v["pool_rc"], 0, "{v}");
+    assert_eq!(v["pool_managed"], 0, "{v}");
+    assert_eq!(v["vmm_rc"], 0, "{v}");
+    assert_eq!(v["vmm_big_rc"], OOM, "{v}");
+}
+
+#[test]
+fn the_quota_still_limits_an_oversubscribing_jobs_footprint() {
+    let gpu = machine("opportunistic")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .quota("256MiB");
+    let v = run(&gpu, 512);
+    assert_eq!(v["allocated_mib"], 256, "{v}");
+    assert_eq!(v["alloc_error"], OOM, "{v}");
+    assert_eq!(v["bad_words"], 0, "{v}");
+    let state = gpu.container_state("batch");
+    assert_eq!(
+        state
+            .device(0)
+            .used
+            .load(std::sync::atomic::Ordering::Acquire),
+        0,
+        "everything freed is back in the quota"
+    );
+}
+
+#[test]
+fn without_the_setting_an_opportunistic_job_stops_at_the_device() {
+    let v = run(&machine("opportunistic"), 320);
+    assert_eq!(v["alloc_error"], OOM, "{v}");
+    assert_eq!(v["allocated_mib"], 128, "{v}");
+    assert_eq!(v["managed"], 0, "{v}");
+    assert_eq!(v["bad_words"], 0, "{v}");
+}
+
+#[test]
+fn production_allocations_stay_device_memory_whatever_the_setting() {
+    let v = run(
+        &machine("production").env("CUDA_OVERSUBSCRIBE", "true"),
+        320,
+    );
+    assert_eq!(v["alloc_error"], OOM, "{v}");
+    assert_eq!(v["allocated_mib"], 128, "{v}");
+    assert_eq!(v["managed"], 0, "{v}");
+    // A production limit above the device is still a configuration error, in one line.
+    let gpu = machine("production")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .quota("384MiB");
+    let bin = compile_gcc("oversub.c", "oversub", &["-lcuda"]);
+    let mut c = gpu.command(&bin);
+    c.arg("64");
+    let out = gpu.run_cmd(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("LIBSHARE_MEMORY_LIMIT") && err.contains("CUDA_OVERSUBSCRIBE=true"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_oversubscribe_value_is_one_line_at_cuinit() {
+    let gpu = machine("opportunistic").env("CUDA_OVERSUBSCRIBE", "yes please");
+    let bin = compile_gcc("oversub.c", "oversub", &["-lcuda"]);
+    let mut c = gpu.command(&bin);
+    c.arg("32");
+    let out = gpu.run_cmd(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("invalid CUDA_OVERSUBSCRIBE=\"yes please\""),
+        "{err}"
+    );
+}
