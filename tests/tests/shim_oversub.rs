@@ -6,7 +6,8 @@
 //! device memory and a request larger than the device is a clean `CUDA_ERROR_OUT_OF_MEMORY`.
 //! The program is `tests/cuda/oversub.c` (32 MiB pieces, each filled and touched by a kernel).
 
-use libshare_tests::{compile_gcc, json_check, SimGpu};
+use libshare_tests::{compile_gcc, json_check, ok, SimGpu};
+use std::process::Stdio;
 
 const OOM: i64 = 2; // CUDA_ERROR_OUT_OF_MEMORY
 
@@ -121,4 +122,53 @@ fn a_bad_oversubscribe_value_is_one_line_at_cuinit() {
         err.contains("invalid CUDA_OVERSUBSCRIBE=\"yes please\""),
         "{err}"
     );
+}
+
+#[test]
+fn sharectl_set_oversubscribe_lets_a_container_exceed_the_device_and_is_taken_back() {
+    // The daemon's word: a quota above the device is refused unless the container may
+    // oversubscribe; with `--oversubscribe` its job (no such variable in its environment) gets
+    // managed memory; `--no-oversubscribe` takes it back for the next allocation.
+    let gpu = SimGpu::new()
+        .memory("128MiB")
+        .with_shim()
+        .env("LIBSHARE_CONTAINER", "batch");
+    let mut cmd = gpu.sharectl_cmd(&["daemon", "--trust-env"]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+    let _daemon = libshare_tests::cgroups::start_daemon(&gpu, cmd);
+    let no = gpu.sharectl(&[
+        "set",
+        "batch",
+        "--class",
+        "opportunistic",
+        "--memory",
+        "384MiB",
+    ]);
+    assert!(!no.status.success());
+    let err = String::from_utf8_lossy(&no.stderr);
+    assert!(
+        err.contains("above device 0's memory") && err.contains("--oversubscribe"),
+        "{err}"
+    );
+    ok(&gpu.sharectl(&[
+        "set",
+        "batch",
+        "--class",
+        "opportunistic",
+        "--memory",
+        "384MiB",
+        "--oversubscribe",
+    ]));
+    assert!(ok(&gpu.sharectl(&["get", "batch"])).contains("oversubscribe=true"));
+    let v = run(&gpu, 320);
+    assert_eq!(
+        (&v["allocated_mib"], &v["bad_words"], &v["total_mib"]),
+        (&320.into(), &0.into(), &384.into()),
+        "{v}"
+    );
+    assert_eq!(v["managed"], v["pieces"], "{v}");
+    ok(&gpu.sharectl(&["set", "batch", "--no-oversubscribe"]));
+    let v = run(&gpu, 320);
+    assert_eq!(v["alloc_error"], OOM, "{v}");
+    assert_eq!(v["managed"], 0, "{v}");
 }
