@@ -6,7 +6,9 @@
 //! device memory and a request larger than the device is a clean `CUDA_ERROR_OUT_OF_MEMORY`.
 //! The program is `tests/cuda/oversub.c` (32 MiB pieces, each filled and touched by a kernel).
 
-use libshare_tests::{compile_gcc, json_check, ok, SimGpu};
+use libshare_tests::{
+    compile_gcc, describe, json_check, json_lines, ok, python_source, torch_python, SimGpu,
+};
 use std::process::Stdio;
 
 const OOM: i64 = 2; // CUDA_ERROR_OUT_OF_MEMORY
@@ -171,4 +173,42 @@ fn sharectl_set_oversubscribe_lets_a_container_exceed_the_device_and_is_taken_ba
     let v = run(&gpu, 320);
     assert_eq!(v["alloc_error"], OOM, "{v}");
     assert_eq!(v["managed"], 0, "{v}");
+}
+
+#[test]
+fn pytorch_keeps_working_past_the_device_memory_when_oversubscribing() {
+    // PyTorch's caching allocator (cudaMalloc → cuMemAlloc_v2 → managed memory) on a 1 GiB
+    // device under a 2 GiB quota: 1.5 GiB of tensors read back their values, a model trains
+    // with all of it held, mem_get_info and the device properties show the quota, past the
+    // quota is torch.OutOfMemoryError (`tests/python/torch_oversub.py`).
+    if !torch_python().exists() {
+        libshare_tests::skip(&format!(
+            "no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
+            torch_python().display()
+        ));
+        return;
+    }
+    const GIB: u64 = 1 << 30;
+    let gpu = machine("opportunistic")
+        .memory("1GiB")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .quota("2GiB");
+    let out = gpu.run_cmd_ok(|| {
+        let mut cmd = gpu.command(torch_python());
+        cmd.arg(python_source("torch_oversub.py"))
+            .arg(GIB.to_string())
+            .arg((2 * GIB).to_string())
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+        cmd
+    });
+    let lines = json_lines(&out);
+    for step in ["init", "fill", "train", "over_quota", "freed"] {
+        let v = lines
+            .iter()
+            .find(|v| v["step"] == step)
+            .unwrap_or_else(|| panic!("step {step} missing\n{}", describe(&out)));
+        assert_eq!(v["ok"], true, "{v}");
+    }
+    let fill = lines.iter().find(|v| v["step"] == "fill").unwrap();
+    assert_eq!(fill["tensors"], 24, "{fill}");
 }
