@@ -7,7 +7,9 @@
  *                        evicting older pieces), then every piece's first, middle and last words
  *                        read back. Then the paths that stay device memory: a stream-ordered
  *                        32 MiB allocation, a 32 MiB VMM cuMemCreate, a VMM cuMemCreate larger
- *                        than the device (CUDA_ERROR_OUT_OF_MEMORY expected, never a crash).
+ *                        than the device (CUDA_ERROR_OUT_OF_MEMORY expected, never a crash), a
+ *                        32 MiB CUDA array, and the IPC export of the first piece (refused by
+ *                        the driver for managed memory).
  * Prints one JSON line, check "oversub". */
 #include <cuda.h>
 #include <stdio.h>
@@ -106,14 +108,25 @@ int main(int argc, char **argv) {
     if (vmm_big_rc == 0)
         CHECK(cuMemRelease(h));
 
+    /* A CUDA array stays device memory; IPC export of what cuMemAlloc returned is refused by
+     * the driver when that is managed memory (an error code, never a crash). */
+    CUDA_ARRAY_DESCRIPTOR ad = {.Width = 4096, .Height = 2048, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    CUarray arr;
+    int array_rc = (int)cuArrayCreate(&arr, &ad);
+    if (array_rc == 0)
+        CHECK(cuArrayDestroy(arr));
+    CUipcMemHandle ipc;
+    int ipc_rc = n > 0 ? (int)cuIpcGetMemHandle(&ipc, piece[0]) : -1;
     for (int i = 0; i < n; i++)
         CHECK(cuMemFree(piece[i]));
     size_t free2, total2;
     CHECK(cuMemGetInfo(&free2, &total2));
     printf("{\"check\":\"oversub\",\"allocated_mib\":%llu,\"alloc_error\":%d,\"managed\":%d,"
            "\"pieces\":%d,\"bad_words\":%d,\"total_mib\":%zu,\"free_mib\":[%zu,%zu,%zu],"
-           "\"pool_rc\":%d,\"pool_managed\":%d,\"vmm_rc\":%d,\"vmm_big_rc\":%d}\n",
+           "\"pool_rc\":%d,\"pool_managed\":%d,\"vmm_rc\":%d,\"vmm_big_rc\":%d,\"array_rc\":%d,"
+           "\"ipc_rc\":%d}\n",
            (unsigned long long)n * PIECE / MIB, alloc_error, managed, n, bad, (size_t)(total0 / MIB),
-           (size_t)(free0 / MIB), (size_t)(free1 / MIB), (size_t)(free2 / MIB), pool_rc, pool_managed, vmm_rc, vmm_big_rc);
+           (size_t)(free0 / MIB), (size_t)(free1 / MIB), (size_t)(free2 / MIB), pool_rc, pool_managed, vmm_rc, vmm_big_rc,
+           array_rc, ipc_rc);
     return 0;
 }

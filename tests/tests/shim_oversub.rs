@@ -55,6 +55,10 @@ fn an_oversubscribing_opportunistic_job_holds_more_than_the_device_with_every_by
     assert_eq!(v["pool_managed"], 0, "{v}");
     assert_eq!(v["vmm_rc"], 0, "{v}");
     assert_eq!(v["vmm_big_rc"], OOM, "{v}");
+    assert_eq!(v["array_rc"], 0, "a CUDA array stays device memory: {v}");
+    // Managed memory cannot be exported over IPC (CUDA's IPC is for cuMemAlloc memory): the
+    // driver's error code, not a crash.
+    assert_eq!(v["ipc_rc"], 1, "CUDA_ERROR_INVALID_VALUE: {v}");
 }
 
 #[test]
@@ -84,6 +88,7 @@ fn without_the_setting_an_opportunistic_job_stops_at_the_device() {
     assert_eq!(v["allocated_mib"], 128, "{v}");
     assert_eq!(v["managed"], 0, "{v}");
     assert_eq!(v["bad_words"], 0, "{v}");
+    assert_eq!(v["ipc_rc"], 0, "device memory exports: {v}");
 }
 
 #[test]
@@ -211,4 +216,55 @@ fn pytorch_keeps_working_past_the_device_memory_when_oversubscribing() {
     }
     let fill = lines.iter().find(|v| v["step"] == "fill").unwrap();
     assert_eq!(fill["tensors"], 24, "{fill}");
+}
+
+/// `tests/python/shim_quota.py` (1 GiB quota on an 8 GiB device) as an oversubscribing
+/// opportunistic job whose allocator never calls cuMemAlloc: every step passes (the quota holds,
+/// `torch.OutOfMemoryError` past it, the memory comes back).
+fn torch_device_memory_paths(alloc_conf: &str) {
+    if !torch_python().exists() {
+        libshare_tests::skip(&format!(
+            "no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
+            torch_python().display()
+        ));
+        return;
+    }
+    const GIB: u64 = 1 << 30;
+    let gpu = machine("opportunistic")
+        .memory("8GiB")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .env("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
+        .quota("1GiB");
+    let out = gpu.run_cmd_ok(|| {
+        let mut cmd = gpu.command(torch_python());
+        cmd.arg(python_source("shim_quota.py")).arg(GIB.to_string());
+        cmd
+    });
+    let lines = json_lines(&out);
+    for step in [
+        "init",
+        "fill",
+        "over_quota",
+        "still_usable",
+        "freed",
+        "again",
+    ] {
+        let v = lines
+            .iter()
+            .find(|v| v["step"] == step)
+            .unwrap_or_else(|| panic!("step {step} missing\n{}", describe(&out)));
+        assert_eq!(v["ok"], true, "{v}");
+    }
+    let over = lines.iter().find(|v| v["step"] == "over_quota").unwrap();
+    assert_eq!(over["error"], "OutOfMemoryError", "{over}");
+}
+
+#[test]
+fn pytorch_expandable_segments_stay_device_memory_under_the_quota() {
+    torch_device_memory_paths("expandable_segments:True");
+}
+
+#[test]
+fn pytorch_cuda_malloc_async_stays_device_memory_under_the_quota() {
+    torch_device_memory_paths("backend:cudaMallocAsync");
 }
