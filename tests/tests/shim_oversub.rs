@@ -180,83 +180,81 @@ fn sharectl_set_oversubscribe_lets_a_container_exceed_the_device_and_is_taken_ba
     assert_eq!(v["managed"], 0, "{v}");
 }
 
+const GIB: u64 = 1 << 30;
+
+/// Runs `tests/python/<script> args…` with the torch venv on `gpu` and returns each step's
+/// JSON line, every one of `steps` present and ok; None (after `skip`) without the venv.
+fn torch_steps(
+    gpu: &SimGpu,
+    script: &str,
+    args: &[u64],
+    steps: &[&str],
+) -> Option<Vec<serde_json::Value>> {
+    if !torch_python().exists() {
+        libshare_tests::skip(&format!(
+            "no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
+            torch_python().display()
+        ));
+        return None;
+    }
+    let out = gpu.run_cmd_ok(|| {
+        let mut cmd = gpu.command(torch_python());
+        cmd.arg(python_source(script));
+        cmd.args(args.iter().map(u64::to_string));
+        cmd
+    });
+    let lines = json_lines(&out);
+    let step = |name: &str| {
+        lines
+            .iter()
+            .find(|v| v["step"] == name)
+            .unwrap_or_else(|| panic!("step {name} missing\n{}", describe(&out)))
+            .clone()
+    };
+    let found: Vec<serde_json::Value> = steps.iter().map(|s| step(s)).collect();
+    for v in &found {
+        assert_eq!(v["ok"], true, "{v}");
+    }
+    Some(found)
+}
+
 #[test]
 fn pytorch_keeps_working_past_the_device_memory_when_oversubscribing() {
     // PyTorch's caching allocator (cudaMalloc → cuMemAlloc_v2 → managed memory) on a 1 GiB
     // device under a 2 GiB quota: 1.5 GiB of tensors read back their values, a model trains
     // with all of it held, mem_get_info and the device properties show the quota, past the
     // quota is torch.OutOfMemoryError (`tests/python/torch_oversub.py`).
-    if !torch_python().exists() {
-        libshare_tests::skip(&format!(
-            "no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
-            torch_python().display()
-        ));
-        return;
-    }
-    const GIB: u64 = 1 << 30;
     let gpu = machine("opportunistic")
         .memory("1GiB")
         .env("CUDA_OVERSUBSCRIBE", "true")
+        .env("PYTORCH_CUDA_ALLOC_CONF", "")
         .quota("2GiB");
-    let out = gpu.run_cmd_ok(|| {
-        let mut cmd = gpu.command(torch_python());
-        cmd.arg(python_source("torch_oversub.py"))
-            .arg(GIB.to_string())
-            .arg((2 * GIB).to_string())
-            .env_remove("PYTORCH_CUDA_ALLOC_CONF");
-        cmd
-    });
-    let lines = json_lines(&out);
-    for step in ["init", "fill", "train", "over_quota", "freed"] {
-        let v = lines
-            .iter()
-            .find(|v| v["step"] == step)
-            .unwrap_or_else(|| panic!("step {step} missing\n{}", describe(&out)));
-        assert_eq!(v["ok"], true, "{v}");
+    let steps = ["init", "fill", "train", "over_quota", "freed"];
+    if let Some(s) = torch_steps(&gpu, "torch_oversub.py", &[GIB, 2 * GIB], &steps) {
+        assert_eq!(s[1]["tensors"], 24, "{}", s[1]);
     }
-    let fill = lines.iter().find(|v| v["step"] == "fill").unwrap();
-    assert_eq!(fill["tensors"], 24, "{fill}");
 }
 
 /// `tests/python/shim_quota.py` (1 GiB quota on an 8 GiB device) as an oversubscribing
 /// opportunistic job whose allocator never calls cuMemAlloc: every step passes (the quota holds,
 /// `torch.OutOfMemoryError` past it, the memory comes back).
 fn torch_device_memory_paths(alloc_conf: &str) {
-    if !torch_python().exists() {
-        libshare_tests::skip(&format!(
-            "no PyTorch venv at {} (scripts/fetch-cuda.sh installs it)",
-            torch_python().display()
-        ));
-        return;
-    }
-    const GIB: u64 = 1 << 30;
     let gpu = machine("opportunistic")
         .memory("8GiB")
         .env("CUDA_OVERSUBSCRIBE", "true")
         .env("PYTORCH_CUDA_ALLOC_CONF", alloc_conf)
         .quota("1GiB");
-    let out = gpu.run_cmd_ok(|| {
-        let mut cmd = gpu.command(torch_python());
-        cmd.arg(python_source("shim_quota.py")).arg(GIB.to_string());
-        cmd
-    });
-    let lines = json_lines(&out);
-    for step in [
+    let steps = [
         "init",
         "fill",
         "over_quota",
         "still_usable",
         "freed",
         "again",
-    ] {
-        let v = lines
-            .iter()
-            .find(|v| v["step"] == step)
-            .unwrap_or_else(|| panic!("step {step} missing\n{}", describe(&out)));
-        assert_eq!(v["ok"], true, "{v}");
+    ];
+    if let Some(s) = torch_steps(&gpu, "shim_quota.py", &[GIB], &steps) {
+        assert_eq!(s[2]["error"], "OutOfMemoryError", "{}", s[2]);
     }
-    let over = lines.iter().find(|v| v["step"] == "over_quota").unwrap();
-    assert_eq!(over["error"], "OutOfMemoryError", "{over}");
 }
 
 #[test]
