@@ -46,6 +46,13 @@ fn eviction_follows_migration_order_not_kernel_accesses() {
         "B, migrated in last, stayed resident: its kernel took {b_ms} ms (a fault would add ~{:.1} ms): {v}",
         fault_in_ms(96.0)
     );
+    // cuMemAlloc returned once the 96 MiB were written back (wall time; the host may add).
+    let alloc_ms = f(&v, "alloc_ms");
+    let write_back = 96.0 * MIB / PCIE_BW * 1e3;
+    assert!(
+        alloc_ms >= write_back && alloc_ms < write_back + 50.0,
+        "cuMemAlloc took {alloc_ms} ms, the write-back {write_back} ms: {v}"
+    );
     // A comes back by faults, writing B back to make room.
     let a_ms = f(&v, "a_ms");
     let expected = fault_in_ms(96.0) + 96.0 * MIB / PCIE_BW * 1e3 + KERNEL_MS;

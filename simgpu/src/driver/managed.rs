@@ -12,7 +12,8 @@
 //! - when the device is full, the chunk *migrated in* longest ago is evicted (written back at
 //!   PCIe bandwidth): the driver's LRU list is ordered by when a chunk was allocated to a VA
 //!   block, never by kernel accesses to resident pages, which the driver does not see. Chunks of
-//!   processes that died are dropped first, with no write-back. `cuMemAlloc` evicts the same way;
+//!   processes that died are dropped first, with no write-back. `cuMemAlloc` evicts the same way
+//!   and returns once the write-back is done (on the device-to-host copy engine);
 //! - chunks advised to prefer the CPU are not migrated: a kernel reads them over PCIe;
 //! - every migration, write-back and remote read is counted in the device's PCIe byte windows
 //!   (NVML's `nvmlDeviceGetPcieThroughput`), resident chunks in its used memory.
@@ -108,9 +109,20 @@ fn evict(s: &Sim, dev: usize, need: u64, keep: &[u32], now: u64) -> u64 {
     freed
 }
 
-/// Frees device memory for an allocation by evicting managed chunks; returns bytes freed.
+/// Frees device memory for an allocation by evicting managed chunks; returns bytes freed. As
+/// with the driver (RM's allocation asks UVM, through PMA's eviction callback, to evict root
+/// chunks, which it copies to the host before it returns them), the caller waits for the
+/// write-back: it takes the device-to-host copy engine from now for its bytes at PCIe bandwidth.
 pub fn evict_bytes(s: &Sim, dev: usize, need: u64) -> u64 {
-    evict(s, dev, need, &[], crate::shared::now_ns())
+    let now = crate::shared::now_ns();
+    let freed = evict(s, dev, need, &[], now);
+    if freed > 0 {
+        let d = s.shared.dev(dev);
+        let (_, end) =
+            crate::shared::Shared::reserve(&d.d2h_busy_until, now, transfer_ns(s, freed));
+        crate::shared::sleep_until(end);
+    }
+    freed
 }
 
 /// How chunks come to the device: a kernel's page faults or a prefetch on the copy engine.
