@@ -31,7 +31,7 @@ fn charged_alloc<T: Word>(call: impl FnOnce() -> CUresult, dptr: &Out<T>, size: 
 }
 
 pub fn alloc(call: impl FnOnce() -> CUresult, dptr: Out<CUdeviceptr>, size: usize) -> R {
-    if shim()?.account.state.oversubscribes() {
+    if shim()?.account.state.oversubscribes() && current_device().is_some() {
         return as_managed(&dptr, size as u64);
     }
     charged_alloc(call, &dptr, size as u64)
@@ -51,7 +51,8 @@ const CU_MEM_ADVISE_SET_ACCESSED_BY: u32 = 5;
 /// advised to live on the device (preferred location) and to stay mapped there once evicted
 /// (accessed by: the device reads evicted pages over PCIe rather than fault them straight back,
 /// which keeps a thrashing job from thrashing harder). Advice is a hint: if the driver refuses
-/// it the allocation stands.
+/// it the allocation stands. Called with a current context (without one, the driver's own
+/// call answers).
 fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
     let l = ledger::of(shim()?);
     let real = crate::driver::real();
@@ -175,7 +176,7 @@ pub fn alloc_pitch(
     height: usize,
     elem: u32,
 ) -> R {
-    if shim()?.account.state.oversubscribes() {
+    if shim()?.account.state.oversubscribes() && current_device().is_some() {
         return pitched_managed(&dptr, &pitch, width as u64, height as u64, elem);
     }
     pitched(call, &dptr, &pitch, width as u64, height as u64)
