@@ -266,3 +266,34 @@ fn pytorch_expandable_segments_stay_device_memory_under_the_quota() {
 fn pytorch_cuda_malloc_async_stays_device_memory_under_the_quota() {
     torch_device_memory_paths("backend:cudaMallocAsync");
 }
+
+#[test]
+fn production_gets_its_quota_beside_an_opportunistic_job_holding_the_device_resident() {
+    // Today's protection (the demotion protocol is not built): the driver evicts opportunistic
+    // managed memory for production's device allocations. An opportunistic process holds
+    // 112 MiB resident on the 128 MiB device; production's 96 MiB quota is all there, every
+    // byte intact.
+    let gpu = machine("production").quota("96MiB");
+    let mut hold = gpu.command(compile_gcc("sim_managed.c", "sim_managed", &["-lcuda"]));
+    hold.args(["hold", "112"])
+        .env("LIBSHARE_CLASS", "opportunistic");
+    hold.env("LIBSHARE_CONTAINER", "batch2")
+        .env("LIBSHARE_MEMORY_LIMIT", "120MiB");
+    let mut holder = gpu.spawn(hold);
+    holder.wait_for_line(r#"{"check":"hold"}"#);
+    let mut prod = gpu.command(compile_gcc("oversub.c", "oversub", &["-lcuda"]));
+    prod.arg("96").env("LIBSHARE_CONTAINER", "prod");
+    let v = json_check(&gpu.run_cmd(prod), "oversub");
+    assert_eq!(
+        (
+            &v["allocated_mib"],
+            &v["alloc_error"],
+            &v["bad_words"],
+            &v["managed"]
+        ),
+        (&96.into(), &0.into(), &0.into(), &0.into()),
+        "{v}"
+    );
+    holder.close_stdin();
+    holder.finish();
+}
