@@ -86,6 +86,10 @@ impl DeviceSettings {
 pub struct ContainerSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<Class>,
+    /// May oversubscribe device memory while opportunistic (`FLAG_OVERSUBSCRIBE`): its jobs'
+    /// allocations become managed memory and its quota may exceed the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oversubscribe: Option<bool>,
     #[serde(default, skip_serializing_if = "DeviceSettings::is_empty")]
     pub all: DeviceSettings,
     /// Keys are device indices ("0", "1", …: TOML keys are strings).
@@ -112,6 +116,7 @@ impl ContainerSettings {
         }
         ContainerSettings {
             class: self.class.or(under.class),
+            oversubscribe: self.oversubscribe.or(under.oversubscribe),
             all: self.all.over(under.all),
             devices,
         }
@@ -134,6 +139,8 @@ pub struct SetRequest {
     pub compute: Option<u32>,
     #[serde(default)]
     pub weight: Option<u32>,
+    #[serde(default)]
+    pub oversubscribe: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -221,6 +228,7 @@ mod tests {
             memory: Some(8 << 30),
             compute: None,
             weight: Some(3),
+            oversubscribe: Some(true),
         });
         assert_eq!(Request::decode(&r.encode()), Ok(r));
         assert!(Request::decode(br#"{"op":"set","container":"x","bogus":1}"#).is_err());
@@ -264,7 +272,7 @@ mod tests {
         fn set_requests_round_trip(container in "[a-z0-9._-]{1,40}", device in proptest::option::of(0u32..16),
                                    memory in proptest::option::of(any::<u64>()), compute in proptest::option::of(0u32..=10_000),
                                    weight in proptest::option::of(any::<u32>())) {
-            let r = Request::Set(SetRequest { container, device, class: None, memory, compute, weight });
+            let r = Request::Set(SetRequest { container, device, class: None, memory, compute, weight, oversubscribe: None });
             prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
         }
     }

@@ -163,7 +163,12 @@ pub struct Header {
 
 /// The daemon manages this container: quotas and class come from it, not from the environment.
 pub const FLAG_DAEMON_MANAGED: u32 = 1;
-const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED;
+/// The container may oversubscribe device memory (`sharectl set --oversubscribe`, or HAMi's
+/// `CUDA_OVERSUBSCRIBE=true` where the environment applies): while it is opportunistic, its
+/// jobs' device allocations become managed memory and its quota limits their footprint, which
+/// may exceed the device ([`State::oversubscribes`]).
+pub const FLAG_OVERSUBSCRIBE: u32 = 2;
+const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE;
 
 #[repr(C, align(64))]
 pub struct DeviceState {
@@ -928,6 +933,14 @@ impl State {
                 _ => s.compute_limit.load(Acquire),
             }
         }))
+    }
+
+    /// Whether the container's jobs allocate managed memory instead of device memory: it is
+    /// opportunistic and allowed to oversubscribe (two relaxed loads).
+    pub fn oversubscribes(&self) -> bool {
+        let h = self.header();
+        h.class.load(Relaxed) == CLASS_OPPORTUNISTIC
+            && h.flags.load(Relaxed) & FLAG_OVERSUBSCRIBE != 0
     }
 
     /// Sets the quota on `dev` (0 = none), remembered to be restored after a loss.

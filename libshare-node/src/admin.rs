@@ -11,7 +11,9 @@ use libshare_abi::admin::{
     SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
-use libshare_abi::{container_dir, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, MAX_DEVICES};
+use libshare_abi::{
+    container_dir, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES,
+};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{Arc, Mutex};
@@ -95,8 +97,16 @@ impl AdminService {
     }
 
     fn set(&self, q: SetRequest) -> Result<ContainerReport, String> {
-        if q.class.is_none() && q.memory.is_none() && q.compute.is_none() && q.weight.is_none() {
-            return Err("nothing to set: give --class, --memory, --compute or --weight".into());
+        if q.class.is_none()
+            && q.memory.is_none()
+            && q.compute.is_none()
+            && q.weight.is_none()
+            && q.oversubscribe.is_none()
+        {
+            return Err(
+                "nothing to set: give --class, --memory, --compute, --weight or --oversubscribe"
+                    .into(),
+            );
         }
         if let Some(d) = q.device {
             if d as usize >= MAX_DEVICES {
@@ -120,23 +130,29 @@ impl AdminService {
         if q.compute.is_some_and(|c| c > 10_000) {
             return Err("a compute share is between 0% and 100%".into());
         }
-        if let (Some(m), Some(t)) = (q.memory, &self.totals) {
+        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = settings.get(&q.container).cloned().unwrap_or_default();
+        // A container that may oversubscribe limits a footprint of managed memory, which may
+        // exceed the device (issue 20).
+        let oversubscribes = q.oversubscribe.or(s.oversubscribe) == Some(true);
+        if let (Some(m), Some(t), false) = (q.memory, &self.totals, oversubscribes) {
             let devices: Vec<usize> = match q.device {
                 Some(d) => vec![d as usize],
                 None => (0..t.len()).collect(),
             };
             if let Some(&d) = devices.iter().find(|&&d| m > t[d]) {
                 return Err(format!(
-                    "a quota of {} is above device {d}'s memory ({})",
+                    "a quota of {} is above device {d}'s memory ({}); an opportunistic container may exceed it with --oversubscribe",
                     libshare_abi::units::format_size(m),
                     libshare_abi::units::format_size(t[d])
                 ));
             }
         }
-        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
-        let mut s = settings.get(&q.container).cloned().unwrap_or_default();
         if q.class.is_some() {
             s.class = q.class;
+        }
+        if q.oversubscribe.is_some() {
+            s.oversubscribe = q.oversubscribe;
         }
         let target = match q.device {
             Some(d) => s.devices.entry(d.to_string()).or_default(),
@@ -180,7 +196,9 @@ impl AdminService {
                 st.device(d).compute.store(0, Release);
                 st.device(d).weight.store(0, Release);
             }
-            st.header().flags.fetch_and(!FLAG_DAEMON_MANAGED, AcqRel);
+            st.header()
+                .flags
+                .fetch_and(!(FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE), AcqRel);
             self.write(&settings, name, &st);
         }
         self.report(name, &settings)

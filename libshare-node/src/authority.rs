@@ -26,7 +26,7 @@
 
 use crate::settings::Settings;
 use libshare_abi::admin::ContainerSettings;
-use libshare_abi::{State, CLASS_PRODUCTION, FLAG_DAEMON_MANAGED, MAX_DEVICES};
+use libshare_abi::{State, CLASS_PRODUCTION, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -43,12 +43,16 @@ pub struct Words {
     pub weight: [Option<u32>; MAX_DEVICES],
     /// The environment's compute limit (`CUDA_DEVICE_SM_LIMIT`) counts.
     pub env_trusted: bool,
+    /// May oversubscribe ([`FLAG_OVERSUBSCRIBE`]); without trust in the environment, no unless
+    /// set (a job's `CUDA_OVERSUBSCRIBE` counts only where the environment does).
+    pub oversubscribe: Option<bool>,
 }
 
 /// Which words [`Words::assert`] had to write back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Restored {
     pub class: bool,
+    pub oversubscribe: bool,
     pub managed: bool,
     pub quota: bool,
     pub compute: bool,
@@ -57,13 +61,19 @@ pub struct Restored {
 
 impl Restored {
     pub fn any(&self) -> bool {
-        self.class || self.managed || self.quota || self.compute || self.weight
+        self.class
+            || self.oversubscribe
+            || self.managed
+            || self.quota
+            || self.compute
+            || self.weight
     }
 
     /// The words restored, for the log (`class, quota`).
     pub fn names(&self) -> String {
         [
             (self.class, "class"),
+            (self.oversubscribe, "oversubscribe flag"),
             (self.managed, "managed flag"),
             (self.quota, "quota"),
             (self.compute, "compute share"),
@@ -97,6 +107,7 @@ impl Words {
         compute: [None; MAX_DEVICES],
         weight: [None; MAX_DEVICES],
         env_trusted: true,
+        oversubscribe: None,
     };
 
     /// The words of settings `s` on a node of `devices` devices.
@@ -106,8 +117,10 @@ impl Words {
             env_trusted,
             ..Words::default()
         };
+        w.oversubscribe = s.oversubscribe;
         if !env_trusted {
             w.class = w.class.or(Some(CLASS_PRODUCTION));
+            w.oversubscribe = w.oversubscribe.or(Some(false));
         }
         for d in 0..devices.min(MAX_DEVICES) {
             let ds = s.device(d);
@@ -126,6 +139,17 @@ impl Words {
             class: put32(&state.header().class, self.class),
             ..Restored::default()
         };
+        if let Some(on) = self.oversubscribe {
+            let flags = &state.header().flags;
+            if (flags.load(Acquire) & FLAG_OVERSUBSCRIBE != 0) != on {
+                if on {
+                    flags.fetch_or(FLAG_OVERSUBSCRIBE, AcqRel);
+                } else {
+                    flags.fetch_and(!FLAG_OVERSUBSCRIBE, AcqRel);
+                }
+                r.oversubscribe = true;
+            }
+        }
         if self.managed && state.header().flags.load(Acquire) & FLAG_DAEMON_MANAGED == 0 {
             state.header().flags.fetch_or(FLAG_DAEMON_MANAGED, AcqRel);
             r.managed = true;
@@ -280,6 +304,7 @@ mod tests {
             r,
             Restored {
                 class: true,
+                oversubscribe: false,
                 managed: true,
                 quota: true,
                 compute: true,
@@ -310,6 +335,35 @@ mod tests {
         assert_eq!(plain.class, Some(CLASS_PRODUCTION));
         assert_eq!(plain.quota[0], None);
         assert!(!plain.managed);
+        assert_eq!(plain.oversubscribe, Some(false));
+        assert_eq!(trusting.oversubscribe, None);
+    }
+
+    #[test]
+    fn the_oversubscribe_flag_is_the_daemons_word_where_it_has_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let st = State::open_or_create(&tmp.path().join("c")).unwrap();
+        let mut s = opportunistic(64 << 30);
+        s.oversubscribe = Some(true);
+        let w = Words::of(&s, 1, false);
+        w.assert(&st);
+        assert!(st.oversubscribes());
+        // A job clears it: restored, counted by name.
+        st.header().flags.fetch_and(!FLAG_OVERSUBSCRIBE, AcqRel);
+        let r = w.assert(&st);
+        assert!(
+            r.oversubscribe && r.names() == "oversubscribe flag",
+            "{r:?}"
+        );
+        assert!(st.oversubscribes());
+        // Untrusting daemon, no setting: a job's CUDA_OVERSUBSCRIBE does not count.
+        let plain = Words::of(&opportunistic(1 << 30), 1, false);
+        plain.assert(&st);
+        assert!(!st.oversubscribes());
+        // Trusting one, no setting: the job's word stands.
+        st.header().flags.fetch_or(FLAG_OVERSUBSCRIBE, AcqRel);
+        Words::of(&opportunistic(1 << 30), 1, true).assert(&st);
+        assert!(st.oversubscribes());
     }
 
     #[test]

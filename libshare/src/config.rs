@@ -37,6 +37,9 @@ pub struct Config {
     pub context_overhead: u64,
     /// Compute share in percent (HAMi's CUDA_DEVICE_SM_LIMIT; enforced by the rate controller).
     pub compute_percent: Option<u32>,
+    /// HAMi's `CUDA_OVERSUBSCRIBE=true`: an opportunistic container may oversubscribe device
+    /// memory (its allocations become managed memory; its limit may exceed the device).
+    pub oversubscribe: bool,
     pub log: Option<String>,
     /// One line each, printed once when the shim initialises.
     pub warnings: Vec<String>,
@@ -171,7 +174,11 @@ impl Config {
                     v.into_string().unwrap_or_else(|_| "\u{fffd}".into()),
                 ))
             })
-            .filter(|(k, _)| k.starts_with("LIBSHARE_") || k.starts_with("CUDA_DEVICE_"))
+            .filter(|(k, _)| {
+                k.starts_with("LIBSHARE_")
+                    || k.starts_with("CUDA_DEVICE_")
+                    || k == "CUDA_OVERSUBSCRIBE"
+            })
             .collect();
         Self::from_vars(&vars)
     }
@@ -346,6 +353,19 @@ impl Config {
                 }
             },
         };
+        // HAMi-core compares with "true"; anything else set is a typo here, not a silent "no".
+        let oversubscribe = match get("CUDA_OVERSUBSCRIBE").map(|v| v.to_ascii_lowercase()) {
+            None => false,
+            Some(v) if v == "true" || v == "1" => true,
+            Some(v) if v == "false" || v == "0" => false,
+            Some(_) => {
+                return Err(invalid(
+                    "CUDA_OVERSUBSCRIBE",
+                    get("CUDA_OVERSUBSCRIBE").unwrap_or(""),
+                    "expected true or false",
+                ))
+            }
+        };
         // The context overhead is charged before any allocation: at or above a limit, every
         // context would fail.
         if let Some((d, l)) = memory_limit.iter().enumerate().find_map(|(d, l)| {
@@ -365,6 +385,7 @@ impl Config {
             socket,
             register_timeout,
             compute_percent,
+            oversubscribe,
             log: get("LIBSHARE_LOG").map(String::from),
             warnings,
         })
@@ -383,10 +404,14 @@ impl Config {
                 if count == 1 { "" } else { "s" }
             ));
         }
+        // An opportunistic container that may oversubscribe limits a footprint of managed
+        // memory, which may exceed the device.
+        let footprint = self.oversubscribe && self.class == CLASS_OPPORTUNISTIC;
         for (d, &total) in totals.iter().enumerate().take(count.min(MAX_DEVICES)) {
-            if let Some(l) = self.memory_limit[d].filter(|l| *l > total) {
+            if let Some(l) = self.memory_limit[d].filter(|l| *l > total && !footprint) {
                 return Err(format!(
-                    "libshare: invalid {}: {} is more than device {d}'s {} of memory",
+                    "libshare: invalid {}: {} is more than device {d}'s {} of memory (an \
+                     opportunistic container may exceed it with CUDA_OVERSUBSCRIBE=true)",
                     self.memory_limit_source[d],
                     format_size(l),
                     format_size(total)
@@ -657,12 +682,43 @@ mod tests {
             .check_devices(1, &totals)
             .unwrap_err();
         names(&e, "LIBSHARE_MEMORY_LIMIT=16GiB");
+        // Unless the container is opportunistic and may oversubscribe (a managed footprint).
+        let over = |class: &str| {
+            cfg(&[
+                ("LIBSHARE_MEMORY_LIMIT", "16GiB"),
+                ("LIBSHARE_CLASS", class),
+                ("CUDA_OVERSUBSCRIBE", "true"),
+            ])
+            .unwrap()
+            .check_devices(1, &totals)
+        };
+        assert_eq!(over("opportunistic"), Ok(()));
+        names(
+            &over("production").unwrap_err(),
+            "LIBSHARE_MEMORY_LIMIT=16GiB",
+        );
         // An overhead that leaves nothing of an unlimited device.
         let e = cfg(&[("LIBSHARE_CONTEXT_OVERHEAD", "8GiB")])
             .unwrap()
             .check_devices(1, &totals)
             .unwrap_err();
         names(&e, "LIBSHARE_CONTEXT_OVERHEAD");
+    }
+
+    #[test]
+    fn cuda_oversubscribe_is_true_or_false() {
+        let o = |v: &str| cfg(&[("CUDA_OVERSUBSCRIBE", v)]).map(|c| c.oversubscribe);
+        assert!(!cfg(&[]).unwrap().oversubscribe);
+        for (v, want) in [
+            ("true", true),
+            ("TRUE", true),
+            ("1", true),
+            ("false", false),
+            ("0", false),
+        ] {
+            assert_eq!(o(v), Ok(want), "{v}");
+        }
+        names(&o("yes").unwrap_err(), "CUDA_OVERSUBSCRIBE");
     }
 
     #[test]

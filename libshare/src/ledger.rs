@@ -341,11 +341,17 @@ fn reclaim_now_and_then(acc: &Account) {
 
 /// (total, free) as the job must see them on `dev`: the quota as total, quota − used as free,
 /// never more than the device really has. Without a quota, the driver's figures.
+/// An oversubscribing container (its allocations are managed memory) sees a device of its
+/// quota, which may exceed the real one, and free = quota − its footprint.
 pub fn visible(dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
     let (quota, used) = match crate::process::get() {
         Some(sh) => {
             reclaim_now_and_then(&sh.account);
-            sh.account.quota(dev)
+            let (quota, used) = sh.account.quota(dev);
+            if quota > 0 && sh.account.state.oversubscribes() {
+                return (quota.saturating_sub(used), quota);
+            }
+            (quota, used)
         }
         None => quota_without_cuda(dev),
     };

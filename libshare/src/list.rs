@@ -162,6 +162,7 @@ macro_rules! driver_hooks {
     call cuDeviceGetAttribute(value: *mut i32, attr: c_uint, dev: CUdevice);
     call cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut i32);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
+    call cuMemAdvise(ptr: CUdeviceptr, size: usize, advice: c_uint, dev: CUdevice);
     call cuCtxGetCurrent(ctx: *mut CUcontext);
     call cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
     call cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_uint, value: *mut c_void);

@@ -31,7 +31,78 @@ fn charged_alloc<T: Word>(call: impl FnOnce() -> CUresult, dptr: &Out<T>, size: 
 }
 
 pub fn alloc(call: impl FnOnce() -> CUresult, dptr: Out<CUdeviceptr>, size: usize) -> R {
+    if shim()?.account.state.oversubscribes() && current_device().is_some() {
+        return as_managed(&dptr, size as u64);
+    }
     charged_alloc(call, &dptr, size as u64)
+}
+
+// --- Oversubscription (issue 20): an opportunistic container allowed to oversubscribe gets
+// managed memory for `cuMemAlloc_v2` and `cuMemAllocPitch_v2` (cudaMalloc, cudaMallocPitch,
+// cudaMalloc3D and PyTorch's caching allocator reach them), charged to its quota as its
+// footprint; what cannot be managed (VMM, stream-ordered pools, IPC, arrays, graph memory, the
+// 32-bit CUDA 2.x entry points) stays device memory under the same quota and the device's size.
+
+const CU_MEM_ATTACH_GLOBAL: u32 = 1;
+const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: u32 = 3;
+const CU_MEM_ADVISE_SET_ACCESSED_BY: u32 = 5;
+
+/// `size` bytes of managed memory on the current device, charged like a device allocation and
+/// advised to live on the device (preferred location) and to stay mapped there once evicted
+/// (accessed by: the device reads evicted pages over PCIe rather than fault them straight back,
+/// which keeps a thrashing job from thrashing harder). Advice is a hint: if the driver refuses
+/// it the allocation stands. Called with a current context (without one, the driver's own
+/// call answers).
+fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
+    let l = ledger::of(shim()?);
+    let real = crate::driver::real();
+    let (Some(alloc), Some(dev)) = (real.cuMemAllocManaged, current_device()) else {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    };
+    if dptr.is_null() || size == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = std::cell::Cell::new(0u64);
+    l.charged(
+        Kind::Alloc,
+        dev,
+        size,
+        || {
+            let mut out: CUdeviceptr = 0;
+            // SAFETY: the real driver's cuMemAllocManaged with a live local out-pointer.
+            let r = unsafe { alloc(&mut out, size as usize, CU_MEM_ATTACH_GLOBAL) };
+            if r == CUDA_SUCCESS {
+                p.set(out);
+                if let Some(advise) = real.cuMemAdvise {
+                    for advice in [
+                        CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+                        CU_MEM_ADVISE_SET_ACCESSED_BY,
+                    ] {
+                        // SAFETY: the real driver's cuMemAdvise on the range it just made.
+                        unsafe { advise(out, size as usize, advice, dev as CUdevice) };
+                    }
+                }
+            }
+            r
+        },
+        || p.get(),
+    )?;
+    dptr.set(p.get());
+    Ok(())
+}
+
+/// `cuMemAllocPitch_v2` as managed memory: rows padded to 512 bytes (the pitch the driver
+/// reports for device memory), element sizes checked as the driver checks them.
+fn pitched_managed(dptr: &Out<CUdeviceptr>, pitch: &Out<usize>, w: u64, h: u64, elem: u32) -> R {
+    if pitch.is_null() || w == 0 || h == 0 || !matches!(elem, 4 | 8 | 16) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = w
+        .checked_next_multiple_of(512)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    as_managed(dptr, p.checked_mul(h).ok_or(CUDA_ERROR_INVALID_VALUE)?)?;
+    pitch.set(p as usize);
+    Ok(())
 }
 
 /// `cuMemAlloc` of the CUDA 2.x ABI (32-bit pointer and size), as `cuGetProcAddress` hands out
@@ -103,8 +174,11 @@ pub fn alloc_pitch(
     pitch: Out<usize>,
     width: usize,
     height: usize,
-    _elem: u32,
+    elem: u32,
 ) -> R {
+    if shim()?.account.state.oversubscribes() && current_device().is_some() {
+        return pitched_managed(&dptr, &pitch, width as u64, height as u64, elem);
+    }
     pitched(call, &dptr, &pitch, width as u64, height as u64)
 }
 

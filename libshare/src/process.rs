@@ -275,6 +275,12 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     }
     if !managed && env_applies {
         state.header().class.store(cfg.class, Release);
+        let flags = &state.header().flags;
+        if cfg.oversubscribe {
+            flags.fetch_or(libshare_abi::FLAG_OVERSUBSCRIBE, AcqRel);
+        } else {
+            flags.fetch_and(!libshare_abi::FLAG_OVERSUBSCRIBE, AcqRel);
+        }
     }
     let pid = std::process::id();
     let slot = state.claim_slot(pid).ok_or_else(|| {

@@ -42,8 +42,12 @@ pub struct CostModel {
     pub hbm_bytes_per_s: u64,
     /// Fixed cost of every copy / memset, ns.
     pub copy_base_ns: u64,
-    /// Cost of one managed-memory page-fault group (one 2 MiB chunk), on top of its transfer, ns.
+    /// Cost of servicing one batch of managed-memory page faults (one per 2 MiB chunk migrated
+    /// on demand), on top of its transfer, ns.
     pub fault_ns: u64,
+    /// Throughput of fault-driven migration, bytes per second (below `pcie_bytes_per_s`, which a
+    /// prefetch on the copy engine gets).
+    pub fault_bytes_per_s: u64,
     /// Time slice of a context on the compute engine while another context waits, ns; it
     /// includes the context switch into it (`crate::sched`).
     pub timeslice_ns: u64,
@@ -103,6 +107,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "SIMGPU_KERNEL_TIME",
     "SIMGPU_PCIE_BW",
     "SIMGPU_HBM_BW",
+    "SIMGPU_FAULT_BW",
     "SIMGPU_TIMESLICE",
     "SIMGPU_CTX_SWITCH",
     "SIMGPU_KERNEL_TRACE",
@@ -219,6 +224,7 @@ impl Default for CostModel {
             hbm_bytes_per_s: 1_500_000_000_000,
             copy_base_ns: 2_000,
             fault_ns: 20_000,
+            fault_bytes_per_s: 12_000_000_000,
             timeslice_ns: 2_000_000,
             ctx_switch_ns: 25_000,
         }
@@ -486,6 +492,9 @@ fn apply_env(cfg: &mut SimConfig, vars: &HashMap<String, String>) -> Result<(), 
     if let Some(bw) = env_value(vars, "SIMGPU_HBM_BW", &BANDWIDTH)? {
         cost.hbm_bytes_per_s = bw;
     }
+    if let Some(bw) = env_value(vars, "SIMGPU_FAULT_BW", &BANDWIDTH)? {
+        cost.fault_bytes_per_s = bw;
+    }
     if let Some(ns) = env_value(vars, "SIMGPU_TIMESLICE", &DURATION)? {
         cost.timeslice_ns = ns;
     }
@@ -690,6 +699,7 @@ const COST_KEYS: &[&str] = &[
     "hbm_bandwidth",
     "copy_base",
     "fault",
+    "fault_bandwidth",
     "timeslice",
     "ctx_switch",
     "kernels",
@@ -776,6 +786,9 @@ impl TomlFile<'_> {
                 "hbm_bandwidth" => cost.hbm_bytes_per_s = self.value(key_path, node, &BANDWIDTH)?,
                 "copy_base" => cost.copy_base_ns = self.value(key_path, node, &DURATION)?,
                 "fault" => cost.fault_ns = self.value(key_path, node, &DURATION)?,
+                "fault_bandwidth" => {
+                    cost.fault_bytes_per_s = self.value(key_path, node, &BANDWIDTH)?
+                }
                 "timeslice" => cost.timeslice_ns = self.value(key_path, node, &DURATION)?,
                 "ctx_switch" => cost.ctx_switch_ns = self.value(key_path, node, &DURATION)?,
                 "kernels" => {
@@ -1171,6 +1184,7 @@ pcie_bandwidth = "25GB/s"
 hbm_bandwidth = "1500GB/s"
 copy_base = "2us"
 fault = "20us"
+fault_bandwidth = "10GB/s"
 
 [cost.kernels]
 "zz_gemm" = "2ms"
@@ -1213,6 +1227,7 @@ stall_stream_after = 100
         assert_eq!(cost.hbm_bytes_per_s, 1_500_000_000_000);
         assert_eq!(cost.copy_base_ns, 2_000);
         assert_eq!(cost.fault_ns, 20_000);
+        assert_eq!(cost.fault_bytes_per_s, 10_000_000_000);
         // Document order is kept, so the first substring match is the first in the file.
         let names: Vec<&str> = cost
             .kernel_overrides

@@ -51,6 +51,9 @@ pub struct Op {
     pub deps: Vec<(StreamId, u64)>,
     pub event: Option<Arc<EventState>>,
     pub is_kernel: bool,
+    /// Bytes a copy moves over PCIe (host-to-device and device-to-host copies), counted for
+    /// NVML's PCIe throughput over the interval the copy engine moves them in.
+    pub pcie_bytes: u64,
 }
 
 impl Op {
@@ -63,6 +66,7 @@ impl Op {
             deps: Vec::new(),
             event: None,
             is_kernel: false,
+            pcie_bytes: 0,
         }
     }
     pub fn marker() -> Op {
@@ -490,10 +494,16 @@ impl Engine {
                             }
                             (Resource::None, _) | (_, None) => earliest + dur,
                             (Resource::H2D(d), Some(s)) => {
-                                Shared::reserve(&s.shared.dev(d).h2d_busy_until, earliest, dur).1
+                                let dv = s.shared.dev(d);
+                                let (t0, t1) = Shared::reserve(&dv.h2d_busy_until, earliest, dur);
+                                dv.pcie_rx.add_spread(t0, t1, p.op.pcie_bytes);
+                                t1
                             }
                             (Resource::D2H(d), Some(s)) => {
-                                Shared::reserve(&s.shared.dev(d).d2h_busy_until, earliest, dur).1
+                                let dv = s.shared.dev(d);
+                                let (t0, t1) = Shared::reserve(&dv.d2h_busy_until, earliest, dur);
+                                dv.pcie_tx.add_spread(t0, t1, p.op.pcie_bytes);
+                                t1
                             }
                         };
                         started.push((id, p.seq, end, p.op.event.take()));

@@ -10,6 +10,7 @@
 //! What the numbers mean here:
 //! - memory: `used` is the device's allocations plus resident managed chunks (`DevState.mem_used`);
 //!   slots of processes that died without exiting are reclaimed first, as the driver would;
+//! - PCIe throughput: bytes of host-device copies and managed-memory migrations per 20 ms;
 //! - utilisation: `gpu` is the share of the last second the compute timeline was busy (all
 //!   processes); `memory` is 0 (the model has no memory-bandwidth counter);
 //! - running compute processes: live processes that hold memory on, or have launched kernels
@@ -831,6 +832,30 @@ nvml! {
     fn nvmlDeviceGetPcieLinkMaxSpeed(device: NvmlDevice, mbps: *mut c_uint) {
         dev(device)?;
         out(mbps, 16000) // NVML_PCIE_LINK_MAX_SPEED_16000MBPS (Gen4)
+    }
+}
+
+/// `nvmlPcieUtilCounter_t`: bytes the device sent (`TX`) or received (`RX`).
+pub const NVML_PCIE_UTIL_TX_BYTES: c_uint = 0;
+pub const NVML_PCIE_UTIL_RX_BYTES: c_uint = 1;
+/// NVML samples the PCIe byte counters over 20 ms.
+const PCIE_WINDOW_NS: u64 = 20_000_000;
+
+nvml! {
+    /// PCIe throughput in KB/s over about the last 20 ms (NVML's sample; simgpu's byte windows
+    /// have 16 ms buckets, so it averages over the buckets that cover those 20 ms): host-device
+    /// copies and managed-memory migrations, write-backs and remote reads, in the modelled
+    /// interval they moved in. TX is what the device sent (device to host), RX what it received.
+    fn nvmlDeviceGetPcieThroughput(device: NvmlDevice, counter: c_uint, value: *mut c_uint) {
+        let (s, d) = dev(device)?;
+        let ds = s.shared.dev(d.index);
+        let w = match counter {
+            NVML_PCIE_UTIL_TX_BYTES => &ds.pcie_tx,
+            NVML_PCIE_UTIL_RX_BYTES => &ds.pcie_rx,
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let kb = w.rate(now_ns(), PCIE_WINDOW_NS) / 1000;
+        out(value, kb.min(c_uint::MAX as u64) as c_uint)
     }
 }
 

@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
-pub const MAGIC: u64 = 0x5349_4d47_5055_0006; // "SIMGPU" v6
+pub const MAGIC: u64 = 0x5349_4d47_5055_0007; // "SIMGPU" v7
 pub const MAX_DEVICES: usize = 16;
 /// Processes that may use the simulated GPU at once. A real driver sets no such limit at
 /// `cuInit` (hundreds of processes may initialise at once on a node), so it is generous; scans
@@ -42,7 +42,15 @@ pub struct BusyWindow {
 impl BusyWindow {
     /// Adds the busy interval [start, end) (ns, CLOCK_MONOTONIC).
     pub fn add(&self, start: u64, end: u64) {
-        let (first, last) = (start / BUCKET_NS, end.saturating_sub(1) / BUCKET_NS);
+        self.add_spread(start, end, end.saturating_sub(start));
+    }
+
+    /// Adds `amount` spread evenly over [start, end) (an instant if they are equal): bytes over
+    /// the interval a transfer took, for a throughput.
+    pub fn add_spread(&self, start: u64, end: u64, amount: u64) {
+        let end = end.max(start + 1);
+        let span = end - start;
+        let (first, last) = (start / BUCKET_NS, (end - 1) / BUCKET_NS);
         for b in first.max(last.saturating_sub(BUCKETS as u64 - 1))..=last {
             let i = (b % BUCKETS as u64) as usize;
             let e = self.epoch[i].load(Acquire);
@@ -59,8 +67,24 @@ impl BusyWindow {
             }
             let lo = start.max(b * BUCKET_NS);
             let hi = end.min((b + 1) * BUCKET_NS);
-            self.busy[i].fetch_add(hi.saturating_sub(lo), AcqRel);
+            let part = amount as u128 * hi.saturating_sub(lo) as u128 / span as u128;
+            self.busy[i].fetch_add(part as u64, AcqRel);
         }
+    }
+
+    /// Amount per second over the buckets that cover [now - window, now], counted from the
+    /// start of the first of them (so a window shorter than a bucket still averages over one).
+    pub fn rate(&self, now: u64, window: u64) -> u64 {
+        let first = now.saturating_sub(window) / BUCKET_NS;
+        let mut sum = 0u128;
+        for b in first..=now / BUCKET_NS {
+            let i = (b % BUCKETS as u64) as usize;
+            if self.epoch[i].load(Acquire) == b {
+                sum += self.busy[i].load(Acquire) as u128;
+            }
+        }
+        let span = now.saturating_sub(first * BUCKET_NS).max(1);
+        (sum * 1_000_000_000 / span as u128) as u64
     }
 
     /// Fraction (0..=1) of [now - window, now) that was busy.
@@ -110,6 +134,10 @@ pub struct DevState {
     pub migrated_bytes: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub window: BusyWindow,
+    /// Bytes over PCIe (copies, managed-memory migrations and remote reads), by the modelled
+    /// interval they moved in: received by the device (host to device) and sent by it.
+    pub pcie_rx: BusyWindow,
+    pub pcie_tx: BusyWindow,
 }
 
 #[repr(C)]
@@ -718,12 +746,23 @@ mod tests {
     /// `tests/src/lib.rs` (`SimGpu::sim_mem_peak`) reads the state file by these offsets.
     #[test]
     fn dev_state_layout() {
-        assert_eq!(MAGIC, 0x5349_4d47_5055_0006);
+        assert_eq!(MAGIC, 0x5349_4d47_5055_0007);
         assert_eq!(align(std::mem::size_of::<Header>()), 64);
-        assert_eq!(align(std::mem::size_of::<DevState>()), 1216);
+        assert_eq!(align(std::mem::size_of::<DevState>()), 3264);
         assert_eq!(std::mem::offset_of!(DevState, mem_total), 6 * 8);
         assert_eq!(std::mem::offset_of!(DevState, mem_used), 7 * 8);
         assert_eq!(std::mem::offset_of!(DevState, mem_peak), 8 * 8);
+    }
+
+    #[test]
+    fn a_byte_window_spreads_bytes_over_their_interval_and_forgets_them() {
+        // SAFETY: all-zero is a valid BusyWindow (atomics only).
+        let w: BusyWindow = unsafe { std::mem::zeroed() };
+        let t = 100 * BUCKET_NS;
+        w.add_spread(t, t + BUCKET_NS, 1_000_000); // 1 MB over one bucket (16 ms)
+        let rate = w.rate(t + BUCKET_NS - 1, BUCKET_NS / 2);
+        assert!((62_000_000..=63_000_000).contains(&rate), "{rate} B/s");
+        assert_eq!(w.rate(t + 10 * BUCKET_NS, 20_000_000), 0);
     }
 
     #[test]

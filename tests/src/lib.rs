@@ -786,9 +786,9 @@ impl SimGpu {
     /// Word `index` of `DevState` of `dev` in simgpu's state file (simgpu's
     /// `shared::tests::dev_state_layout` checks these numbers).
     fn sim_dev_word(&self, dev: usize, expected_total: u64, index: usize) -> u64 {
-        const MAGIC: u64 = 0x5349_4d47_5055_0006; // simgpu::shared::MAGIC
+        const MAGIC: u64 = 0x5349_4d47_5055_0007; // simgpu::shared::MAGIC
         const DEV_OFF: usize = 64; // align64(size_of::<Header>() = 32)
-        const DEV_SIZE: usize = 1216; // align64(SchedShared 32 + 13 × u64 + BusyWindow 2 × 64 × u64)
+        const DEV_SIZE: usize = 3264; // align64(SchedShared 32 + 13 × u64 + 3 BusyWindows of 2 × 64 × u64)
         const MEM_TOTAL: usize = 6 * 8;
         let path = self.state_dir().join("simgpu.state");
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

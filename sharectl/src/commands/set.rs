@@ -42,6 +42,13 @@ pub struct SetArgs {
     /// Class (overrides the container's LIBSHARE_CLASS from now on).
     #[arg(long, value_enum)]
     pub class: Option<ClassArg>,
+    /// While opportunistic, the container's allocations become managed memory and its quota
+    /// may exceed the GPU's memory (overrides its CUDA_OVERSUBSCRIBE from now on).
+    #[arg(long)]
+    pub oversubscribe: bool,
+    /// The container's allocations stay device memory (the default).
+    #[arg(long, conflicts_with = "oversubscribe")]
+    pub no_oversubscribe: bool,
     /// Write the state file directly, without a daemon (not persisted).
     #[arg(long)]
     pub offline: bool,
@@ -142,6 +149,9 @@ fn toml_line(s: &admin::ContainerSettings) -> String {
     if let Some(c) = s.class {
         parts.push(format!("class={}", c.name()));
     }
+    if let Some(o) = s.oversubscribe {
+        parts.push(format!("oversubscribe={o}"));
+    }
     let dev = |p: &mut Vec<String>, at: &str, d: &admin::DeviceSettings| {
         if let Some(m) = d.memory {
             p.push(format!("memory{at}={}", format_size(m)));
@@ -184,8 +194,18 @@ pub fn run(a: SetArgs) -> Result<()> {
             libshare_abi::names::NAME_RULE
         );
     }
-    if a.compute.is_none() && a.weight.is_none() && a.class.is_none() && a.memory.is_none() {
-        bail!("nothing to set: give --memory, --compute, --weight or --class");
+    let oversubscribe = match (a.oversubscribe, a.no_oversubscribe) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
+    };
+    if a.compute.is_none()
+        && a.weight.is_none()
+        && a.class.is_none()
+        && a.memory.is_none()
+        && oversubscribe.is_none()
+    {
+        bail!("nothing to set: give --memory, --compute, --weight, --class or --oversubscribe");
     }
     if let Some(m) = a.memory {
         admin::check_quota(m).map_err(|e| anyhow!(e))?;
@@ -201,6 +221,7 @@ pub fn run(a: SetArgs) -> Result<()> {
             memory: a.memory,
             compute: a.compute,
             weight: a.weight,
+            oversubscribe,
         });
         let r = ask(&super::state_dir(a.state_dir), &req)?;
         print(&r, false);
@@ -224,6 +245,7 @@ pub fn run(a: SetArgs) -> Result<()> {
             ClassArg::Production => admin::Class::Production,
             ClassArg::Opportunistic => admin::Class::Opportunistic,
         }),
+        oversubscribe,
         ..Default::default()
     };
     let one = admin::DeviceSettings {

@@ -1,13 +1,27 @@
-//! Managed (unified) memory, tracked per 2 MiB chunk.
+//! Managed (unified) memory, tracked per 2 MiB chunk, as NVIDIA's UVM driver tracks it
+//! (`kernel-open/nvidia-uvm`: 2 MiB VA blocks backed by 2 MiB root chunks).
 //!
 //! The bytes always live in host memory (kernels do not run, so no data has to move); what is
-//! modelled is *residency*: a chunk a kernel references must be on the device first, which costs
-//! a fault plus a 2 MiB transfer at PCIe bandwidth, and takes device memory. When the device is
-//! full the least recently used resident chunk of any process is evicted (written back at PCIe
-//! bandwidth). Residency lives in the shared state, so processes evict each other's chunks and
-//! oversubscription thrashes as on a real GPU. Chunks advised to prefer the CPU are not migrated;
-//! a kernel reads them over PCIe instead. A kernel references the managed allocations passed as
-//! its pointer arguments (when its parameter layout is known), else all of its process's.
+//! modelled is *residency* and what moving it costs (`simgpu/README.md` § Managed memory says
+//! where each rule comes from):
+//! - memory is taken on the device at first touch, not at allocation;
+//! - a kernel that references a chunk not resident faults it in: one fault batch (`cost.fault`)
+//!   plus 2 MiB at the fault-driven migration rate (`cost.fault_bandwidth`, below the copy
+//!   engine's); `cuMemPrefetchAsync` moves chunks on the copy engine at `cost.pcie_bandwidth`,
+//!   with no fault cost;
+//! - when the device is full, the chunk *migrated in* longest ago is evicted (written back at
+//!   PCIe bandwidth): the driver's LRU list is ordered by when a chunk was allocated to a VA
+//!   block, never by kernel accesses to resident pages, which the driver does not see. Chunks of
+//!   processes that died are dropped first, with no write-back. `cuMemAlloc` evicts the same way
+//!   and returns once the write-back is done (on the device-to-host copy engine);
+//! - chunks advised to prefer the CPU are not migrated: a kernel reads them over PCIe;
+//! - every migration, write-back and remote read is counted in the device's PCIe byte windows
+//!   (NVML's `nvmlDeviceGetPcieThroughput`), resident chunks in its used memory.
+//!
+//! Residency lives in the shared state, so processes evict each other's chunks and
+//! oversubscription thrashes as on a real GPU. A kernel references the managed allocations
+//! passed as its pointer arguments (when its parameter layout is known), else all of its
+//! process's.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -17,7 +31,7 @@ use std::sync::atomic::Ordering::*;
 use super::memory::{map_anon, Alloc, Kind};
 use super::{current_ctx, out, stream_ref, submit, R};
 use crate::engine::{Extra, Op, Resource};
-use crate::shared::{owner_word, CHUNK};
+use crate::shared::{owner_word, SlotTable, CHUNK};
 use crate::sim::{sim, Sim};
 use crate::types::*;
 use crate::{driver, driver_ptds};
@@ -44,7 +58,11 @@ fn my_word(s: &Sim) -> u64 {
 }
 
 fn transfer_ns(s: &Sim, bytes: u64) -> u64 {
-    (bytes as u128 * 1_000_000_000 / s.cfg.cost.pcie_bytes_per_s.max(1) as u128) as u64
+    at_rate(bytes, s.cfg.cost.pcie_bytes_per_s)
+}
+
+fn at_rate(bytes: u64, per_s: u64) -> u64 {
+    (bytes as u128 * 1_000_000_000 / per_s.max(1) as u128) as u64
 }
 
 fn is_resident(s: &Sim, dev: usize, entry: u32, tag: u64) -> bool {
@@ -54,9 +72,11 @@ fn is_resident(s: &Sim, dev: usize, entry: u32, tag: u64) -> bool {
     }
 }
 
-/// Evicts least-recently-used resident chunks (any process) not used since `before`, until
-/// `need` bytes are freed. Returns (bytes freed, modelled write-back ns).
-fn evict(s: &Sim, dev: usize, need: u64, before: u64) -> (u64, u64) {
+/// Evicts resident chunks (any process) in the order they were migrated in, oldest first,
+/// skipping the table entries in `keep` (sorted: the chunks the operation itself uses), until
+/// `need` bytes are freed. Returns the bytes freed; they are written back to the host over PCIe
+/// from `now` (counted in the device's PCIe throughput).
+fn evict(s: &Sim, dev: usize, need: u64, keep: &[u32], now: u64) -> u64 {
     let table = s.shared.chunks(dev);
     let mut cands: Vec<(u64, usize, u64)> = table
         .iter()
@@ -64,7 +84,7 @@ fn evict(s: &Sim, dev: usize, need: u64, before: u64) -> (u64, u64) {
         .filter_map(|(i, e)| {
             let o = e.owner.load(Acquire);
             let t = e.last_use.load(Acquire);
-            (o != 0 && t < before).then_some((t, i, o))
+            (o != 0 && keep.binary_search(&(i as u32)).is_err()).then_some((t, i, o))
         })
         .collect();
     cands.sort_unstable();
@@ -83,56 +103,91 @@ fn evict(s: &Sim, dev: usize, need: u64, before: u64) -> (u64, u64) {
             freed += CHUNK;
         }
     }
-    (freed, transfer_ns(s, freed))
+    let d = s.shared.dev(dev);
+    d.pcie_tx
+        .add_spread(now, now + transfer_ns(s, freed), freed);
+    freed
 }
 
-/// Frees device memory for an allocation by evicting managed chunks; returns bytes freed.
+/// Frees device memory for an allocation by evicting managed chunks; returns bytes freed. As
+/// with the driver (RM's allocation asks UVM, through PMA's eviction callback, to evict root
+/// chunks, which it copies to the host before it returns them), the caller waits for the
+/// write-back: it takes the device-to-host copy engine from now for its bytes at PCIe bandwidth.
 pub fn evict_bytes(s: &Sim, dev: usize, need: u64) -> u64 {
-    evict(s, dev, need, u64::MAX).0
+    let now = crate::shared::now_ns();
+    let freed = evict(s, dev, need, &[], now);
+    if freed > 0 {
+        let d = s.shared.dev(dev);
+        let (_, end) =
+            crate::shared::Shared::reserve(&d.d2h_busy_until, now, transfer_ns(s, freed));
+        crate::shared::sleep_until(end);
+    }
+    freed
+}
+
+/// How chunks come to the device: a kernel's page faults or a prefetch on the copy engine.
+#[derive(Clone, Copy, PartialEq)]
+enum Migrate {
+    Fault,
+    Prefetch,
 }
 
 /// Makes the given chunks resident at modelled time `now`; returns the modelled cost in ns.
-fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64) -> u64 {
+fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64, how: Migrate) -> u64 {
     let mut st = STATE.lock();
     let d = s.shared.dev(dev);
     let total = d.mem_total.load(Acquire);
     let table = s.shared.chunks(dev);
+    let c = &s.cfg.cost;
     let mut cost = 0u64;
-    // Pass 1: refresh what is resident, count what is missing.
+    let mut remote = 0u64; // bytes read over PCIe without migrating
+                           // Pass 1: what is resident (kept from eviction), what is missing. A resident chunk's place
+                           // in the eviction order does not change: the driver never sees accesses to resident pages.
     let mut missing = 0u64;
+    let mut keep = Vec::new();
     for base in bases {
         let Some(m) = st.get(base).filter(|m| m.dev == dev) else {
             continue;
         };
         if m.prefer_cpu {
-            cost += transfer_ns(s, m.size); // read remotely over PCIe, no migration
+            remote += m.size; // read remotely over PCIe, no migration
             continue;
         }
-        for c in &m.chunks {
-            if is_resident(s, dev, c.0, c.1) {
-                table[c.0 as usize].last_use.store(now, Release);
+        for ch in &m.chunks {
+            if is_resident(s, dev, ch.0, ch.1) {
+                keep.push(ch.0);
             } else {
                 missing += 1;
             }
         }
     }
-    if missing == 0 {
-        return cost;
-    }
-    // Make room once for all of them (least recently used first, never this kernel's chunks).
-    let free = total.saturating_sub(d.mem_used.load(Acquire));
-    if missing * CHUNK > free {
-        cost += evict(s, dev, missing * CHUNK - free, now).1;
+    keep.sort_unstable();
+    let mut migrated = 0u64;
+    let mut evicted = 0u64;
+    if missing > 0 {
+        // Make room once for all of them: a dead process's chunks went with it (no write-back),
+        // then the chunks migrated in longest ago, never this operation's own.
+        let free = |d: &crate::shared::DevState| total.saturating_sub(d.mem_used.load(Acquire));
+        if missing * CHUNK > free(d) {
+            s.shared.reclaim_dead();
+        }
+        if missing * CHUNK > free(d) {
+            evicted = evict(s, dev, missing * CHUNK - free(d), &keep, now);
+            cost += transfer_ns(s, evicted);
+        }
     }
     // Pass 2: claim a table entry per missing chunk while device memory lasts.
     let word = my_word(s);
     let mut hint = 0usize;
     for base in bases {
+        if missing == 0 {
+            break;
+        }
         let Some(m) = st.get_mut(base).filter(|m| m.dev == dev && !m.prefer_cpu) else {
             continue;
         };
-        for c in m.chunks.iter_mut() {
-            if is_resident(s, dev, c.0, c.1) {
+        for ch in m.chunks.iter_mut() {
+            if is_resident(s, dev, ch.0, ch.1) {
                 continue;
             }
             let charged = d
@@ -158,29 +213,40 @@ fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64) -> u64 {
                 Some(i) => {
                     let tag = NEXT_TAG.fetch_add(1, Relaxed);
                     table[i].tag.store(tag, Release);
+                    // The migration time orders the eviction list.
                     table[i].last_use.store(now, Release);
-                    *c = (i as u32, tag);
+                    *ch = (i as u32, tag);
                     hint = i + 1;
-                    d.migrated_bytes.fetch_add(CHUNK, AcqRel);
-                    cost += s.cfg.cost.fault_ns + transfer_ns(s, CHUNK);
+                    migrated += CHUNK;
                 }
                 None => {
                     if charged {
                         crate::shared::sub_saturating(&d.mem_used, CHUNK);
                     }
                     // Working set larger than the device: this chunk is read remotely.
-                    cost += transfer_ns(s, CHUNK);
+                    remote += CHUNK;
                 }
             }
         }
     }
+    d.migrated_bytes.fetch_add(migrated, AcqRel);
+    cost += match how {
+        Migrate::Fault => (migrated / CHUNK) * c.fault_ns + at_rate(migrated, c.fault_bytes_per_s),
+        Migrate::Prefetch => transfer_ns(s, migrated),
+    };
+    cost += transfer_ns(s, remote);
+    let start = now + transfer_ns(s, evicted);
+    d.pcie_rx
+        .add_spread(start, now + cost.max(1), migrated + remote);
     cost
 }
 
-/// Moves this process's chunks of [p, p+len) back to the host; returns the modelled cost.
-fn evict_range(s: &Sim, p: u64, len: u64) -> u64 {
+/// Moves this process's chunks of [p, p+len) back to the host at modelled time `now`; returns
+/// the modelled cost.
+fn evict_range(s: &Sim, p: u64, len: u64, now: u64) -> u64 {
     let mut st = STATE.lock();
     let mut bytes = 0;
+    let mut dev = None;
     for (base, m) in st.range_mut(..p + len) {
         if base + m.size <= p {
             continue;
@@ -197,11 +263,16 @@ fn evict_range(s: &Sim, p: u64, len: u64) -> u64 {
             {
                 crate::shared::sub_saturating(&s.shared.dev(m.dev).mem_used, CHUNK);
                 bytes += CHUNK;
+                dev = Some(m.dev);
             }
             c.0 = u32::MAX;
         }
     }
-    transfer_ns(s, bytes)
+    let cost = transfer_ns(s, bytes);
+    if let Some(d) = dev {
+        s.shared.dev(d).pcie_tx.add_spread(now, now + cost, bytes);
+    }
+    cost
 }
 
 /// The extra modelled time a kernel pays to fault in the managed memory it references.
@@ -231,7 +302,7 @@ pub fn touch_for_kernel(_s: &Sim, dev: usize, ptr_args: Option<Vec<u64>>) -> Opt
         return None;
     }
     Some(Box::new(move |now| {
-        crate::sim::get().map_or(0, |s| fault_in(s, dev, &bases, now))
+        crate::sim::get().map_or(0, |s| fault_in(s, dev, &bases, now, Migrate::Fault))
     }))
 }
 
@@ -423,15 +494,15 @@ unsafe fn prefetch(
     let (start, n) = (p, len as u64);
     let op = if to_cpu {
         let mut op = Op::new(Resource::D2H(r.ctx.device), 0);
-        op.extra = Some(Box::new(move |_| {
-            crate::sim::get().map_or(0, |s| evict_range(s, start, n))
+        op.extra = Some(Box::new(move |now| {
+            crate::sim::get().map_or(0, |s| evict_range(s, start, n, now))
         }));
         op
     } else {
         let d = s.device(dev)?;
         let mut op = Op::new(Resource::H2D(d), 0);
         op.extra = Some(Box::new(move |now| {
-            crate::sim::get().map_or(0, |s| fault_in(s, d, &bases, now))
+            crate::sim::get().map_or(0, |s| fault_in(s, d, &bases, now, Migrate::Prefetch))
         }));
         op
     };

@@ -353,7 +353,7 @@ fn copy_op(s: &Sim, dst: u64, src: u64, len: u64, stage: bool) -> Result<Op, CUr
         s.shared.dev(d).copy_bytes.fetch_add(len, AcqRel);
     }
     let (dst, src) = (SendPtr(dst), SendPtr(src));
-    let op = if stage && sd.is_none() && !is_pinned(s, src.0, len) {
+    let mut op = if stage && sd.is_none() && !is_pinned(s, src.0, len) {
         // SAFETY: the caller promised `len` readable bytes at `src` for the duration of the call.
         let data = unsafe { std::slice::from_raw_parts(src.0 as *const u8, len as usize) }.to_vec();
         Op::new(res, dur).with_effect(move || {
@@ -369,6 +369,9 @@ fn copy_op(s: &Sim, dst: u64, src: u64, len: u64, stage: bool) -> Result<Op, CUr
             unsafe { std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, len as usize) }
         })
     };
+    if matches!(res, Resource::H2D(_) | Resource::D2H(_)) {
+        op.pcie_bytes = len;
+    }
     Ok(op)
 }
 
