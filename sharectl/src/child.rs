@@ -41,6 +41,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// The job's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts `bin args...` with extra environment `env`; every JSON line of its stdout is sent
     /// to `tx` (lines that are not JSON objects are ignored).
     pub fn spawn<T: Copy + Send + 'static>(

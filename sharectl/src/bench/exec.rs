@@ -2,6 +2,7 @@
 //! `sharectl daemon`, the jobs (with or without the shim), and everything they printed, on one
 //! time axis (seconds since the run started, `CLOCK_MONOTONIC`).
 
+use crate::bench::python::Scripts;
 use crate::child::{Job, Msg};
 use crate::daemon_child::{CpuUse, Daemon};
 use crate::platform::{Gpu, StateDir};
@@ -38,7 +39,8 @@ pub struct JobSpec {
     pub container: String,
     /// The class the scenario gives it (a policy may run it as another, see [`Setup`]).
     pub class: Class,
-    /// `simjob-train`, `simjob-infer` or `simjob-saturate`.
+    /// `simjob-train`, `simjob-infer`, `simjob-saturate`, or an embedded Python job
+    /// (`torch_infer.py`, `torch_train.py`).
     pub bin: &'static str,
     pub args: Vec<String>,
     /// Seconds after the run's start.
@@ -168,6 +170,52 @@ pub struct Bench {
     pub shim: Option<PathBuf>,
     pub jobs_dir: Option<PathBuf>,
     pub sharectl: PathBuf,
+    /// The Python that runs the `.py` jobs, and those jobs.
+    pub python: PathBuf,
+    pub scripts: Scripts,
+    /// Extra environment for every job of every run (e.g. simgpu's cost model for a scenario).
+    pub extra_env: Vec<(String, OsString)>,
+    /// Where the jobs' threads may run (a scenario sets it for its runs).
+    pub cpus: std::cell::Cell<Cpus>,
+}
+
+/// Where a run's jobs run on the host's CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cpus {
+    /// Anywhere (the scheduler's choice).
+    Shared,
+    /// Production-class jobs (the scenario's class, whatever the policy runs them as) on the
+    /// first CPU sharectl may use, the others on the rest, as a node gives each container CPUs
+    /// of its own (a Kubernetes `cpuset`). With one CPU, anywhere.
+    ByClass,
+}
+
+impl Cpus {
+    /// Binds the process `pid` (and the threads it starts afterwards) to the CPUs of `class`.
+    fn bind(self, pid: u32, class: Class) -> anyhow::Result<()> {
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        use nix::unistd::Pid;
+        if self == Cpus::Shared {
+            return Ok(());
+        }
+        let mine = sched_getaffinity(Pid::from_raw(0)).context("cannot read sharectl's CPUs")?;
+        let allowed: Vec<usize> = (0..CpuSet::count())
+            .filter(|&c| mine.is_set(c).unwrap_or(false))
+            .collect();
+        if allowed.len() < 2 {
+            return Ok(());
+        }
+        let cpus = match class {
+            Class::Production => &allowed[..1],
+            Class::Opportunistic => &allowed[1..],
+        };
+        let mut set = CpuSet::new();
+        for &c in cpus {
+            set.set(c)?;
+        }
+        sched_setaffinity(Pid::from_raw(pid as i32), &set)
+            .context("cannot bind a job to its CPUs (sched_setaffinity)")
+    }
 }
 
 /// How long a job may take beyond its planned end (CUDA start-up, a slow machine).
@@ -230,6 +278,17 @@ impl Bench {
         })
     }
 
+    /// What to execute for `j`: a `simjob-*` binary, or the Python with an embedded `.py` job.
+    fn program(&self, j: &JobSpec) -> anyhow::Result<(PathBuf, Vec<String>)> {
+        if j.bin.ends_with(".py") {
+            let mut args = vec![self.scripts.path(j.bin).display().to_string()];
+            args.extend(j.args.iter().cloned());
+            return Ok((self.python.clone(), args));
+        }
+        let bin = crate::platform::job_binary(self.jobs_dir.as_deref(), j.bin)?;
+        Ok((bin, j.args.clone()))
+    }
+
     fn class_of(&self, spec: &RunSpec, j: &JobSpec) -> &'static str {
         match spec.setup {
             Setup::Shared {
@@ -262,6 +321,7 @@ impl Bench {
 
     fn env(&self, spec: &RunSpec, j: &JobSpec, state: Option<&Path>) -> Vec<(String, OsString)> {
         let mut env = self.gpu.job_env();
+        env.extend(self.extra_env.iter().cloned());
         if let (Some(dir), Some(shim)) = (state, self.shim.as_ref()) {
             env.extend([
                 ("LD_PRELOAD".to_string(), shim.clone().into()),
@@ -298,11 +358,16 @@ impl Bench {
                     record(m, &mut lines, &mut open);
                 }
             }
-            let bin = crate::platform::job_binary(self.jobs_dir.as_deref(), j.bin)?;
-            match Job::spawn(i, &bin, &j.args, &self.env(spec, j, state), tx.clone()) {
+            let (bin, args) = self.program(j)?;
+            match Job::spawn(i, &bin, &args, &self.env(spec, j, state), tx.clone()) {
                 Ok(job) => {
+                    let bound = self.cpus.get().bind(job.pid(), j.class);
                     running[i] = Some(job);
                     open += 1;
+                    if let Err(e) = bound {
+                        fail = Some(e);
+                        break;
+                    }
                 }
                 Err(e) => {
                     fail = Some(e);
