@@ -168,6 +168,9 @@ struct Listen {
     muted_until: u64,
     /// A line was logged for the current mute episode (cleared by a clean listened window).
     warned: bool,
+    /// The [`Controller::listen`] round that last saw the container registered; an entry
+    /// left behind by a container that went is dropped at the end of the next round.
+    round: u64,
 }
 
 /// Wakes of a listened phase word that change nothing (any process mapping the word can wake
@@ -413,6 +416,7 @@ impl Controller {
         }
         let window = now - self.listen_at + LISTEN_WINDOW_NS;
         self.listen_at = now + LISTEN_WINDOW_NS;
+        let round = now;
         for c in self.registry.containers() {
             let production = !opportunistic(c);
             for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
@@ -424,6 +428,7 @@ impl Controller {
                 });
                 let changes = seq.wrapping_sub(l.seq) as u64;
                 l.seq = seq;
+                l.round = round;
                 if l.on && l.spurious <= SPURIOUS_BUDGET {
                     l.warned = false; // a clean window listened to
                 }
@@ -434,6 +439,8 @@ impl Controller {
                 }
             }
         }
+        // Containers that went (every registration is a new id): their entries go too.
+        self.phases.retain(|_, l| l.round == round);
     }
 
     /// Leaves every gate this daemon may have closed at a floor that cannot stall anyone: Open
@@ -574,4 +581,43 @@ pub fn run_on(
     stats.containers = ctl.registry().containers().len();
     health.cpu_ns.store(stats.cpu_ns, Relaxed);
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::{container_dir, rate, CLASS_PRODUCTION};
+
+    /// A container that goes takes its listening entries with it: a node that sees thousands of
+    /// containers come and go keeps only the live ones'.
+    #[test]
+    fn listening_entries_of_gone_containers_are_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = (0..3)
+            .map(|i| {
+                let dir = container_dir(tmp.path(), &format!("prod-{i}"));
+                let st = State::open_or_create(&dir).unwrap();
+                st.header().class.store(CLASS_PRODUCTION, Release);
+                st.device(0).note_launch();
+                dir
+            })
+            .collect();
+        let cfg = ControllerConfig::new(tmp.path().to_path_buf(), 1_000_000, PolicyKind::Libshare);
+        let mut ctl = Controller::new(&cfg).unwrap();
+        let mut now = rate::now_ns();
+        ctl.tick(now);
+        assert_eq!(ctl.phases.len(), 3);
+        for dir in &dirs[1..] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        ctl.rescan().unwrap();
+        assert_eq!(ctl.registry().containers().len(), 1);
+        now += 2 * LISTEN_WINDOW_NS;
+        ctl.tick(now);
+        assert_eq!(
+            ctl.phases.len(),
+            1,
+            "entries of the two containers that went remain"
+        );
+    }
 }
