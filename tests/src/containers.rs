@@ -49,7 +49,11 @@ impl Node {
     /// simgpu with `memory`, and a daemon (no --trust-env) whose sockets answer; `daemon_args`
     /// are appended (e.g. --cgroup-prefix).
     pub fn start(memory: &str, daemon_args: &[&str]) -> Node {
-        let gpu = SimGpu::new().memory(memory);
+        Node::start_on(SimGpu::new().memory(memory), daemon_args)
+    }
+
+    /// [`Node::start`] on a simgpu configured by the caller.
+    pub fn start_on(gpu: SimGpu, daemon_args: &[&str]) -> Node {
         let state = tempfile::Builder::new()
             .prefix("libshare-node-")
             .tempdir()
