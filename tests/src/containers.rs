@@ -382,6 +382,26 @@ impl Podman {
     }
 }
 
+impl Podman {
+    /// Removes the named containers when dropped.
+    pub fn removing(&self, names: &[&str]) -> impl Drop + '_ {
+        struct G<'a>(&'a Podman, Vec<String>);
+        impl Drop for G<'_> {
+            fn drop(&mut self) {
+                for n in &self.1 {
+                    let _ = self
+                        .0
+                        .cmd(&["rm", "-f", n])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
+        }
+        G(self, names.iter().map(|s| s.to_string()).collect())
+    }
+}
+
 impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self

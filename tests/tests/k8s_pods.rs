@@ -54,22 +54,6 @@ impl Drop for Plugin {
     }
 }
 
-/// Removes the named containers when dropped.
-struct Containers<'a>(&'a Podman, Vec<String>);
-
-impl Drop for Containers<'_> {
-    fn drop(&mut self) {
-        for n in &self.1 {
-            let _ = self
-                .0
-                .cmd(&["rm", "-f", n])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
 /// `podman create` of one pod container with what `Allocate` answered (CDI devices, env,
 /// annotations), the pod annotations the runtime forwards, and `extra` arguments.
 fn create(
@@ -172,7 +156,7 @@ fn two_pods_allocated_by_the_plugin_share_the_gpu_with_their_quotas_and_classes(
     check_allocate(&b, 1, Path::new("/etc/cdi"));
 
     let (a_name, b_name) = (unique("pod-a"), unique("pod-b"));
-    let _cleanup = Containers(podman, vec![a_name.clone(), b_name.clone()]);
+    let _cleanup = podman.removing(&[&a_name, &b_name]);
     // Pod A's process claims 40 GiB for itself: it still gets its allocation's 2 GiB.
     let a_id = ok(&create(
         podman,
@@ -230,7 +214,7 @@ fn a_malformed_pod_annotation_stops_the_container_with_one_line_and_sets_nothing
         .allocate(kl, &[vec!["gpu0-share0".to_string()]])
         .unwrap();
     let name = unique("pod-bad");
-    let _cleanup = Containers(podman, vec![name.clone()]);
+    let _cleanup = podman.removing(&[&name]);
     let created = create(
         podman,
         &name,
