@@ -233,6 +233,27 @@ fn pod_choices(
     Ok((class, compute))
 }
 
+/// The allocation's quotas by the CUDA ordinal the container sees: its GPUs are visible in
+/// increasing index order (`CUDA_VISIBLE_DEVICES`), so GPU 3 alone is the container's device 0
+/// (the daemon's and the shim's quotas are per CUDA ordinal).
+fn per_ordinal(alloc: &Allocation) -> Result<Vec<(u32, u64)>> {
+    let mut gpus: Vec<(u32, u64)> = alloc
+        .quota
+        .iter()
+        .map(|(g, b)| {
+            g.parse()
+                .map(|g| (g, *b))
+                .map_err(|_| anyhow!("allocation {}: GPU {g:?} is not an index", alloc.name))
+        })
+        .collect::<Result<_>>()?;
+    gpus.sort();
+    Ok(gpus
+        .into_iter()
+        .enumerate()
+        .map(|(ordinal, (_, b))| (ordinal as u32, b))
+        .collect())
+}
+
 /// At createRuntime: sets the allocation's quota per GPU and the pod's class (annotation, else
 /// the plugin's default) on the daemon for the container `id`. `None` when the container names
 /// no allocation; a bad annotation or allocation is one error and nothing is set.
@@ -250,14 +271,11 @@ pub fn bind(
     let container = container_name(id)?;
     let class = class.unwrap_or(alloc.default_class);
     let mut reqs: Vec<SetRequest> = Vec::new();
-    for (gpu, bytes) in &alloc.quota {
-        let device: u32 = gpu
-            .parse()
-            .map_err(|_| anyhow!("allocation {name}: GPU {gpu:?} is not an index"))?;
+    for (ordinal, bytes) in per_ordinal(&alloc)? {
         reqs.push(SetRequest {
             container: container.clone(),
-            device: Some(device),
-            memory: Some(*bytes),
+            device: Some(ordinal),
+            memory: Some(bytes),
             ..Default::default()
         });
     }
@@ -350,5 +368,17 @@ mod tests {
         );
         assert_eq!(container_name(&"AB".repeat(32)).unwrap(), "abababababab");
         assert!(container_name("my-container").is_err());
+    }
+
+    #[test]
+    fn quotas_go_to_the_ordinals_the_container_sees() {
+        let a = Allocation {
+            name: "k8s-gpu2-share0-x3".into(),
+            ids: Vec::new(),
+            quota: [("10".to_string(), 1u64), ("2".to_string(), 2)].into(),
+            default_class: Class::Production,
+        };
+        // CUDA_VISIBLE_DEVICES=2,10: GPU 2 is ordinal 0, GPU 10 ordinal 1.
+        assert_eq!(per_ordinal(&a).unwrap(), [(0, 2), (1, 1)]);
     }
 }
