@@ -70,6 +70,8 @@ run shim-glibc bash scripts/build-shim.sh
 # 3. Format and lints.
 run fmt cargo fmt --all -- --check
 run clippy cargo clippy --workspace --all-targets --release -- -D warnings
+# The Kubernetes manifests: schema (kubernetes-validate, pinned) and policy (issue 22).
+run k8s-manifests bash packaging/kubernetes/check.sh
 
 # 4. Tests. The harness builds simgpu itself when run alone; here it was just built.
 export SHARE_TESTS_SKIP_BUILD=1

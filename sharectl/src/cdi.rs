@@ -45,7 +45,7 @@ pub fn run(cmd: CdiCommand) -> Result<()> {
     }
 }
 
-fn valid_kind(kind: &str) -> bool {
+pub fn valid_kind(kind: &str) -> bool {
     let Some((vendor, class)) = kind.split_once('/') else {
         return false;
     };
@@ -102,7 +102,33 @@ fn generate(a: GenerateArgs) -> Result<()> {
 
 /// The spec's JSON.
 pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
-    let inj = &a.inject;
+    let mut devs: Vec<Value> = devices
+        .iter()
+        .map(|i| {
+            json!({
+                "name": i.to_string(),
+                "containerEdits": {
+                    "env": [format!("CUDA_VISIBLE_DEVICES={i}"), format!("LIBSHARE_VISIBLE_DEVICES={i}")],
+                },
+            })
+        })
+        .collect();
+    devs.push(json!({
+        "name": "all",
+        "containerEdits": { "env": ["LIBSHARE_VISIBLE_DEVICES=all"] },
+    }));
+    spec_with(&a.inject, &a.kind, devs, &[])
+}
+
+/// A spec of `kind` with `devices`, every one of them getting `inject.rs`'s mounts and the hook
+/// (`sharectl hook --cdi <inject args> <hook_args>`): `cdi generate`'s, and the device plugin's
+/// one spec per allocation (`hook_args`: `--allocation NAME`).
+pub fn spec_with(
+    inj: &InjectArgs,
+    kind: &str,
+    devices: Vec<Value>,
+    extra_hook_args: &[String],
+) -> Result<Value> {
     let mounts: Vec<Value> = inj
         .mounts(&inj.preload_file, 0)
         .into_iter()
@@ -130,21 +156,7 @@ pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
             .into_iter()
             .map(|s| Value::from(s.to_string_lossy().into_owned())),
     );
-    let mut devs: Vec<Value> = devices
-        .iter()
-        .map(|i| {
-            json!({
-                "name": i.to_string(),
-                "containerEdits": {
-                    "env": [format!("CUDA_VISIBLE_DEVICES={i}"), format!("LIBSHARE_VISIBLE_DEVICES={i}")],
-                },
-            })
-        })
-        .collect();
-    devs.push(json!({
-        "name": "all",
-        "containerEdits": { "env": ["LIBSHARE_VISIBLE_DEVICES=all"] },
-    }));
+    hook_args.extend(extra_hook_args.iter().map(|s| Value::from(s.as_str())));
     let hooks: Vec<Value> = ["createRuntime", "poststop"]
         .iter()
         .map(|stage| json!({ "hookName": stage, "path": exe, "args": hook_args }))
@@ -158,8 +170,8 @@ pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
     }
     Ok(json!({
         "cdiVersion": CDI_VERSION,
-        "kind": a.kind,
-        "devices": devs,
+        "kind": kind,
+        "devices": devices,
         "containerEdits": edits,
     }))
 }

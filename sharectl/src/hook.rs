@@ -52,6 +52,11 @@ pub struct HookArgs {
     /// the preload away from a musl/static image.
     #[arg(long)]
     pub cdi: bool,
+    /// The device plugin's allocation this container was given (its CDI spec passes it; else
+    /// the container's libshare.dev/allocation annotation): its quota and the pod's class are
+    /// set on the daemon for the container's id before it starts, and reset at poststop.
+    #[arg(long, value_name = "NAME")]
+    pub allocation: Option<String>,
     /// Print the podman/CRI-O hooks.d JSON that runs this hook for containers annotated
     /// libshare.dev/gpu=…, instead of running it.
     #[arg(long, conflicts_with = "stage")]
@@ -73,6 +78,7 @@ struct OciState {
 struct Bundle {
     root: PathBuf,
     uid: u32,
+    annotations: serde_json::Map<String, Value>,
 }
 
 const MAX_INPUT: u64 = 1 << 20;
@@ -96,6 +102,18 @@ pub fn run(a: HookArgs) -> Result<()> {
     match stage {
         Stage::Poststop => {
             let _ = std::fs::remove_file(merged_path(&a.inject, &st.id));
+            let annotations = read_config(&st.bundle)
+                .ok()
+                .and_then(|c| c["annotations"].as_object().cloned())
+                .unwrap_or_default();
+            if let Some(line) = crate::device_plugin::unbind(
+                &a.inject.state_dir,
+                &st.id,
+                &annotations,
+                a.allocation.as_deref(),
+            ) {
+                log_line(&a.inject, &line);
+            }
             Ok(())
         }
         Stage::CreateRuntime => create_runtime(&a, &st),
@@ -162,7 +180,12 @@ fn parse_bundle(bundle: &Path) -> Result<Bundle> {
         );
     }
     let uid = cfg["process"]["user"]["uid"].as_u64().unwrap_or(0) as u32;
-    Ok(Bundle { root, uid })
+    let annotations = cfg["annotations"].as_object().cloned().unwrap_or_default();
+    Ok(Bundle {
+        root,
+        uid,
+        annotations,
+    })
 }
 
 fn merged_path(inj: &InjectArgs, id: &str) -> PathBuf {
@@ -171,7 +194,7 @@ fn merged_path(inj: &InjectArgs, id: &str) -> PathBuf {
 
 /// One line for the node's operator, in `<state dir>/inject/hook.log` and on stderr (which
 /// runtimes often swallow for a hook that succeeds).
-fn log_line(inj: &InjectArgs, line: &str) {
+pub fn log_line(inj: &InjectArgs, line: &str) {
     use std::io::Write;
     eprintln!("sharectl hook: {line}");
     let path = inj.inject_dir().join("hook.log");
@@ -221,6 +244,16 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     })?;
     inj.check(true)?;
     let b = parse_bundle(&st.bundle)?;
+    // The allocation's quota and the pod's class, set for this container id before anything
+    // else (a bad annotation stops the container here, with nothing set or mounted).
+    if let Some(line) = crate::device_plugin::bind(
+        &inj.state_dir,
+        &st.id,
+        &b.annotations,
+        a.allocation.as_deref(),
+    )? {
+        log_line(inj, &line);
+    }
     let ns = format!("/proc/{pid}/ns/mnt");
     if !Path::new(&ns).exists() {
         bail!("the container's process {pid} is gone ({ns})");

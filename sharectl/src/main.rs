@@ -2,7 +2,8 @@
 //!
 //! Each subcommand lives in its own module: `demo`, `status`, `top`, and `commands/` (`daemon`,
 //! `set`/`get`/`reset`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
-//! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`.
+//! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`;
+//! Kubernetes: `device_plugin` (over crate `libshare-k8s`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -13,6 +14,7 @@ mod child;
 mod commands;
 mod daemon_child;
 mod demo;
+mod device_plugin;
 mod hook;
 mod inject;
 mod platform;
@@ -69,6 +71,12 @@ enum Command {
     /// execs runc with its arguments unchanged.
     #[command(disable_help_flag = true)]
     Runtime(runtime::RuntimeCli),
+    /// Kubernetes device plugin (kubelet API v1beta1): advertises each GPU as memory shares
+    /// (libshare.dev/gpu-memory), answers Allocate with a CDI device whose hook binds the
+    /// allocation's quota and the pod's class to the container on the daemon.
+    DevicePlugin(device_plugin::DevicePluginArgs),
+    /// Exit 0 when the daemon answers on its admin socket within 5 s (a liveness probe).
+    Health(commands::health::HealthArgs),
 }
 
 /// SIGPIPE's disposition: default (a write to a closed pipe ends the process quietly, as it
@@ -91,7 +99,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Daemon(_) | Command::Demo(_) | Command::Bench(_)
+        Command::Daemon(_) | Command::Demo(_) | Command::Bench(_) | Command::DevicePlugin(_)
     ) {
         // The daemon must outlive a client that closes its socket early (its sockets are
         // written with MSG_NOSIGNAL, but its metrics' TCP writes are not); the demo and the
@@ -111,6 +119,8 @@ fn main() -> ExitCode {
         Command::Cdi(cmd) => cdi::run(cmd),
         Command::Hook(args) => hook::run(args),
         Command::Runtime(args) => runtime::run(args),
+        Command::DevicePlugin(args) => device_plugin::run(args),
+        Command::Health(args) => commands::health::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

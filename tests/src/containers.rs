@@ -49,7 +49,11 @@ impl Node {
     /// simgpu with `memory`, and a daemon (no --trust-env) whose sockets answer; `daemon_args`
     /// are appended (e.g. --cgroup-prefix).
     pub fn start(memory: &str, daemon_args: &[&str]) -> Node {
-        let gpu = SimGpu::new().memory(memory);
+        Node::start_on(SimGpu::new().memory(memory), daemon_args)
+    }
+
+    /// [`Node::start`] on a simgpu configured by the caller.
+    pub fn start_on(gpu: SimGpu, daemon_args: &[&str]) -> Node {
         let state = tempfile::Builder::new()
             .prefix("libshare-node-")
             .tempdir()
@@ -375,6 +379,26 @@ impl Podman {
             .stdin(Stdio::null())
             .output()
             .unwrap()
+    }
+}
+
+impl Podman {
+    /// Removes the named containers when dropped.
+    pub fn removing(&self, names: &[&str]) -> impl Drop + '_ {
+        struct G<'a>(&'a Podman, Vec<String>);
+        impl Drop for G<'_> {
+            fn drop(&mut self) {
+                for n in &self.1 {
+                    let _ = self
+                        .0
+                        .cmd(&["rm", "-f", n])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
+        }
+        G(self, names.iter().map(|s| s.to_string()).collect())
     }
 }
 

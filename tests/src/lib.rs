@@ -1004,6 +1004,7 @@ impl Drop for Running {
 pub mod cgroups;
 pub mod containers;
 pub mod debian;
+pub mod kubelet;
 
 /// A `sharectl daemon` the test started (`target/release/sharectl`), killed with SIGKILL when
 /// dropped (what a crash does; [`Daemon::kill9`] to do it on purpose).

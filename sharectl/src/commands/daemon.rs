@@ -109,7 +109,9 @@ fn raise_priority() -> i32 {
     }
 }
 
-pub fn run(args: DaemonArgs) -> Result<()> {
+/// Log lines on stderr (`LIBSHARE_LOG` filters; colour on a terminal only): the daemon's and the
+/// device plugin's.
+pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -118,6 +120,10 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+pub fn run(args: DaemonArgs) -> Result<()> {
+    init_logging();
     install_handlers()?;
     let nice = raise_priority();
     let policy = match args.policy {

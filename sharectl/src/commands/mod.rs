@@ -2,6 +2,7 @@
 //! `libshare-abi`.
 
 pub mod daemon;
+pub mod health;
 pub mod set;
 
 use std::path::PathBuf;

@@ -91,7 +91,7 @@ pub fn parse_compute(s: &str) -> Result<u32, String> {
 }
 
 /// One request to the daemon of `state_dir`; its report, or its one-line error.
-fn ask(state_dir: &Path, req: &Request) -> Result<ContainerReport> {
+pub(crate) fn ask(state_dir: &Path, req: &Request) -> Result<ContainerReport> {
     let sock = state_dir.join("admin.sock");
     let (body, _) = libshare_abi::wire::call(&sock, &req.encode(), Duration::from_secs(5))
         .map_err(|e| match e {
