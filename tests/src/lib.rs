@@ -1049,6 +1049,35 @@ pub fn skip(why: &str) {
     eprintln!("SKIP: {why}");
 }
 
+/// `promtool check metrics` (Prometheus's own linter of its text format) on `text`, the metrics
+/// of `what`: panics with promtool's complaint, or [`skip`]s when promtool is not installed.
+pub fn promtool_check(text: &str, what: &str) {
+    use std::io::Write;
+    let mut p = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            return skip(&format!(
+                "promtool check of {what}: promtool not available ({e}); scripts/test.sh \
+                 installs Debian's prometheus package"
+            ))
+        }
+    };
+    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics of {what} failed:\n{}{}\n---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A command's standard output, once it succeeded (panics with its stderr otherwise).
 pub fn ok(out: &Output) -> String {
     assert!(
