@@ -133,9 +133,58 @@ pub const STATE_FILE: &str = "state.shm";
 /// The state file's second name (see the module doc: removal).
 pub const KEEP_FILE: &str = ".state.shm.keep";
 
-/// Job classes (design §1).
+/// Job classes (design §1): the words of [`Header::class`].
 pub const CLASS_PRODUCTION: u32 = 0;
 pub const CLASS_OPPORTUNISTIC: u32 = 1;
+
+/// A container's job class (design §1), the one type every crate uses for it. Decoded once from
+/// the shared word by [`Header::class`]; an unknown word is read on the safe side, as
+/// [`rate::Gate::decode`] reads an unknown mode as paused: [`Class::Opportunistic`], gated and
+/// never protected (a file that says so at open is refused as corrupt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "admin",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
+pub enum Class {
+    Production,
+    Opportunistic,
+}
+
+impl Class {
+    /// As `LIBSHARE_CLASS`, the CLI, the settings file and `sharectl status` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Production => "production",
+            Class::Opportunistic => "opportunistic",
+        }
+    }
+
+    /// The class a name spells (`production`, `opportunistic`), if any.
+    pub fn from_name(name: &str) -> Option<Class> {
+        [Class::Production, Class::Opportunistic]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+
+    /// The shared word.
+    pub fn word(self) -> u32 {
+        match self {
+            Class::Production => CLASS_PRODUCTION,
+            Class::Opportunistic => CLASS_OPPORTUNISTIC,
+        }
+    }
+
+    /// The class of a shared word; an unknown word is [`Class::Opportunistic`] (the safe side).
+    pub fn decode(word: u32) -> Class {
+        if word == CLASS_PRODUCTION {
+            Class::Production
+        } else {
+            Class::Opportunistic
+        }
+    }
+}
 
 #[repr(C)]
 pub struct Header {
@@ -147,7 +196,8 @@ pub struct Header {
     pub max_devices: AtomicU32,
     pub max_procs: AtomicU32,
     pub file_size: AtomicU64,
-    /// CLASS_PRODUCTION or CLASS_OPPORTUNISTIC (the daemon may change it).
+    /// CLASS_PRODUCTION or CLASS_OPPORTUNISTIC (the daemon may change it); read and written
+    /// through [`Header::class`] and [`Header::set_class`].
     pub class: AtomicU32,
     /// FLAG_* bits.
     pub flags: AtomicU32,
@@ -159,6 +209,21 @@ pub struct Header {
     /// reads a few slots of each, not [`MAX_PROCS`].
     pub slots_hwm: AtomicU32,
     pub _reserved: AtomicU32,
+}
+
+impl Header {
+    /// The container's class, decoded once ([`Class::decode`]: an unknown word is opportunistic).
+    /// One relaxed load (the shim's launch path reads it): the word stands alone, nothing is
+    /// published with it.
+    #[inline(always)]
+    pub fn class(&self) -> Class {
+        Class::decode(self.class.load(Relaxed))
+    }
+
+    /// Sets the container's class (the daemon, or the first process when no daemon manages it).
+    pub fn set_class(&self, class: Class) {
+        self.class.store(class.word(), Release);
+    }
 }
 
 /// The daemon manages this container: quotas and class come from it, not from the environment.
@@ -939,8 +1004,7 @@ impl State {
     /// opportunistic and allowed to oversubscribe (two relaxed loads).
     pub fn oversubscribes(&self) -> bool {
         let h = self.header();
-        h.class.load(Relaxed) == CLASS_OPPORTUNISTIC
-            && h.flags.load(Relaxed) & FLAG_OVERSUBSCRIBE != 0
+        h.class() == Class::Opportunistic && h.flags.load(Relaxed) & FLAG_OVERSUBSCRIBE != 0
     }
 
     /// Sets the quota on `dev` (0 = none), remembered to be restored after a loss.

@@ -7,13 +7,10 @@ use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
 use crate::settings::{node_devices, Settings};
 use libshare_abi::admin::{
-    check_quota, valid_container_name, Class, ContainerReport, DeviceReport, Request, Response,
-    SetRequest,
+    check_quota, valid_container_name, ContainerReport, DeviceReport, Request, Response, SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
-use libshare_abi::{
-    container_dir, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES,
-};
+use libshare_abi::{container_dir, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{Arc, Mutex};
@@ -74,11 +71,7 @@ impl AdminService {
         };
         if let Some(st) = self.state(name, false)? {
             r.present = true;
-            r.class = Some(if st.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
-                Class::Opportunistic
-            } else {
-                Class::Production
-            });
+            r.class = Some(st.header().class());
             for d in 0..MAX_DEVICES {
                 let dev = st.device(d);
                 let rep = DeviceReport {

@@ -16,20 +16,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// A container's class (`LIBSHARE_CLASS`, `sharectl set --class`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    Production,
-    Opportunistic,
-}
-
-impl Class {
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Production => "production",
-            Class::Opportunistic => "opportunistic",
-        }
-    }
-}
+pub use libshare_abi::Class;
 
 /// One job of a run.
 #[derive(Clone, Debug)]
