@@ -196,7 +196,7 @@ impl Bench {
                 sampler = Some(GateSampler::start(dir, &names)?);
             }
         }
-        let t0 = crate::bench::monotonic_s();
+        let t0 = libshare_abi::rate::now_s();
         let result = self.run_jobs(spec, state, t0);
         let gate_refresh_ms_max = sampler.map(GateSampler::finish);
         let daemon_cpu = match daemon {
