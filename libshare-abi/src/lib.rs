@@ -101,9 +101,6 @@
 //!   A daemon can hand out sealed memfds ([`State::create_sealed_memfd`]), which cannot be
 //!   shrunk at all.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 #[cfg(feature = "admin")]
 pub mod admin;
 mod error;

@@ -4,9 +4,6 @@
 //! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
 //! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 mod bench;
 mod cdi;
 mod child;
