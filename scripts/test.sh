@@ -80,7 +80,7 @@ if cargo nextest --version >/dev/null 2>&1; then
   if [ $# -eq 0 ]; then
     shim_tests=$(grep -lE 'with_shim\(|shim_lib\(' tests/tests/*.rs \
       | sed -E 's#.*/(.*)\.rs$#binary(=\1)#' | paste -sd '|')
-    LIBSHARE_TEST_SHIM=dist run tests-shipped-shim cargo nextest run -p libshare-tests --release \
+    SHARE_TESTS_SHIM=dist run tests-shipped-shim cargo nextest run -p libshare-tests --release \
       --no-fail-fast -E "$shim_tests"
   fi
 else

@@ -12,7 +12,7 @@
 //!
 //! Environment: `SHARE_TESTS_SKIP_BUILD=1` skips the cargo build (the artifacts must exist),
 //! `LIBSHARE_CACHE` overrides `~/.cache/libshare`, `SIMGPU_LOG` is passed through to the programs,
-//! `LIBSHARE_TEST_SHIM=dist` preloads the shipped `target/dist/libshare.so` instead of the host build.
+//! `SHARE_TESTS_SHIM=dist` preloads the shipped `target/dist/libshare.so` instead of the host build.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
@@ -603,11 +603,12 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64) {
 // ---- The shim (`libshare.so`) under test: helpers for `tests/tests/shim_*.rs` ----
 
 /// The shim the tests preload: `target/release/libshare.so` (the host build, built by
-/// [`artifacts`]), or with `LIBSHARE_TEST_SHIM=dist` the shipped glibc-2.17 build
+/// [`artifacts`]), or with `SHARE_TESTS_SHIM=dist` the shipped glibc-2.17 build
 /// `target/dist/libshare.so` (`scripts/build-shim.sh`; `scripts/test.sh` runs the shim tests
-/// again with it), or any path given there.
+/// again with it), or any path given there. (Not `LIBSHARE_*`: the shim would warn about an
+/// unknown variable of its own in every job's stderr.)
 pub fn shim_lib() -> PathBuf {
-    let path = match std::env::var("LIBSHARE_TEST_SHIM").ok().as_deref() {
+    let path = match std::env::var("SHARE_TESTS_SHIM").ok().as_deref() {
         None | Some("") => artifacts().release_dir.join("libshare.so"),
         Some("dist") => target_dir().join("dist/libshare.so"),
         Some(other) => PathBuf::from(other),
