@@ -77,10 +77,13 @@ run k8s-manifests bash packaging/kubernetes/check.sh
 export SHARE_TESTS_SKIP_BUILD=1
 if cargo nextest --version >/dev/null 2>&1; then
   run tests cargo nextest run --workspace --release --no-fail-fast "$@"
-  # The shim's own tests again, preloading the shipped glibc-2.17 build instead of the host one.
+  # Every test that preloads the shim (its source calls the harness's `with_shim()` or
+  # `shim_lib()`) again, preloading the shipped glibc-2.17 build instead of the host one.
   if [ $# -eq 0 ]; then
-    LIBSHARE_TEST_SHIM=dist run tests-shipped-shim cargo nextest run -p libshare-tests --release \
-      --no-fail-fast -E 'binary(/^shim_/)'
+    shim_tests=$(grep -lE 'with_shim\(|shim_lib\(' tests/tests/*.rs \
+      | sed -E 's#.*/(.*)\.rs$#binary(=\1)#' | paste -sd '|')
+    SHARE_TESTS_SHIM=dist run tests-shipped-shim cargo nextest run -p libshare-tests --release \
+      --no-fail-fast -E "$shim_tests"
   fi
 else
   echo "cargo-nextest not found: falling back to cargo test"

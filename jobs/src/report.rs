@@ -15,18 +15,6 @@ pub struct Reporter {
     next: Instant,
 }
 
-/// `CLOCK_MONOTONIC` now, in seconds (the clock `Instant` uses on Linux, shared by every process
-/// of the machine).
-pub fn monotonic_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into `ts`, a valid local we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 impl Reporter {
     /// Starts the clock. `interval` is how often [`Reporter::due`] says a progress line is due
     /// (zero: never).
@@ -35,7 +23,7 @@ impl Reporter {
         Reporter {
             job,
             start,
-            mono_start: monotonic_s(),
+            mono_start: libshare_abi::rate::now_s(),
             interval,
             next: start + interval,
         }

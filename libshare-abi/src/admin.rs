@@ -10,29 +10,8 @@ use std::collections::BTreeMap;
 /// The one rule for container names (see [`crate::names`]).
 pub use crate::names::valid_container_name;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Class {
-    Production,
-    Opportunistic,
-}
-
-impl Class {
-    /// As the CLI and the settings file spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Production => "production",
-            Class::Opportunistic => "opportunistic",
-        }
-    }
-
-    pub fn word(self) -> u32 {
-        match self {
-            Class::Production => crate::CLASS_PRODUCTION,
-            Class::Opportunistic => crate::CLASS_OPPORTUNISTIC,
-        }
-    }
-}
+/// The job class (defined with the state file's layout).
+pub use crate::Class;
 
 /// The smallest memory quota `sharectl set` accepts (the daemon and `--offline` alike): below
 /// it no CUDA context fits, so a smaller figure is a typo (`--memory 1` is one byte).

@@ -193,6 +193,25 @@ pub fn add_in_flight(d: &DeviceState, mine: Option<&AtomicU64>, ns: u64) {
     d.in_flight_ns.fetch_add(ns, AcqRel);
 }
 
+/// Adds `ns` to `in_flight_ns` only if it still reads `seen` (a bounded launch: the sum it was
+/// admitted against must not have moved), this process's slot word `mine` first, taken back if
+/// the sum moved. Whether it did.
+pub fn reserve_in_flight(d: &DeviceState, mine: Option<&AtomicU64>, seen: u64, ns: u64) -> bool {
+    if let Some(m) = mine {
+        m.fetch_add(ns, AcqRel);
+    }
+    let ok = d
+        .in_flight_ns
+        .compare_exchange(seen, seen.saturating_add(ns), AcqRel, Acquire)
+        .is_ok();
+    if !ok {
+        if let Some(m) = mine {
+            sub_sat(m, ns);
+        }
+    }
+    ok
+}
+
 /// `ns` of the process's work completed (or stopped counting): out of the sum first, then out
 /// of its slot word, both never below 0 (the state may have been lost and re-made, or the slot
 /// cleared meanwhile); then wakes the threads waiting for the container's work to drain.
@@ -232,7 +251,34 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// [`now_ns`] in seconds: the clock `Instant` uses on Linux, shared by every process of the
+/// machine (the jobs' `mono_s`, the benchmarks' time axis).
+#[inline]
+pub fn now_s() -> f64 {
+    now_ns() as f64 * 1e-9
+}
+
 impl DeviceState {
+    /// An admitted launch under a share takes its estimated cost, `ns`, from `tokens` (which
+    /// the daemon refills each period; they may go below 0).
+    #[inline]
+    pub fn take_tokens(&self, ns: u64) {
+        self.tokens
+            .fetch_sub(ns.min(i64::MAX as u64) as i64, AcqRel);
+    }
+
+    /// A launch was held at the gate for `ns`: counted in `held_ns`.
+    #[inline]
+    pub fn note_held(&self, ns: u64) {
+        self.held_ns.fetch_add(ns, AcqRel);
+    }
+
+    /// `ns` of the container's GPU time measured with events: counted in `gpu_ns`.
+    #[inline]
+    pub fn note_gpu_time(&self, ns: u64) {
+        self.gpu_ns.fetch_add(ns, AcqRel);
+    }
+
     /// A launch of the container (every class): counts it and marks the device busy. Hot path
     /// of production launches: one atomic add and one load; the first launch of a busy phase
     /// also reads the clock and, when a daemon listens, wakes it ([`DeviceState::phase_changed`]).

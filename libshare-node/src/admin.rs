@@ -5,18 +5,55 @@
 
 use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
-use crate::settings::{node_devices, Settings};
+use crate::settings::{node_devices, Settings, SettingsError};
 use libshare_abi::admin::{
-    check_quota, valid_container_name, Class, ContainerReport, DeviceReport, Request, Response,
-    SetRequest,
+    check_quota, valid_container_name, ContainerReport, DeviceReport, Request, Response, SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
-use libshare_abi::{
-    container_dir, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES,
-};
+use libshare_abi::units::format_size;
+use libshare_abi::{container_dir, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::{Arc, Mutex};
+
+/// Why the daemon refused an admin request: each one line, sent back as the answer's message
+/// (turned into it once, in [`AdminService::handle`](Service::handle)).
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("\"{}\" is not a container name ({NAME_RULE})", libshare_abi::names::escape(.0))]
+    BadName(String),
+    #[error("nothing to set: give --class, --memory, --compute, --weight or --oversubscribe")]
+    NothingToSet,
+    #[error("device {0} does not exist (devices are 0..{max})", max = MAX_DEVICES - 1)]
+    DeviceOutOfRange(u32),
+    #[error("device {device} does not exist: this node has {have} GPU(s)")]
+    NoSuchDevice { device: u32, have: usize },
+    #[error("{0}")]
+    QuotaTooSmall(String),
+    #[error("a compute share is between 0% and 100%")]
+    ComputeShare,
+    #[error(
+        "a quota of {} is above device {device}'s memory ({}); an opportunistic container may exceed it with --oversubscribe",
+        format_size(*.quota),
+        format_size(*.memory)
+    )]
+    QuotaAboveDevice {
+        quota: u64,
+        device: usize,
+        memory: u64,
+    },
+    #[error("unknown container {0}: nothing is set for it and it has not started")]
+    UnknownContainer(String),
+    #[error("container {name}: {err}")]
+    State {
+        name: String,
+        err: libshare_abi::StateError,
+    },
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+}
 
 pub struct AdminService {
     state_dir: PathBuf,
@@ -56,17 +93,20 @@ impl AdminService {
         Words::of(&settings.effective(name), self.devices(), self.env_trusted).assert(st);
     }
 
-    fn state(&self, name: &str, create: bool) -> Result<Option<State>, String> {
+    fn state(&self, name: &str, create: bool) -> Result<Option<State>, AdminError> {
         let dir = container_dir(&self.state_dir, name);
         if !create && !dir.join(libshare_abi::STATE_FILE).exists() {
             return Ok(None);
         }
         State::open_or_create(&dir)
             .map(Some)
-            .map_err(|e| format!("container {name}: {e}"))
+            .map_err(|err| AdminError::State {
+                name: name.to_string(),
+                err,
+            })
     }
 
-    fn report(&self, name: &str, settings: &Settings) -> Result<ContainerReport, String> {
+    fn report(&self, name: &str, settings: &Settings) -> Result<ContainerReport, AdminError> {
         let mut r = ContainerReport {
             container: name.to_string(),
             settings: settings.get(name).cloned().unwrap_or_default(),
@@ -74,11 +114,7 @@ impl AdminService {
         };
         if let Some(st) = self.state(name, false)? {
             r.present = true;
-            r.class = Some(if st.header().class.load(Acquire) == CLASS_OPPORTUNISTIC {
-                Class::Opportunistic
-            } else {
-                Class::Production
-            });
+            r.class = Some(st.header().class());
             for d in 0..MAX_DEVICES {
                 let dev = st.device(d);
                 let rep = DeviceReport {
@@ -96,39 +132,33 @@ impl AdminService {
         Ok(r)
     }
 
-    fn set(&self, q: SetRequest) -> Result<ContainerReport, String> {
+    fn set(&self, q: SetRequest) -> Result<ContainerReport, AdminError> {
         if q.class.is_none()
             && q.memory.is_none()
             && q.compute.is_none()
             && q.weight.is_none()
             && q.oversubscribe.is_none()
         {
-            return Err(
-                "nothing to set: give --class, --memory, --compute, --weight or --oversubscribe"
-                    .into(),
-            );
+            return Err(AdminError::NothingToSet);
         }
         if let Some(d) = q.device {
             if d as usize >= MAX_DEVICES {
-                return Err(format!(
-                    "device {d} does not exist (devices are 0..{})",
-                    MAX_DEVICES - 1
-                ));
+                return Err(AdminError::DeviceOutOfRange(d));
             }
             if let Some(t) = &self.totals {
                 if d as usize >= t.len() {
-                    return Err(format!(
-                        "device {d} does not exist: this node has {} GPU(s)",
-                        t.len()
-                    ));
+                    return Err(AdminError::NoSuchDevice {
+                        device: d,
+                        have: t.len(),
+                    });
                 }
             }
         }
         if let Some(m) = q.memory {
-            check_quota(m)?;
+            check_quota(m).map_err(AdminError::QuotaTooSmall)?;
         }
         if q.compute.is_some_and(|c| c > 10_000) {
-            return Err("a compute share is between 0% and 100%".into());
+            return Err(AdminError::ComputeShare);
         }
         let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let mut s = settings.get(&q.container).cloned().unwrap_or_default();
@@ -141,11 +171,11 @@ impl AdminService {
                 None => (0..t.len()).collect(),
             };
             if let Some(&d) = devices.iter().find(|&&d| m > t[d]) {
-                return Err(format!(
-                    "a quota of {} is above device {d}'s memory ({}); an opportunistic container may exceed it with --oversubscribe",
-                    libshare_abi::units::format_size(m),
-                    libshare_abi::units::format_size(t[d])
-                ));
+                return Err(AdminError::QuotaAboveDevice {
+                    quota: m,
+                    device: d,
+                    memory: t[d],
+                });
             }
         }
         if q.class.is_some() {
@@ -173,22 +203,18 @@ impl AdminService {
         // The state first (created if the container has not started, so the setting is in place
         // before its first allocation), then the file: a failed save changes neither.
         let st = self.state(&q.container, true)?.expect("created");
-        settings
-            .put(&q.container, Some(s))
-            .map_err(|e| e.to_string())?;
+        settings.put(&q.container, Some(s))?;
         self.write(&settings, &q.container, &st);
         self.report(&q.container, &settings)
     }
 
-    fn reset(&self, name: &str) -> Result<ContainerReport, String> {
+    fn reset(&self, name: &str) -> Result<ContainerReport, AdminError> {
         let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let st = self.state(name, false)?;
         if settings.get(name).is_none() && st.is_none() {
-            return Err(format!(
-                "unknown container {name}: nothing is set for it and it has not started"
-            ));
+            return Err(AdminError::UnknownContainer(name.to_string()));
         }
-        settings.put(name, None).map_err(|e| e.to_string())?;
+        settings.put(name, None)?;
         if let Some(st) = st {
             // Back to the defaults; the quota stays until a job of the container starts with
             // its own limit (never unlimited behind the operator's back).
@@ -204,16 +230,13 @@ impl AdminService {
         self.report(name, &settings)
     }
 
-    fn answer(&self, req: Request) -> Result<ContainerReport, String> {
+    fn answer(&self, req: Request) -> Result<ContainerReport, AdminError> {
         let name = match &req {
             Request::Set(q) => &q.container,
             Request::Get { container } | Request::Reset { container } => container,
         };
         if !valid_container_name(name) {
-            return Err(format!(
-                "\"{}\" is not a container name ({NAME_RULE})",
-                libshare_abi::names::escape(name)
-            ));
+            return Err(AdminError::BadName(name.clone()));
         }
         match req {
             Request::Set(q) => self.set(q),
@@ -221,7 +244,7 @@ impl AdminService {
                 let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
                 let r = self.report(&container, &settings)?;
                 if !r.present && settings.get(&container).is_none() {
-                    return Err(format!("unknown container {container}: nothing is set for it and it has not started"));
+                    return Err(AdminError::UnknownContainer(container));
                 }
                 Ok(r)
             }
@@ -236,9 +259,12 @@ impl Service for AdminService {
     }
 
     fn handle(&mut self, _peer: &Peer, request: &[u8]) -> Reply {
-        let resp = match Request::decode(request).and_then(|r| self.answer(r)) {
+        let resp = match Request::decode(request)
+            .map_err(AdminError::BadRequest)
+            .and_then(|r| self.answer(r))
+        {
             Ok(report) => Response::Ok { report },
-            Err(message) => Response::error(message),
+            Err(e) => Response::error(e.to_string()),
         };
         Reply::body(resp.encode())
     }

@@ -26,7 +26,7 @@
 
 use crate::settings::Settings;
 use libshare_abi::admin::ContainerSettings;
-use libshare_abi::{State, CLASS_PRODUCTION, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
+use libshare_abi::{Class, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 /// The words the daemon holds for one container (None: it has no word, the file's counts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Words {
-    pub class: Option<u32>,
+    pub class: Option<Class>,
     /// The container's class and quotas come from the daemon ([`FLAG_DAEMON_MANAGED`]).
     pub managed: bool,
     pub quota: [Option<u64>; MAX_DEVICES],
@@ -113,13 +113,13 @@ impl Words {
     /// The words of settings `s` on a node of `devices` devices.
     pub fn of(s: &ContainerSettings, devices: usize, env_trusted: bool) -> Words {
         let mut w = Words {
-            class: s.class.map(|c| c.word()),
+            class: s.class,
             env_trusted,
             ..Words::default()
         };
         w.oversubscribe = s.oversubscribe;
         if !env_trusted {
-            w.class = w.class.or(Some(CLASS_PRODUCTION));
+            w.class = w.class.or(Some(Class::Production));
             w.oversubscribe = w.oversubscribe.or(Some(false));
         }
         for d in 0..devices.min(MAX_DEVICES) {
@@ -136,7 +136,7 @@ impl Words {
     /// Writes every word the daemon holds into `state` where it differs; which ones did.
     pub fn assert(&self, state: &State) -> Restored {
         let mut r = Restored {
-            class: put32(&state.header().class, self.class),
+            class: put32(&state.header().class, self.class.map(Class::word)),
             ..Restored::default()
         };
         if let Some(on) = self.oversubscribe {
@@ -168,10 +168,10 @@ impl Words {
         r
     }
 
-    /// The class the policy uses: the daemon's, else the file's `word`.
+    /// The class the policy uses: the daemon's, else the file's.
     #[inline]
-    pub fn class_or(&self, word: u32) -> u32 {
-        self.class.unwrap_or(word)
+    pub fn class_or(&self, file: Class) -> Class {
+        self.class.unwrap_or(file)
     }
 
     /// Device `d`'s compute share, weight and environment compute limit for the policy: the
@@ -273,8 +273,7 @@ impl Authority {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libshare_abi::admin::Class;
-    use libshare_abi::CLASS_OPPORTUNISTIC;
+    use libshare_abi::Class;
 
     fn opportunistic(quota: u64) -> ContainerSettings {
         let mut s = ContainerSettings {
@@ -294,7 +293,7 @@ mod tests {
         assert!(w.assert(&st).any(), "the first write seeds the state");
         assert_eq!(w.assert(&st), Restored::default(), "nothing to restore");
         // A job writes its class, quota, weight and compute words and clears the flag.
-        st.header().class.store(CLASS_PRODUCTION, Release);
+        st.header().set_class(Class::Production);
         st.header().flags.store(0, Release);
         st.device(0).quota.store(0, Release);
         st.device(0).weight.store(100, Release);
@@ -315,24 +314,27 @@ mod tests {
             r.names(),
             "class, managed flag, quota, compute share, weight"
         );
-        assert_eq!(st.header().class.load(Acquire), CLASS_OPPORTUNISTIC);
+        assert_eq!(st.header().class(), Class::Opportunistic);
         assert_eq!(st.device(0).quota.load(Acquire), 256 << 20);
         assert_eq!(st.device(0).weight.load(Acquire), 3);
         assert_eq!(st.device(0).compute.load(Acquire), 0);
         // Only the node's devices are written.
         assert_eq!(st.device(1).quota.load(Acquire), 0);
         // The policy reads the daemon's words, whatever the file says.
-        assert_eq!(w.class_or(CLASS_PRODUCTION), CLASS_OPPORTUNISTIC);
+        assert_eq!(w.class_or(Class::Production), Class::Opportunistic);
         assert_eq!(w.shares_or(0, 9_000, 50, 2_000), [0, 3, 0]);
 
         // Trusting the environment: what the settings leave unset is the job's.
         let trusting = Words::of(&ContainerSettings::default(), 1, true);
         assert_eq!(trusting.class, None);
-        assert_eq!(trusting.class_or(CLASS_OPPORTUNISTIC), CLASS_OPPORTUNISTIC);
+        assert_eq!(
+            trusting.class_or(Class::Opportunistic),
+            Class::Opportunistic
+        );
         assert_eq!(trusting.shares_or(0, 9_000, 50, 2_000), [9_000, 50, 2_000]);
         // Not trusting it: production, no share, no weight, and no quota asserted.
         let plain = Words::of(&ContainerSettings::default(), 1, false);
-        assert_eq!(plain.class, Some(CLASS_PRODUCTION));
+        assert_eq!(plain.class, Some(Class::Production));
         assert_eq!(plain.quota[0], None);
         assert!(!plain.managed);
         assert_eq!(plain.oversubscribe, Some(false));

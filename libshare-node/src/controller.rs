@@ -22,7 +22,7 @@ use crate::host::{Host, LinuxHost};
 use crate::policy::{self, Class, Counters, Entry, PolicyKind, PolicyState, Snapshot};
 use crate::registry::{Container, Registry};
 use libshare_abi::rate::Gate;
-use libshare_abi::{State, CLASS_OPPORTUNISTIC, MAX_DEVICES};
+use libshare_abi::{State, MAX_DEVICES};
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
@@ -212,9 +212,14 @@ fn read_counters(c: &Container, d: usize, env_limit: u32) -> Counters {
     }
 }
 
-/// Whether the daemon holds container `c` as opportunistic (its words, else its file's).
+/// The class the daemon holds container `c` in (its words, else its file's).
+fn class_of(c: &Container) -> Class {
+    c.words.class_or(c.state.header().class())
+}
+
+/// Whether the daemon holds container `c` as opportunistic.
 fn opportunistic(c: &Container) -> bool {
-    c.words.class_or(c.state.header().class.load(Acquire)) == CLASS_OPPORTUNISTIC
+    class_of(c) == Class::Opportunistic
 }
 
 /// Has anything run on the device for this container (a launch, a busy flag, a gate)? A share
@@ -292,11 +297,7 @@ impl Controller {
         self.owner.clear();
         for d in (0..MAX_DEVICES).filter(|d| devices & (1 << d) != 0) {
             for (i, c) in cs.iter().enumerate() {
-                let class = if opportunistic(c) {
-                    Class::Opportunistic
-                } else {
-                    Class::Production
-                };
+                let class = class_of(c);
                 self.snap.entries.push(Entry {
                     id: c.id,
                     device: d as u8,

@@ -16,9 +16,6 @@
 //! the node service; they plug in through [`registry::Registry`] (the set of containers) and
 //! [`host::Host`] (the clock and sleeps).
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 pub mod admin;
 pub mod authority;
 pub mod controller;

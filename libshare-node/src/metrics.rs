@@ -222,7 +222,7 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
     for c in &v.containers {
         info.get_or_create(&Info {
             container: c.name.clone(),
-            class: c.class.as_str().to_string(),
+            class: c.class.name().to_string(),
             daemon_managed: c.daemon_managed.to_string(),
         })
         .set(1);

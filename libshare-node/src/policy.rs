@@ -71,11 +71,8 @@ pub const MIN_SAMPLES: usize = 4;
 /// Basis points of the whole device.
 pub const FULL_BP: u32 = 10_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    Production,
-    Opportunistic,
-}
+/// The job class (the state file's, `libshare_abi::Class`).
+pub use libshare_abi::Class;
 
 /// One container's words on one device, read at one tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -224,8 +224,8 @@ fn save(path: &Path, f: &File) -> Result<(), SettingsError> {
 mod tests {
     use super::*;
     use crate::authority::Words;
-    use libshare_abi::admin::Class;
     use libshare_abi::admin::DeviceSettings;
+    use libshare_abi::Class;
     use libshare_abi::{State, FLAG_DAEMON_MANAGED};
     use std::sync::atomic::Ordering::Acquire;
 
@@ -259,10 +259,7 @@ mod tests {
         Words::of(&again.effective("web"), MAX_DEVICES, true).assert(&st);
         assert_eq!(st.device(0).quota.load(Acquire), 8 << 30);
         assert_eq!(st.device(1).quota.load(Acquire), 4 << 30);
-        assert_eq!(
-            st.header().class.load(Acquire),
-            libshare_abi::CLASS_PRODUCTION
-        );
+        assert_eq!(st.header().class(), Class::Production);
         assert_ne!(st.header().flags.load(Acquire) & FLAG_DAEMON_MANAGED, 0);
 
         // A corrupt file is an error, not an empty set of settings.

@@ -8,7 +8,7 @@
 //! process of its container (or the daemon) reclaims it.
 
 use libshare_abi::rate::Gate;
-use libshare_abi::{SlotTable, State, CLASS_OPPORTUNISTIC, FLAG_DAEMON_MANAGED, MAX_DEVICES};
+use libshare_abi::{Class, SlotTable, State, FLAG_DAEMON_MANAGED, MAX_DEVICES};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 
@@ -18,22 +18,6 @@ use std::sync::atomic::Ordering::Acquire;
 pub enum ViewError {
     #[error("cannot read {}: {err}", path.display())]
     ReadDir { path: PathBuf, err: std::io::Error },
-}
-
-/// A container's class, as its state file says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClassView {
-    Production,
-    Opportunistic,
-}
-
-impl ClassView {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClassView::Production => "production",
-            ClassView::Opportunistic => "opportunistic",
-        }
-    }
 }
 
 /// One device of one container: every counter the state file keeps for it.
@@ -108,7 +92,7 @@ pub struct ProcessView {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContainerView {
     pub name: String,
-    pub class: ClassView,
+    pub class: Class,
     /// Whether a daemon manages the container (its quotas and class come from the daemon).
     pub daemon_managed: bool,
     /// The devices [`DeviceView::in_use`], by index.
@@ -127,11 +111,7 @@ pub struct NodeView {
 /// One container's figures from its state.
 pub fn container(name: &str, st: &State) -> ContainerView {
     let h = st.header();
-    let class = if h.class.load(Acquire) == CLASS_OPPORTUNISTIC {
-        ClassView::Opportunistic
-    } else {
-        ClassView::Production
-    };
+    let class = h.class();
     let live = st.live_slots();
     // The environments' compute limit: the smallest of the live processes' (the daemon's rule).
     let env_compute = libshare_abi::min_limit(
@@ -250,7 +230,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cdir = libshare_abi::container_dir(dir.path(), "b");
         let st = State::open_or_create(&cdir).unwrap();
-        st.header().class.store(CLASS_OPPORTUNISTIC, Release);
+        st.header().set_class(Class::Opportunistic);
         st.set_quota(1, 1 << 30);
         let d = st.device(1);
         d.used.store(5, Release);
@@ -274,7 +254,7 @@ mod tests {
         assert_eq!(v.containers[0].name, "a");
         assert!(v.containers[0].devices.is_empty());
         let b = &v.containers[1];
-        assert_eq!(b.class, ClassView::Opportunistic);
+        assert_eq!(b.class, Class::Opportunistic);
         assert_eq!(b.devices.len(), 1);
         let dv = &b.devices[0];
         assert_eq!(

@@ -6,7 +6,7 @@
 //! machines), the benchmark (`sharectl bench S6`) reports the tight figure.
 
 use libshare_abi::rate::{now_ns, Gate};
-use libshare_abi::{container_dir, State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION};
+use libshare_abi::{container_dir, Class, State};
 use libshare_node::host::{Host, LinuxHost};
 use libshare_node::{controller, Controller, ControllerConfig, PolicyKind};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -25,11 +25,11 @@ fn make(dir: &std::path::Path) -> Vec<(String, State)> {
             };
             let st = State::open_or_create(&container_dir(dir, &name)).unwrap();
             let class = if i % 2 == 0 {
-                CLASS_PRODUCTION
+                Class::Production
             } else {
-                CLASS_OPPORTUNISTIC
+                Class::Opportunistic
             };
-            st.header().class.store(class, Release);
+            st.header().set_class(class);
             (name, st)
         })
         .collect()

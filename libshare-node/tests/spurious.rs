@@ -7,7 +7,7 @@
 //! wake the loop at once.
 
 use libshare_abi::rate::futex_wake;
-use libshare_abi::{container_dir, State, CLASS_PRODUCTION};
+use libshare_abi::{container_dir, Class, State};
 use libshare_node::controller::{SPURIOUS_BUDGET, SPURIOUS_MUTE_NS};
 use libshare_node::{controller, ControllerConfig, PolicyKind};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
@@ -35,7 +35,7 @@ fn spurious_phase_wakes_cost_the_daemon_nothing_and_real_ones_still_wake_it() {
     let tmp = tempfile::tempdir().unwrap();
     let prod = |name: &str| {
         let st = State::open_or_create(&container_dir(tmp.path(), name)).unwrap();
-        st.header().class.store(CLASS_PRODUCTION, Release);
+        st.header().set_class(Class::Production);
         st.device(0).launches.store(1, Release); // device 0 in use
         st
     };

@@ -1,9 +1,9 @@
 //! The boundary between the job's raw arguments and the shim's safe handlers, crossed once in
 //! `hook_fn!` (as ZLUDA's `FromCuda`): a pointer to plain ABI data becomes a NULL-checked
-//! [`Out`] (`*mut T`) or [`In`] (`*const T`) valid for the one call; handles and scalars stay
+//! [`Out`] (`*mut T`) or [`In`] (`*const T`) valid for the one call, a C string a [`CStrArg`]; handles and scalars stay
 //! values (holding a handle is safe, only the driver dereferences it). Handlers return [`R`].
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_void, CStr};
 use std::marker::PhantomData;
 
 use crate::types::*;
@@ -117,6 +117,29 @@ impl<T: Pod> In<'_, T> {
     }
 }
 
+/// A caller's C string (`*const c_char`: `cuGetProcAddress`'s symbol) for one call: read
+/// NULL-checked as UTF-8; the caller's pointer stays available to hand back to the driver.
+#[derive(Clone, Copy)]
+pub struct CStrArg<'a>(*const c_char, PhantomData<&'a Scope>);
+
+impl<'a> CStrArg<'a> {
+    /// The string (None: NULL or not UTF-8).
+    pub fn to_str(&self) -> Option<&'a str> {
+        if self.0.is_null() {
+            return None;
+        }
+        // SAFETY: `CStrArg` is made only by `hook_fn!` from the caller's argument, which the API
+        // documents as a NUL-terminated string valid for this call (which `'a` outlives no
+        // further); not NULL (checked).
+        unsafe { CStr::from_ptr(self.0) }.to_str().ok()
+    }
+
+    /// The caller's pointer, unchanged (for the driver).
+    pub fn as_ptr(&self) -> *const c_char {
+        self.0
+    }
+}
+
 /// The conversion `hook_fn!` applies to each argument.
 pub trait FromCuda<'a> {
     type Safe;
@@ -131,6 +154,14 @@ impl<'a, T: Pod> FromCuda<'a> for *mut T {
     #[inline(always)]
     unsafe fn at_boundary(self, _: &'a Scope) -> Out<'a, T> {
         Out(self, PhantomData)
+    }
+}
+
+impl<'a> FromCuda<'a> for *const c_char {
+    type Safe = CStrArg<'a>;
+    #[inline(always)]
+    unsafe fn at_boundary(self, _: &'a Scope) -> CStrArg<'a> {
+        CStrArg(self, PhantomData)
     }
 }
 
@@ -153,8 +184,8 @@ macro_rules! as_value {
         }
     )*};
 }
-// Scalars, handles (`*mut c_void`), opaque parameter blocks and C strings the shim passes on
-// without reading them.
+// Scalars, handles (`*mut c_void`), opaque parameter blocks and the C string buffers the shim
+// passes on without reading them (`cuGraphInstantiate`'s log).
 as_value!(
     u8,
     u16,
@@ -164,8 +195,7 @@ as_value!(
     usize,
     *mut c_void,
     *const c_void,
-    *mut c_char,
-    *const c_char
+    *mut c_char
 );
 
 /// The integer widths the driver ABI reports sizes and addresses in (the CUDA 2.x `_v1`

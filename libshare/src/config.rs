@@ -4,7 +4,7 @@
 //! at `cuInit`, never runs silently unlimited.
 
 use libshare_abi::units::{format_size, parse_size, GIB, KIB, MIB};
-use libshare_abi::{CLASS_OPPORTUNISTIC, CLASS_PRODUCTION, MAX_DEVICES};
+use libshare_abi::{Class, MAX_DEVICES};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,7 +22,7 @@ pub struct Config {
     /// rather than every device: such a limit for a device the process does not have is an error
     /// ([`Config::check_devices`]).
     pub memory_limit_explicit: [bool; MAX_DEVICES],
-    pub class: u32,
+    pub class: Class,
     pub container: String,
     /// The container's directory holding `state.shm`.
     pub container_dir: PathBuf,
@@ -268,11 +268,10 @@ impl Config {
                 &mut explicit,
             )?;
         }
-        let class = match get("LIBSHARE_CLASS").map(|v| v.to_ascii_lowercase()) {
-            None => CLASS_PRODUCTION,
-            Some(c) if c == "production" => CLASS_PRODUCTION,
-            Some(c) if c == "opportunistic" => CLASS_OPPORTUNISTIC,
-            Some(_) => {
+        let class = match get("LIBSHARE_CLASS").map(|v| Class::from_name(&v.to_ascii_lowercase())) {
+            None => Class::Production,
+            Some(Some(c)) => c,
+            Some(None) => {
                 return Err(invalid(
                     "LIBSHARE_CLASS",
                     get("LIBSHARE_CLASS").unwrap_or(""),
@@ -406,7 +405,7 @@ impl Config {
         }
         // An opportunistic container that may oversubscribe limits a footprint of managed
         // memory, which may exceed the device.
-        let footprint = self.oversubscribe && self.class == CLASS_OPPORTUNISTIC;
+        let footprint = self.oversubscribe && self.class == Class::Opportunistic;
         for (d, &total) in totals.iter().enumerate().take(count.min(MAX_DEVICES)) {
             if let Some(l) = self.memory_limit[d].filter(|l| *l > total && !footprint) {
                 return Err(format!(
@@ -520,7 +519,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.container_dir, PathBuf::from("/s/containers/web-1"));
-        assert_eq!(c.class, CLASS_OPPORTUNISTIC);
+        assert_eq!(c.class, Class::Opportunistic);
     }
 
     /// `e` is one line starting `libshare: invalid {var}`.

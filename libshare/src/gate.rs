@@ -45,7 +45,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
 
-use libshare_abi::rate::{add_in_flight, admit, now_ns, take_in_flight, Ask, Gate, Verdict};
+use libshare_abi::rate::{
+    add_in_flight, admit, now_ns, reserve_in_flight, take_in_flight, Ask, Gate, Verdict,
+};
 use libshare_abi::{DeviceState, MAX_DEVICES};
 
 use crate::ops::{DriverOps, EventState, Handle, REAL};
@@ -234,7 +236,7 @@ impl Tracker {
             if state == EventState::Done {
                 self.progress[dev] = now;
                 if let Some(ns) = ops.event_elapsed_ns(p.start, p.end) {
-                    d.gpu_ns.fetch_add(ns, AcqRel);
+                    d.note_gpu_time(ns);
                     self.learn(p.key, ns);
                 }
                 self.pool.push((p.ctx, p.start));
@@ -399,24 +401,6 @@ pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
     }
 }
 
-/// Adds `ns` to `in_flight_ns` if it still reads `seen` (this process's slot word first, taken
-/// back if the sum moved). Whether it did.
-fn reserve(d: &DeviceState, mine: Option<&AtomicU64>, seen: u64, ns: u64) -> bool {
-    if let Some(m) = mine {
-        m.fetch_add(ns, AcqRel);
-    }
-    let ok = d
-        .in_flight_ns
-        .compare_exchange(seen, seen.saturating_add(ns), AcqRel, Acquire)
-        .is_ok();
-    if !ok {
-        if let Some(m) = mine {
-            let _ = m.fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(ns)));
-        }
-    }
-    ok
-}
-
 /// Waits until the gate admits a launch of the key's estimated span against the container's
 /// outstanding work, adds the span to `in_flight_ns` (the caller's launch takes it back when it
 /// completes, or at once if it goes untimed), takes its cost from the tokens under a share;
@@ -489,15 +473,14 @@ fn pass_within(
                     if in_flight_us > 0 || window);
                 if stalled || !bounded {
                     add_in_flight(d, mine, est.span);
-                } else if !reserve(d, mine, container, est.span) {
+                } else if !reserve_in_flight(d, mine, container, est.span) {
                     continue;
                 }
                 if let Gate::Run { share: true, .. } = gate {
-                    d.tokens
-                        .fetch_sub(est.cost.min(i64::MAX as u64) as i64, AcqRel);
+                    d.take_tokens(est.cost);
                 }
                 if let Some(t) = held_since {
-                    d.held_ns.fetch_add(now.saturating_sub(t), AcqRel);
+                    d.note_held(now.saturating_sub(t));
                 }
                 return est.span;
             }

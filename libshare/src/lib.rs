@@ -17,8 +17,6 @@
 //! logging on the launch path; fork-safe; a panic never crosses into the job.
 
 #![allow(non_snake_case)]
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
 mod macros;

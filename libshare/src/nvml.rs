@@ -4,6 +4,7 @@
 
 use std::ffi::c_void;
 
+use crate::boundary::{FromCuda, Out, Pod, Scope};
 use crate::types::{
     CUuuid, NvmlReturn, CUDA_SUCCESS, NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
 };
@@ -12,6 +13,7 @@ use std::sync::OnceLock;
 
 /// `nvmlMemory_t`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Memory {
     pub total: u64,
     pub free: u64,
@@ -20,6 +22,7 @@ pub struct Memory {
 
 /// `nvmlMemory_v2_t`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemoryV2 {
     pub version: u32,
     pub total: u64,
@@ -27,6 +30,46 @@ pub struct MemoryV2 {
     pub free: u64,
     pub used: u64,
 }
+
+// SAFETY: `#[repr(C)]` structs of integers: every bit pattern is a valid value.
+unsafe impl Pod for Memory {}
+// SAFETY: as for `Memory`.
+unsafe impl Pod for MemoryV2 {}
+
+/// An NVML export through the shim's boundary, as `hook_fn!` makes the driver's: the real
+/// NVML's function (`nvml().$real`; NVML_ERROR_UNINITIALIZED without it), the panic guard, and
+/// each argument converted once ([`FromCuda`]: `*mut T` becomes an [`Out`]) for a safe handler
+/// `$h(call, args…)` that returns NVML's code.
+macro_rules! nvml_fn {
+    ($name:ident ($($a:ident : $t:ty),*) via $real:ident => $h:path) => {
+        /// The NVML function of this name, through the shim.
+        ///
+        /// # Safety
+        ///
+        /// NVML's documented contract for this function.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> NvmlReturn {
+            guard(concat!("libshare ", stringify!($name)), NVML_ERROR_UNKNOWN, || {
+                let Some(real) = nvml().$real else {
+                    return NVML_ERROR_UNINITIALIZED;
+                };
+                let scope = Scope;
+                // SAFETY: NVML's contract (above): the real NVML's `$name` with the caller's
+                // arguments, unchanged.
+                #[allow(clippy::macro_metavars_in_unsafe)]
+                let call = move || unsafe { real($($a),*) };
+                // SAFETY: NVML's contract: the caller's arguments, valid as NVML documents for
+                // this call, wrapped for its duration (`scope`).
+                #[allow(clippy::macro_metavars_in_unsafe)]
+                let ($($a,)*) = unsafe { ($(FromCuda::at_boundary($a, &scope),)*) };
+                $h(call, $($a),*)
+            })
+        }
+    };
+}
+
+nvml_fn!(nvmlDeviceGetMemoryInfo(device: *mut c_void, mem: *mut Memory) via get_info => memory_info);
+nvml_fn!(nvmlDeviceGetMemoryInfo_v2(device: *mut c_void, mem: *mut MemoryV2) via get_info_v2 => memory_info_v2);
 
 struct Nvml {
     base: usize,
@@ -87,13 +130,10 @@ pub fn hook_ptr(name: &str) -> Option<*mut c_void> {
 /// The CUDA ordinal of an NVML device (quotas are per ordinal), or None if CUDA does not see it
 /// (no quota applies then). NVML numbers physical devices; CUDA numbers the ones
 /// CUDA_VISIBLE_DEVICES shows, so they are matched by UUID. Without a CUDA driver in this process
-/// (an NVML-only tool), NVML's index is the best guess.
-///
-/// # Safety
-/// `dev` is an NVML device handle from the caller of an NVML function (NVML's contract).
-unsafe fn cuda_ordinal(dev: *mut c_void) -> Option<usize> {
-    // SAFETY: `dev` under this function's contract.
-    if let Some(found) = unsafe { cuda_ordinal_by_uuid(dev) } {
+/// (an NVML-only tool), NVML's index is the best guess. `dev` is the caller's NVML handle, a value
+/// only NVML dereferences (as driver handles are at the boundary).
+fn cuda_ordinal(dev: *mut c_void) -> Option<usize> {
+    if let Some(found) = cuda_ordinal_by_uuid(dev) {
         return found;
     }
     let mut i = 0u32;
@@ -107,10 +147,7 @@ unsafe fn cuda_ordinal(dev: *mut c_void) -> Option<usize> {
 }
 
 /// Some(Some(ordinal)) or Some(None) (CUDA does not see it) when CUDA can be asked; None if not.
-///
-/// # Safety
-/// As for [`cuda_ordinal`].
-unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
+fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
     let get_uuid = nvml().get_uuid?;
     let mut buf = [0 as std::ffi::c_char; 96];
     // SAFETY: NVML's `nvmlDeviceGetUUID` with the caller's handle and a local buffer of the
@@ -144,82 +181,47 @@ unsafe fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
 
 /// (free, total) of an NVML device as the job sees it: the quota of the CUDA device it is, or the
 /// real figures for a device CUDA does not see.
-///
-/// # Safety
-/// As for [`cuda_ordinal`].
-unsafe fn as_job_sees(device: *mut c_void, free: u64, total: u64) -> (u64, u64) {
-    // SAFETY: `device` under this function's contract.
-    match unsafe { cuda_ordinal(device) } {
+fn as_job_sees(device: *mut c_void, free: u64, total: u64) -> (u64, u64) {
+    match cuda_ordinal(device) {
         Some(d) => crate::ledger::visible(d, free, total),
         None => (free, total),
     }
 }
 
-/// Memory info of the real NVML, with free and total as the job sees them (the quota); `used`
-/// follows and never wraps.
-///
-/// # Safety
-/// NVML's contract: `device` is an NVML handle, `mem` NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+/// `nvmlDeviceGetMemoryInfo`: the real NVML's answer, with free and total as the job sees them
+/// (the quota); `used` follows and never wraps.
+fn memory_info(
+    call: impl FnOnce() -> NvmlReturn,
     device: *mut c_void,
-    mem: *mut Memory,
+    mem: Out<Memory>,
 ) -> NvmlReturn {
-    guard(
-        "libshare nvmlDeviceGetMemoryInfo",
-        NVML_ERROR_UNKNOWN,
-        || {
-            let Some(real) = nvml().get_info else {
-                return NVML_ERROR_UNINITIALIZED;
-            };
-            // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo` with the caller's arguments (NVML's
-            // contract, this function's).
-            let r = unsafe { real(device, mem) };
-            if r == NVML_SUCCESS && !mem.is_null() {
-                // SAFETY: `mem` is not NULL (checked), so writable by NVML's contract, and NVML
-                // filled it.
-                let m = unsafe { &mut *mem };
-                // SAFETY: `device` is the caller's NVML handle (NVML's contract, this function's).
-                let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
-                *m = Memory {
-                    total,
-                    free,
-                    used: total.saturating_sub(free),
-                };
-            }
-            r
-        },
-    )
+    let r = call();
+    if let (NVML_SUCCESS, Some(m)) = (r, mem.get()) {
+        let (free, total) = as_job_sees(device, m.free, m.total);
+        mem.set(Memory {
+            total,
+            free,
+            used: total.saturating_sub(free),
+        });
+    }
+    r
 }
 
-/// As `nvmlDeviceGetMemoryInfo`, for `nvmlMemory_v2_t` (`used` excludes `reserved`).
-///
-/// # Safety
-/// As for `nvmlDeviceGetMemoryInfo`.
-#[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+/// As [`memory_info`], for `nvmlMemory_v2_t` (`used` excludes `reserved`).
+fn memory_info_v2(
+    call: impl FnOnce() -> NvmlReturn,
     device: *mut c_void,
-    mem: *mut MemoryV2,
+    mem: Out<MemoryV2>,
 ) -> NvmlReturn {
-    guard(
-        "libshare nvmlDeviceGetMemoryInfo_v2",
-        NVML_ERROR_UNKNOWN,
-        || {
-            let Some(real) = nvml().get_info_v2 else {
-                return NVML_ERROR_UNINITIALIZED;
-            };
-            // SAFETY: the real NVML's `nvmlDeviceGetMemoryInfo_v2` with the caller's arguments.
-            let r = unsafe { real(device, mem) };
-            if r == NVML_SUCCESS && !mem.is_null() {
-                // SAFETY: as in `nvmlDeviceGetMemoryInfo`: not NULL, writable, filled by NVML.
-                let m = unsafe { &mut *mem };
-                // SAFETY: `device` is the caller's NVML handle.
-                let (free, total) = unsafe { as_job_sees(device, m.free, m.total) };
-                m.total = total;
-                m.free = free;
-                m.used = total.saturating_sub(free).saturating_sub(m.reserved);
-            }
-            r
-        },
-    )
+    let r = call();
+    if let (NVML_SUCCESS, Some(m)) = (r, mem.get()) {
+        let (free, total) = as_job_sees(device, m.free, m.total);
+        mem.set(MemoryV2 {
+            total,
+            free,
+            used: total.saturating_sub(free).saturating_sub(m.reserved),
+            ..m
+        });
+    }
+    r
 }

@@ -3,9 +3,9 @@
 //! by the same version-aware rule the driver uses, from the declaration list — the hook is returned
 //! instead. A request for `cuGetProcAddress` itself gets the shim's wrapper.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_void;
 
-use crate::boundary::{rc, Out, R};
+use crate::boundary::{rc, CStrArg, Out, R};
 use crate::types::*;
 use shim_headers::{resolve, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, DECLARED_UP_TO};
 
@@ -43,28 +43,16 @@ pub fn substitute(
     }
 }
 
-/// The caller's symbol name (None: NULL or not UTF-8).
-fn symbol<'a>(sym: *const c_char) -> Option<&'a str> {
-    if sym.is_null() {
-        return None;
-    }
-    // SAFETY: not NULL, so a NUL-terminated C string by `cuGetProcAddress`'s contract (the hook
-    // contract), which the driver has just read too; it outlives this call.
-    unsafe { CStr::from_ptr(sym) }.to_str().ok()
-}
-
-// `sym` is the caller's C string, valid for the call (the hook contract): passed back to the
-// driver, never kept.
-#[allow(clippy::not_unsafe_ptr_arg_deref)]
+/// `sym`, the caller's C string, is passed back to the driver, never kept.
 pub fn get_proc_address(
     call: impl FnOnce() -> CUresult,
-    sym: *const c_char,
+    sym: CStrArg,
     pfn: Out<*mut c_void>,
     version: i32,
     flags: u64,
 ) -> R {
     rc(call())?;
-    let (Some(name), Some(answer)) = (symbol(sym), pfn.get()) else {
+    let (Some(name), Some(answer)) = (sym.to_str(), pfn.get()) else {
         return Ok(());
     };
     substitute(name, &pfn, version, flags, |v| {
@@ -74,22 +62,21 @@ pub fn get_proc_address(
         let mut p = std::ptr::null_mut();
         // SAFETY: the driver's `cuGetProcAddress`, asked again for the caller's symbol (a C
         // string it accepted) at another version, into a live local.
-        (unsafe { real(sym, &mut p, v as i32, flags) }) == CUDA_SUCCESS && p == answer
+        (unsafe { real(sym.as_ptr(), &mut p, v as i32, flags) }) == CUDA_SUCCESS && p == answer
     });
     Ok(())
 }
 
-#[allow(clippy::not_unsafe_ptr_arg_deref)] // as `get_proc_address`
 pub fn get_proc_address_v2(
     call: impl FnOnce() -> CUresult,
-    sym: *const c_char,
+    sym: CStrArg,
     pfn: Out<*mut c_void>,
     version: i32,
     flags: u64,
     _status: Out<i32>,
 ) -> R {
     rc(call())?;
-    let (Some(name), Some(answer)) = (symbol(sym), pfn.get()) else {
+    let (Some(name), Some(answer)) = (sym.to_str(), pfn.get()) else {
         return Ok(());
     };
     substitute(name, &pfn, version, flags, |v| {
@@ -98,7 +85,8 @@ pub fn get_proc_address_v2(
         };
         let (mut p, mut st) = (std::ptr::null_mut(), 0);
         // SAFETY: as in `get_proc_address`, with a live local status.
-        (unsafe { real(sym, &mut p, v as i32, flags, &mut st) }) == CUDA_SUCCESS && p == answer
+        (unsafe { real(sym.as_ptr(), &mut p, v as i32, flags, &mut st) }) == CUDA_SUCCESS
+            && p == answer
     });
     Ok(())
 }

@@ -274,7 +274,7 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
         }
     }
     if !managed && env_applies {
-        state.header().class.store(cfg.class, Release);
+        state.header().set_class(cfg.class);
         let flags = &state.header().flags;
         if cfg.oversubscribe {
             flags.fetch_or(libshare_abi::FLAG_OVERSUBSCRIBE, AcqRel);
@@ -294,7 +294,7 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     // points; 0 = none): the container's is the smallest over its processes, so a process
     // started without one lifts nobody's (an untrusting daemon ignores them all).
     state.set_compute_limit(slot, cfg.compute_percent.map_or(0, |p| p * 100));
-    tracing::info!(container = %container, class = cfg.class, slot, "libshare initialised");
+    tracing::info!(container = %container, class = cfg.class.name(), slot, "libshare initialised");
     let mut cfg = cfg;
     cfg.container = container;
     let launch_counters = AtomicPtr::new(&state.slot(slot).launches as *const _ as *mut _);

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use libshare_abi::{DeviceState, CLASS_OPPORTUNISTIC};
+use libshare_abi::{Class, DeviceState};
 
 use crate::types::*;
 
@@ -51,12 +51,7 @@ fn counted() -> Option<(
     let state = &s.account.state;
     let d = state.device(dev);
     d.note_launch();
-    Some((
-        s,
-        dev,
-        d,
-        state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC,
-    ))
+    Some((s, dev, d, state.header().class() == Class::Opportunistic))
 }
 
 pub use crate::gate::{COPY_D2D, MEMSET};
@@ -116,7 +111,7 @@ pub fn launch_multi(launches: &[(usize, CUstream)], call: impl FnOnce() -> CUres
             .unwrap_or(current)
     };
     let state = &s.account.state;
-    let opportunistic = state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC;
+    let opportunistic = state.header().class() == Class::Opportunistic;
     let mut timed = None;
     for &(key, stream) in launches {
         let dev = device_of(stream);
@@ -154,7 +149,7 @@ pub fn drained(ctx: Option<usize>) {
         .unwrap_or_else(crate::context::device_fast);
     let d = s.account.state.device(dev);
     d.note_drained();
-    if s.account.state.header().class.load(Relaxed) == CLASS_OPPORTUNISTIC {
+    if s.account.state.header().class() == Class::Opportunistic {
         crate::gate::settle(d, dev);
     }
 }

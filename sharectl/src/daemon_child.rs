@@ -89,7 +89,7 @@ impl Daemon {
             let mut samples = Vec::new();
             while !s2.load(Ordering::Relaxed) {
                 match proc_cpu_ns(pid) {
-                    Some(ns) => samples.push((crate::bench::monotonic_s(), ns)),
+                    Some(ns) => samples.push((libshare_abi::rate::now_s(), ns)),
                     None => break,
                 }
                 std::thread::sleep(CPU_SAMPLE);
@@ -114,7 +114,7 @@ impl Daemon {
             bail!("sharectl daemon did not stop within 5 s of SIGTERM");
         }
         let cpu1 = cpu1.ok_or_else(|| anyhow!("sharectl daemon exited during the run"))?;
-        samples.push((crate::bench::monotonic_s(), cpu1));
+        samples.push((libshare_abi::rate::now_s(), cpu1));
         Ok(CpuUse {
             pct: (cpu1.saturating_sub(self.cpu0)) as f64 / 1e9 / wall.max(1e-3) * 100.0,
             samples,

@@ -1,12 +1,9 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module: `demo`, `status`, `top`, and `commands/` (`daemon`,
-//! `set`/`get`/`reset`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
+//! Each subcommand lives in its own module: `demo`, `bench`, and `commands/` (`daemon`,
+//! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
 //! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`;
 //! Kubernetes: `device_plugin` (over crate `libshare-k8s`).
-
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
 mod cdi;
@@ -19,8 +16,6 @@ mod hook;
 mod inject;
 mod platform;
 mod runtime;
-mod status;
-mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -41,7 +36,7 @@ enum Command {
     /// Sharing scenarios (issue 9) under every policy: one result line per scenario and policy.
     Bench(bench::BenchArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
-    Status(status::StatusArgs),
+    Status(commands::status::StatusArgs),
     /// The node daemon: steers every container's GPU gate each period until SIGTERM.
     Daemon(commands::daemon::DaemonArgs),
     /// Set a container's memory quota, compute share, weight or class, through the daemon.
@@ -57,7 +52,7 @@ enum Command {
     Reset(commands::set::NameArgs),
     /// A live view of the node (in the manner of nvtop): per device and container memory,
     /// class, gate, launch rate, GPU time and throttled time; refreshes every second, q quits.
-    Top(top::TopArgs),
+    Top(commands::top::TopArgs),
     /// Container Device Interface: `cdi generate` writes the spec that makes podman, CRI-O,
     /// containerd >= 1.7 and Docker >= 25 inject libshare into containers asking for
     /// libshare.dev/gpu=<i>|all.
@@ -109,13 +104,13 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
-        Command::Status(args) => status::run(args),
+        Command::Status(args) => commands::status::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
         Command::Get(args) => commands::set::get_or_reset(args, false),
         Command::Reset(args) => commands::set::get_or_reset(args, true),
-        Command::Top(args) => top::run(args),
+        Command::Top(args) => commands::top::run(args),
         Command::Cdi(cmd) => cdi::run(cmd),
         Command::Hook(args) => hook::run(args),
         Command::Runtime(args) => runtime::run(args),

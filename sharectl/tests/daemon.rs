@@ -3,7 +3,7 @@
 //! opportunistic one's gate.
 
 use libshare_abi::rate::{now_ns, Gate};
-use libshare_abi::{container_dir, State, CLASS_OPPORTUNISTIC};
+use libshare_abi::{container_dir, Class, State};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::*;
 use std::time::{Duration, Instant};
@@ -58,7 +58,7 @@ fn the_daemon_pauses_batch_work_while_production_is_busy() {
     until(Duration::from_secs(5), || set().status.success())
         .expect("the daemon's admin socket answers");
     let batch = State::open_or_create(&container_dir(dir, "batch")).unwrap();
-    assert_eq!(batch.header().class.load(Acquire), CLASS_OPPORTUNISTIC);
+    assert_eq!(batch.header().class(), Class::Opportunistic);
     assert_eq!(batch.device(0).weight.load(Acquire), 3);
     let (p, b) = (prod.device(0), batch.device(0));
     // Both launched once and synchronised.

@@ -2,7 +2,7 @@
 //! `sharectl daemon`, and a file truncated while the daemon has it mapped. The daemon names each
 //! bad file once, changes nothing in it, and keeps steering the good containers.
 
-use libshare_abi::{container_dir, State, CLASS_OPPORTUNISTIC, FILE_SIZE, STATE_FILE};
+use libshare_abi::{container_dir, Class, State, FILE_SIZE, STATE_FILE};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -36,7 +36,7 @@ fn put(dir: &Path, name: &str, bytes: &[u8]) -> Vec<u8> {
 
 fn opportunistic(dir: &Path, name: &str) -> State {
     let st = State::open_or_create(&container_dir(dir, name)).unwrap();
-    st.header().class.store(CLASS_OPPORTUNISTIC, Release);
+    st.header().set_class(Class::Opportunistic);
     st.device(0).note_launch(); // the device is in use: its gate is written every period
     st
 }

@@ -1,4 +1,4 @@
-/* Driver-API probes for tests/tests/bad_input.rs. dlopens libcuda.so.1 like cudart does and calls the
+/* Driver-API probes for tests/tests/sim_bad_input.rs. dlopens libcuda.so.1 like cudart does and calls the
  * driver directly (cuda.h from the CUDA 13.5 wheel for the types only).
  *
  * usage: driver_api_test export_table   unknown UUID -> CUDA_ERROR_NOT_SUPPORTED + NULL table

@@ -1,5 +1,5 @@
 // Kernel test, compiled with the CUDA 13.5 nvcc (shared and static cudart), run by
-// tests/tests/nvcc_kernel.rs. Kernels do not compute on simgpu: nothing here looks at their output.
+// tests/tests/sim_nvcc_kernel.rs. Kernels do not compute on simgpu: nothing here looks at their output.
 //
 // usage: kernel_test props
 //        kernel_test symbol

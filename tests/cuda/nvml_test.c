@@ -1,4 +1,4 @@
-/* NVML on simgpu, from C (run by tests/tests/nvml.rs). Two modes:
+/* NVML on simgpu, from C (run by tests/tests/sim_nvml.rs). Two modes:
  *
  *   nvml_test report          dlopens libnvidia-ml.so.1 (no cuInit) and prints one JSON line
  *                             {"check":"nvml",...} about device 0: count, name, uuid, bus id,

@@ -1,4 +1,4 @@
-/* cudart C test: one source, compiled with gcc against cudart 12.9 and 13.5 (tests/tests/cudart.rs).
+/* cudart C test: one source, compiled with gcc against cudart 12.9 and 13.5 (tests/tests/sim_cudart.rs).
  *
  * usage: rt_test [EXPECTED_TOTAL_BYTES]
  * Every call is checked: on failure it prints "FAIL <call> <error string>" and exits 1.

@@ -1,4 +1,4 @@
-/* Quota stress for the shim (tests/tests/shim_quota.rs): THREADS threads allocate and free random
+/* Quota stress for the shim (tests/tests/shim_sharing.rs): THREADS threads allocate and free random
  * sizes through the driver API (dlopen + dlsym, like cudart), concurrently with other processes of
  * the same container.
  *

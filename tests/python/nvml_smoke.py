@@ -1,4 +1,4 @@
-"""NVML (nvidia-ml-py / pynvml) on simgpu's libnvidia-ml.so.1 (run by tests/tests/nvml.rs).
+"""NVML (nvidia-ml-py / pynvml) on simgpu's libnvidia-ml.so.1 (run by tests/tests/sim_nvml.rs).
 
 usage: nvml_smoke.py EXPECTED_TOTAL_BYTES
 Prints one JSON line with what NVML reported, "FAIL <what>" and exit 1 on a failed expectation,

@@ -1,5 +1,5 @@
 """Train -> OOM -> recover, the loop of an ordinary PyTorch job that probes its batch size
-(run by tests/tests/torch_oom_loop.rs; issue 6, must-show 3).
+(run by tests/tests/shim_torch_oom_loop.rs; issue 6, must-show 3).
 
 usage: torch_oom_loop.py OOM_ROUNDS
 The allocator comes from PYTORCH_CUDA_ALLOC_CONF (native, backend:cudaMallocAsync or

@@ -1,4 +1,4 @@
-"""PyTorch smoke test on simgpu (run by tests/tests/torch.rs).
+"""PyTorch smoke test on simgpu (run by tests/tests/sim_torch.rs).
 
 Kernels do not compute on simgpu, so nothing here asserts on computed values: only on device
 properties, memory accounting, bytes that round-trip through copies, shapes and the absence of errors.

@@ -1,5 +1,5 @@
 """An ordinary PyTorch training loop, used as a production or opportunistic job in the compute
-sharing test (tests/tests/torch_sharing.rs). It knows nothing about libshare.
+sharing test (tests/tests/shim_torch_sharing.rs). It knows nothing about libshare.
 
 usage: torch_train_loop.py SECONDS [START_AT] [WIDTH] [BATCH]
 A small MLP trained with SGD on random data; the loss is read back every iteration (`loss.item()`,

@@ -12,7 +12,7 @@
 //!
 //! Environment: `SHARE_TESTS_SKIP_BUILD=1` skips the cargo build (the artifacts must exist),
 //! `LIBSHARE_CACHE` overrides `~/.cache/libshare`, `SIMGPU_LOG` is passed through to the programs,
-//! `LIBSHARE_TEST_SHIM=dist` preloads the shipped `target/dist/libshare.so` instead of the host build.
+//! `SHARE_TESTS_SHIM=dist` preloads the shipped `target/dist/libshare.so` instead of the host build.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
@@ -603,11 +603,12 @@ pub fn assert_close(what: &str, actual: f64, expected: f64, rel: f64) {
 // ---- The shim (`libshare.so`) under test: helpers for `tests/tests/shim_*.rs` ----
 
 /// The shim the tests preload: `target/release/libshare.so` (the host build, built by
-/// [`artifacts`]), or with `LIBSHARE_TEST_SHIM=dist` the shipped glibc-2.17 build
+/// [`artifacts`]), or with `SHARE_TESTS_SHIM=dist` the shipped glibc-2.17 build
 /// `target/dist/libshare.so` (`scripts/build-shim.sh`; `scripts/test.sh` runs the shim tests
-/// again with it), or any path given there.
+/// again with it), or any path given there. (Not `LIBSHARE_*`: the shim would warn about an
+/// unknown variable of its own in every job's stderr.)
 pub fn shim_lib() -> PathBuf {
-    let path = match std::env::var("LIBSHARE_TEST_SHIM").ok().as_deref() {
+    let path = match std::env::var("SHARE_TESTS_SHIM").ok().as_deref() {
         None | Some("") => artifacts().release_dir.join("libshare.so"),
         Some("dist") => target_dir().join("dist/libshare.so"),
         Some(other) => PathBuf::from(other),
@@ -1048,6 +1049,35 @@ pub fn skip(why: &str) {
         "cannot run under CI=true: {why}"
     );
     eprintln!("SKIP: {why}");
+}
+
+/// `promtool check metrics` (Prometheus's own linter of its text format) on `text`, the metrics
+/// of `what`: panics with promtool's complaint, or [`skip`]s when promtool is not installed.
+pub fn promtool_check(text: &str, what: &str) {
+    use std::io::Write;
+    let mut p = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            return skip(&format!(
+                "promtool check of {what}: promtool not available ({e}); scripts/test.sh \
+                 installs Debian's prometheus package"
+            ))
+        }
+    };
+    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics of {what} failed:\n{}{}\n---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A command's standard output, once it succeeded (panics with its stderr otherwise).

@@ -246,7 +246,10 @@ fn a_debian_11_image_runs_with_the_shipped_shim_injected() {
     let shipped = libshare_tests::target_dir().join("dist/libshare.so");
     assert_eq!(lines(&run("deb11", &shipped)), "INJECTED\nLS\nENV");
     // Negative control: the host build (GLIBC_2.34) would stop every dynamic program.
-    let out = run("deb11-host", &libshare_tests::shim_lib());
+    let out = run(
+        "deb11-host",
+        &libshare_tests::artifacts().release_dir.join("libshare.so"),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("LS"), "{text}");
     assert!(

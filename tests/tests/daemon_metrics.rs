@@ -133,33 +133,6 @@ fn value(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// `promtool check metrics` on `text`: Ok(()) when it passes, Err(why) when promtool is missing.
-fn promtool(text: &str) -> Result<(), String> {
-    let mut p = match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(p) => p,
-        Err(e) => {
-            return Err(format!(
-            "promtool not available ({e}); scripts/test.sh installs Debian's prometheus package"
-        ))
-        }
-    };
-    p.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = p.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 #[test]
 fn metrics_of_a_running_daemon_pass_promtool_and_hold_the_jobs_figures() {
     let gpu = SimGpu::new().with_shim().timeout(Duration::from_secs(120));
@@ -179,10 +152,7 @@ fn metrics_of_a_running_daemon_pass_promtool_and_hold_the_jobs_figures() {
             && value(&m, "libshare_daemon_containers").unwrap_or(0.0) == 2.0;
         ok.then_some(m)
     });
-    match promtool(&m) {
-        Ok(()) => {}
-        Err(why) => libshare_tests::skip(&format!("promtool check of /metrics: {why}")),
-    }
+    libshare_tests::promtool_check(&m, "/metrics");
     let v = |s: &str| value(&m, s).unwrap_or_else(|| panic!("no series {s} in:\n{m}"));
     assert_eq!(
         v(&format!("libshare_memory_quota_bytes{web}")),
@@ -243,9 +213,7 @@ fn metrics_of_a_running_daemon_pass_promtool_and_hold_the_jobs_figures() {
         let t = std::fs::read_to_string(&textfile).ok()?;
         (value(&t, &format!("libshare_memory_used_bytes{web}")).unwrap_or(0.0) > 0.0).then_some(t)
     });
-    if let Err(why) = promtool(&t) {
-        libshare_tests::skip(&format!("promtool check of the textfile: {why}"));
-    }
+    libshare_tests::promtool_check(&t, "the textfile");
     assert_eq!(
         value(&t, &format!("libshare_memory_quota_bytes{web}")),
         Some(GIB as f64)

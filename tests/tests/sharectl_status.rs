@@ -79,12 +79,12 @@ fn status_shows_each_containers_quota_usage_and_processes() {
 }
 
 /// Runs `sharectl status --json` as the user `nobody` after making the state files readable (not
-/// writable) by others; None when this test does not run as root or setpriv is missing.
+/// writable) by others; None (after `skip`) when this test does not run as root or setpriv is missing.
 fn status_as_nobody(state_dir: &std::path::Path) -> Option<std::process::Output> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let root = std::fs::metadata(state_dir).is_ok_and(|m| m.uid() == 0);
     if !root || Command::new("setpriv").arg("--help").output().is_err() {
-        eprintln!("skipping the unprivileged status check: needs root and setpriv");
+        libshare_tests::skip("the unprivileged status check needs root and setpriv");
         return None;
     }
     let chmod = |p: &std::path::Path, mode| {

@@ -126,14 +126,14 @@ fn shim_starts_no_threads() {
 }
 
 /// The file-creating system calls (`open*` with O_CREAT, `creat`, `mkdir*`, `rename*`, `link*`,
-/// `unlink*`, `mknod*`) a run makes, from `strace -f`; None if strace is not installed.
+/// `unlink*`, `mknod*`) a run makes, from `strace -f`; None (after `skip`) without strace.
 fn files_created(gpu: &SimGpu, argv: &[&str], preload: bool) -> Option<Vec<String>> {
     if std::process::Command::new("strace")
         .arg("-V")
         .output()
         .is_err()
     {
-        eprintln!("strace not installed: the system-call check is skipped");
+        libshare_tests::skip("strace is not installed: the system-call check cannot run");
         return None;
     }
     let log = gpu.state_dir().join(format!("strace-{preload}.log"));

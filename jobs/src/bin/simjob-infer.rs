@@ -5,9 +5,6 @@
 //! out and waits for the stream. Latency is measured from the request's due time to its
 //! completion, so time spent queued behind late requests counts.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 use anyhow::{bail, Context};
 use clap::Parser;
 use jobs::cli::{self, CommonArgs};

@@ -4,9 +4,6 @@
 //! kernel; when --depth are queued it waits for the oldest), for --duration. Reports kernels/s
 //! and GPU-ms/s (completed kernels × --kernel-ms per second of wall time).
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 use clap::Parser;
 use jobs::cli::{self, CommonArgs};
 use jobs::gpu::{Event, Gpu};

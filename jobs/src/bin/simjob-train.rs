@@ -6,9 +6,6 @@
 //! BUSY:IDLE` it alternates busy phases of iterations with idle phases without GPU work (starting
 //! busy); `--trace` prints one line per iteration (and per idle phase).
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 use anyhow::Context;
 use clap::Parser;
 use jobs::cli::{self, CommonArgs};

@@ -17,20 +17,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// A container's class (`LIBSHARE_CLASS`, `sharectl set --class`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    Production,
-    Opportunistic,
-}
-
-impl Class {
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Production => "production",
-            Class::Opportunistic => "opportunistic",
-        }
-    }
-}
+pub use libshare_abi::Class;
 
 /// One job of a run.
 #[derive(Clone, Debug)]
@@ -257,7 +244,7 @@ impl Bench {
                 sampler = Some(GateSampler::start(dir, &names)?);
             }
         }
-        let t0 = crate::bench::monotonic_s();
+        let t0 = libshare_abi::rate::now_s();
         let result = self.run_jobs(spec, state, t0);
         let gate_refresh_ms_max = sampler.map(GateSampler::finish);
         let daemon_cpu = match daemon {

@@ -44,7 +44,7 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
 
     /// Seconds per co-located run (scenarios scale their phases with it).
-    #[arg(long, value_name = "SECS", default_value_t = 6.0, value_parser = parse_secs)]
+    #[arg(long, value_name = "SECS", default_value_t = 6.0, value_parser = |s: &str| crate::commands::parse_secs(s, 2.0..=600.0))]
     pub duration: f64,
 
     #[command(flatten)]
@@ -68,20 +68,6 @@ pub struct BenchArgs {
     /// Only these policies (comma-separated) [default: all five].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<Policy>,
-}
-
-fn parse_secs(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .trim_end_matches('s')
-        .parse()
-        .map_err(|_| format!("invalid duration '{s}': expected seconds, e.g. 6"))?;
-    if !v.is_finite() || !(2.0..=600.0).contains(&v) {
-        return Err(format!(
-            "invalid duration '{s}': must be between 2 and 600 seconds"
-        ));
-    }
-    Ok(v)
 }
 
 /// `--cpus`: which CPU layouts S8 runs.
@@ -167,17 +153,6 @@ impl Policy {
             },
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` now, seconds (the jobs' `mono_s` clock).
-pub fn monotonic_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into `ts`, a valid local we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {

@@ -5,18 +5,21 @@
 //! setting then does not persist, and a daemon started later overrides it with its own).
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use libshare_abi::admin::{self, ContainerReport, Request, Response, SetRequest};
 use libshare_abi::names::escape;
 use libshare_abi::units::format_size;
-use libshare_abi::{State, MAX_DEVICES};
+use libshare_abi::{Class, State, MAX_DEVICES};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ClassArg {
-    Production,
-    Opportunistic,
+/// `--class`: the names of [`Class`] (clap lists them in `--help`).
+fn class_parser() -> impl clap::builder::TypedValueParser<Value = Class> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(
+        [Class::Production, Class::Opportunistic].map(Class::name),
+    )
+    .map(|name| Class::from_name(&name).expect("one of the possible values"))
 }
 
 #[derive(Args, Debug)]
@@ -40,8 +43,8 @@ pub struct SetArgs {
     #[arg(long)]
     pub weight: Option<u32>,
     /// Class (overrides the container's LIBSHARE_CLASS from now on).
-    #[arg(long, value_enum)]
-    pub class: Option<ClassArg>,
+    #[arg(long, value_parser = class_parser())]
+    pub class: Option<Class>,
     /// While opportunistic, the container's allocations become managed memory and its quota
     /// may exceed the GPU's memory (overrides its CUDA_OVERSUBSCRIBE from now on).
     #[arg(long)]
@@ -113,7 +116,7 @@ fn print(r: &ContainerReport, json: bool) {
         println!("{}", serde_json::to_string(r).expect("a report serialises"));
         return;
     }
-    let class = r.class.map_or("-", admin::Class::name);
+    let class = r.class.map_or("-", Class::name);
     let set = toml_line(&r.settings);
     println!(
         "{}: class {class}{}; settings: {set}",
@@ -214,10 +217,7 @@ pub fn run(a: SetArgs) -> Result<()> {
         let req = Request::Set(SetRequest {
             container: a.container.clone(),
             device: a.device.map(|d| d as u32),
-            class: a.class.map(|c| match c {
-                ClassArg::Production => admin::Class::Production,
-                ClassArg::Opportunistic => admin::Class::Opportunistic,
-            }),
+            class: a.class,
             memory: a.memory,
             compute: a.compute,
             weight: a.weight,
@@ -241,10 +241,7 @@ pub fn run(a: SetArgs) -> Result<()> {
     let st = State::open_or_create(&dir).with_context(|| format!("container {}", a.container))?;
     // The same words the daemon writes for these settings (libshare_node::authority).
     let mut s = admin::ContainerSettings {
-        class: a.class.map(|c| match c {
-            ClassArg::Production => admin::Class::Production,
-            ClassArg::Opportunistic => admin::Class::Opportunistic,
-        }),
+        class: a.class,
         oversubscribe,
         ..Default::default()
     };

@@ -13,9 +13,9 @@
 //! programs of the `jobs` crate, started as child processes; the demo reads their JSON lines.
 
 use crate::child::{self, Job, Msg, Role};
+use crate::commands::status;
 use crate::daemon_child::Daemon;
 use crate::platform::{self, Gpu, StateDir};
-use crate::status;
 use anyhow::{anyhow, bail};
 use libshare_abi::units::format_size;
 use serde_json::{json, Value};
@@ -73,7 +73,7 @@ fn check_stdout() -> anyhow::Result<()> {
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
     /// Seconds per phase.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = |s: &str| crate::commands::parse_secs(s, 0.5..=3600.0))]
     pub duration: f64,
 
     #[command(flatten)]
@@ -91,20 +91,6 @@ pub struct DemoArgs {
     /// Print JSON lines (progress, then a final summary with "final": true) instead of text.
     #[arg(long)]
     pub json: bool,
-}
-
-fn parse_secs(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .trim_end_matches('s')
-        .parse()
-        .map_err(|_| format!("invalid duration '{s}': expected seconds, e.g. 5 or 2.5"))?;
-    if !v.is_finite() || !(0.5..=3600.0).contains(&v) {
-        return Err(format!(
-            "invalid duration '{s}': must be between 0.5 and 3600 seconds"
-        ));
-    }
-    Ok(v)
 }
 
 /// The production job: training-like, 6 ms of GPU then 4 ms of CPU per iteration.
@@ -1147,16 +1133,6 @@ impl Output {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secs() {
-        assert_eq!(parse_secs("5"), Ok(5.0));
-        assert_eq!(parse_secs("2.5s"), Ok(2.5));
-        assert!(parse_secs("0").is_err());
-        assert!(parse_secs("-3").is_err());
-        assert!(parse_secs("nan").is_err());
-        assert!(parse_secs("1h").is_err());
-    }
 
     #[test]
     fn overlap_rate_uses_lines_inside_the_production_run() {

@@ -47,7 +47,7 @@ fn container(c: &ContainerView) -> Value {
         .iter()
         .map(|p| json!({ "pid": p.pid, "used_bytes": p.used, "launches": p.launches }))
         .collect();
-    json!({ "container": escape(&c.name), "class": c.class.as_str(), "devices": devices, "processes": processes })
+    json!({ "container": escape(&c.name), "class": c.class.name(), "devices": devices, "processes": processes })
 }
 
 /// The state directory `sharectl status` reads: `--state-dir`, else `$LIBSHARE_STATE_DIR`, else

@@ -159,7 +159,7 @@ fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
         let procs = c.processes.len().to_string();
         let name = escape(&c.name).into_owned();
         if c.devices.is_empty() {
-            let mut r = vec![name.clone(), c.class.as_str().into()];
+            let mut r = vec![name.clone(), c.class.name().into()];
             r.extend(std::iter::repeat_n("-".to_string(), 8));
             r.push(procs.clone());
             rows.push(r);
@@ -173,13 +173,13 @@ fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
                 "-".into()
             };
             let gpu = match (c.class, rate) {
-                (view::ClassView::Production, _) => "untimed".into(),
+                (libshare_abi::Class::Production, _) => "untimed".into(),
                 (_, Some(r)) => pct(r.gpu),
                 (_, None) => "-".into(),
             };
             rows.push(vec![
                 name.clone(),
-                c.class.as_str().into(),
+                c.class.name().into(),
                 d.device.to_string(),
                 format_size(d.used),
                 quota_str(d.quota),
@@ -413,7 +413,8 @@ fn draw(f: &mut ratatui::Frame, dir: &Path, v: &NodeView, rates: &ByDevice<Rates
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libshare_node::view::{ClassView, ContainerView};
+    use libshare_abi::Class;
+    use libshare_node::view::ContainerView;
 
     #[test]
     fn rows_show_memory_class_and_rates() {
@@ -426,7 +427,7 @@ mod tests {
             .used
             .store(1 << 29, std::sync::atomic::Ordering::Release);
         let v = view::read(dir.path()).unwrap();
-        assert_eq!(v.containers[0].class, ClassView::Production);
+        assert_eq!(v.containers[0].class, Class::Production);
         let mut rates = HashMap::new();
         rates.insert(
             ("job".to_string(), 0),
