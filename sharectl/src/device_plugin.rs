@@ -11,7 +11,7 @@
 
 use crate::cdi::{spec_with, valid_kind};
 use crate::commands::daemon::parse_duration;
-use crate::commands::set::{ask, parse_compute, parse_memory, ClassArg};
+use crate::commands::set::{ask, class_parser, parse_compute, parse_memory};
 use crate::inject::InjectArgs;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
@@ -56,8 +56,8 @@ pub struct DevicePluginArgs {
     #[arg(long, default_value = "libshare.dev/gpu")]
     pub kind: String,
     /// The class of a pod without a libshare.dev/class annotation.
-    #[arg(long, value_enum, default_value = "production")]
-    pub default_class: ClassArg,
+    #[arg(long, value_parser = class_parser(), default_value = "production")]
+    pub default_class: Class,
     /// Also answer with the mounts (shim, preload list, register.sock), for a kubelet or
     /// runtime without CDI (the quota then needs the hooks.d entry: sharectl hook --print-hooks-d).
     #[arg(long)]
@@ -66,13 +66,6 @@ pub struct DevicePluginArgs {
     /// at every rescan, so that a driver restarted with other GPUs is seen.
     #[arg(long, hide = true)]
     pub probe: bool,
-}
-
-fn class(c: ClassArg) -> Class {
-    match c {
-        ClassArg::Production => Class::Production,
-        ClassArg::Opportunistic => Class::Opportunistic,
-    }
 }
 
 struct HostNode {
@@ -157,7 +150,7 @@ pub fn run(a: DevicePluginArgs) -> Result<()> {
         state_dir: a.inject.state_dir.clone(),
         cdi_dir: a.cdi_dir,
         cdi_kind: a.kind.clone(),
-        default_class: class(a.default_class),
+        default_class: a.default_class,
         legacy_mounts,
     };
     let node = Arc::new(HostNode {

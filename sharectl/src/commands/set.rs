@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `--class`: the names of [`Class`] (clap lists them in `--help`).
-fn class_parser() -> impl clap::builder::TypedValueParser<Value = Class> {
+pub(crate) fn class_parser() -> impl clap::builder::TypedValueParser<Value = Class> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(
         [Class::Production, Class::Opportunistic].map(Class::name),
