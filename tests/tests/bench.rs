@@ -75,3 +75,50 @@ fn bench_s1_libshare_protects_production_and_harvests() {
         "libshare opportunistic_harvest {harvest}\n{ctx}"
     );
 }
+
+#[test]
+fn bench_s4_production_never_runs_out_of_memory_beside_an_oversubscribing_job() {
+    // Issue 20, must-show 2: working sets at 125 % of the device. Without the shim production's
+    // allocation fails; with managed memory (hints-only, libshare) it never does, and the
+    // opportunistic job keeps making progress.
+    let gpu = SimGpu::new().timeout(Duration::from_secs(300));
+    let mut cmd = gpu.command(artifacts().bin("sharectl"));
+    cmd.args([
+        "bench",
+        "S4",
+        "--sim",
+        "--json",
+        "--duration",
+        "3",
+        "--simgpu-lib",
+    ])
+    .arg(&artifacts().lib_dir)
+    .arg("--shim")
+    .arg(shim_lib());
+    let out = gpu.run_cmd(cmd);
+    let ctx = describe(&out);
+    assert!(out.status.success(), "{ctx}");
+    let lines = json_lines(&out);
+    let get = |policy: &str| -> &Value {
+        let l = lines
+            .iter()
+            .find(|l| l["scenario"] == "S4" && l["policy"] == policy)
+            .unwrap_or_else(|| panic!("no S4 {policy} line: {ctx}"));
+        assert!(l.get("error").is_none(), "S4 {policy} failed: {l}\n{ctx}");
+        l
+    };
+    assert_eq!(get("native")["production_oom"], 1, "{ctx}");
+    for p in ["exclusive", "hints-only", "libshare"] {
+        let l = get(p);
+        assert_eq!(l["production_oom"], 0, "{l}");
+        let r = l["production_ratio"].as_f64().unwrap();
+        assert!(r.is_finite() && r > 0.3, "S4 {p}: production_ratio {r}");
+    }
+    for p in ["hints-only", "libshare"] {
+        let o = get(p)["opportunistic_iters_per_s"].as_f64().unwrap();
+        assert!(
+            o > 0.0,
+            "S4 {p}: the opportunistic job made no progress: {ctx}"
+        );
+    }
+}

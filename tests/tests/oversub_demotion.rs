@@ -25,7 +25,9 @@ fn program() -> std::path::PathBuf {
 /// (200 MiB quota) is created first, so the test can see the daemon protect it.
 fn node() -> (SimGpu, libshare_tests::Daemon) {
     let gpu = SimGpu::new().memory("256MiB").with_shim();
-    let mut cmd = gpu.sharectl_cmd(&["daemon", "--trust-env"]);
+    let prom = gpu.shim_state_dir().with_extension("prom");
+    let mut cmd = gpu.sharectl_cmd(&["daemon", "--trust-env", "--metrics-interval", "100ms"]);
+    cmd.arg("--metrics-textfile").arg(&prom);
     cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
     let daemon = start_daemon(&gpu, cmd);
     ok(&gpu.sharectl(&["set", "prod", "--class", "production", "--memory", "200MiB"]));
@@ -105,6 +107,22 @@ fn production_gets_its_memory_by_demotion_and_the_memory_comes_back_after() {
         "demoted {demoted} for a want of {want}"
     );
     eprintln!("production waited {ms:.1} ms; want {want}, demoted {demoted}");
+    // The operator sees it: what production waited for, what the job demoted.
+    let prom = gpu.shim_state_dir().with_extension("prom");
+    let seen = |metric: &str, container: &str| {
+        std::fs::read_to_string(&prom).is_ok_and(|t| {
+            t.lines().any(|l| {
+                l.contains(metric)
+                    && l.contains(&format!("container=\"{container}\""))
+                    && !l.starts_with('#')
+                    && !l.ends_with(" 0")
+            })
+        })
+    };
+    until(Duration::from_secs(10), || {
+        seen("memory_waited_for", "prod") && seen("memory_demoted", "batch")
+    })
+    .expect("the metrics never showed the wait and the demotion");
     // Production gone, the pressure ends (1 s without a want): everything comes back.
     until(Duration::from_secs(10), || {
         batch.device(0).demoted.load(Acquire) == 0

@@ -11,6 +11,7 @@
 mod exec;
 mod metrics;
 mod plot;
+mod s4;
 
 use anyhow::{anyhow, bail, Context};
 use exec::{Bench, Class, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
@@ -80,6 +81,8 @@ pub enum ScenarioArg {
     S2,
     #[value(name = "S3")]
     S3,
+    #[value(name = "S4")]
+    S4,
     #[value(name = "S6")]
     S6,
     #[value(name = "S7")]
@@ -96,6 +99,8 @@ pub enum Policy {
     StaticSplit,
     TimeSlice,
     Libshare,
+    /// S4's TGS-style baseline: managed memory and advice, no demotion protocol.
+    HintsOnly,
 }
 
 impl Policy {
@@ -114,6 +119,7 @@ impl Policy {
             Policy::StaticSplit => "static-split",
             Policy::TimeSlice => "time-slice",
             Policy::Libshare => "libshare",
+            Policy::HintsOnly => "hints-only",
         }
     }
 
@@ -138,7 +144,7 @@ impl Policy {
                 set: Vec::new(),
                 all_opportunistic: true,
             },
-            Policy::Libshare => Setup::Shared {
+            Policy::Libshare | Policy::HintsOnly => Setup::Shared {
                 policy: "libshare",
                 set: Vec::new(),
                 all_opportunistic: false,
@@ -184,6 +190,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S1,
             ScenarioArg::S2,
             ScenarioArg::S3,
+            ScenarioArg::S4,
             ScenarioArg::S6,
             ScenarioArg::S7,
             ScenarioArg::S9,
@@ -201,6 +208,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S1 => s1(&ctx, &mut out)?,
             ScenarioArg::S2 => s2(&ctx, &mut out)?,
             ScenarioArg::S3 => s3(&ctx, &mut out)?,
+            ScenarioArg::S4 => s4::s4(&ctx, &mut out)?,
             ScenarioArg::S6 => s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
             ScenarioArg::S9 => s9(&ctx, &mut out)?,
@@ -482,6 +490,8 @@ fn run_policy(
         jobs,
         idle_containers: if shared { idle.to_vec() } else { Vec::new() },
         sample_gates: sample && shared,
+        env: Vec::new(),
+        daemon_args: Vec::new(),
     })
 }
 
@@ -831,6 +841,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             setup: Setup::Native,
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })
         .context("S7: the opportunistic job alone without the shim")?;
     let native_rate = rate(&native, "opp");
@@ -858,7 +870,7 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                 return Ok((m, vec![("alone".into(), native.clone())]));
             }
             Policy::TimeSlice => "time-slice",
-            Policy::Libshare => "libshare",
+            Policy::Libshare | Policy::HintsOnly => "libshare",
         };
         let shared = |set: Vec<(String, Vec<String>)>| Setup::Shared {
             policy,
@@ -874,6 +886,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             )]),
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })?;
         let j = capped.job("cap30");
         let w = metrics::share_windows(&gpu_share(j), j.start() + 0.5, j.end(), 1.0);
@@ -891,6 +905,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             ]),
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })?;
         let (a, b) = window(&weighted, 0.0)?;
         let g1 = opportunistic_in(weighted.job("w1"), a + 0.5, b);
@@ -907,6 +923,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             setup: shared(Vec::new()),
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })?;
         m.insert("alone_ratio".into(), num(rate(&under, "opp") / native_rate));
         m.insert("daemon_cpu_pct".into(), opt(capped.daemon_cpu_pct()));
