@@ -7,13 +7,14 @@ use libshare_tests::{artifacts, describe, json_lines, shim_lib, SimGpu};
 use serde_json::Value;
 use std::time::Duration;
 
-#[test]
-fn bench_s1_libshare_protects_production_and_harvests() {
+/// `sharectl bench SCENARIO --sim --json --duration 3` on simgpu: its JSON lines (it must
+/// succeed) and a description of its output for failure messages.
+fn bench(scenario: &str) -> (Vec<Value>, String) {
     let gpu = SimGpu::new().timeout(Duration::from_secs(300));
     let mut cmd = gpu.command(artifacts().bin("sharectl"));
     cmd.args([
         "bench",
-        "S1",
+        scenario,
         "--sim",
         "--json",
         "--duration",
@@ -26,7 +27,12 @@ fn bench_s1_libshare_protects_production_and_harvests() {
     let out = gpu.run_cmd(cmd);
     let ctx = describe(&out);
     assert!(out.status.success(), "{ctx}");
-    let lines = json_lines(&out);
+    (json_lines(&out), ctx)
+}
+
+#[test]
+fn bench_s1_libshare_protects_production_and_harvests() {
+    let (lines, ctx) = bench("S1");
 
     let get = |policy: &str| -> &Value {
         lines
@@ -81,24 +87,7 @@ fn bench_s4_production_never_runs_out_of_memory_beside_an_oversubscribing_job() 
     // Issue 20, must-show 2: working sets at 125 % of the device. Without the shim production's
     // allocation fails; with managed memory (hints-only, libshare) it never does, and the
     // opportunistic job keeps making progress.
-    let gpu = SimGpu::new().timeout(Duration::from_secs(300));
-    let mut cmd = gpu.command(artifacts().bin("sharectl"));
-    cmd.args([
-        "bench",
-        "S4",
-        "--sim",
-        "--json",
-        "--duration",
-        "3",
-        "--simgpu-lib",
-    ])
-    .arg(&artifacts().lib_dir)
-    .arg("--shim")
-    .arg(shim_lib());
-    let out = gpu.run_cmd(cmd);
-    let ctx = describe(&out);
-    assert!(out.status.success(), "{ctx}");
-    let lines = json_lines(&out);
+    let (lines, ctx) = bench("S4");
     let get = |policy: &str| -> &Value {
         let l = lines
             .iter()

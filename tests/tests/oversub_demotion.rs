@@ -45,9 +45,8 @@ fn state(gpu: &SimGpu, name: &str) -> State {
     st.unwrap()
 }
 
-/// The opportunistic job, holding the device; returns once it is resident and production is
-/// protected.
-fn holder(gpu: &SimGpu) -> Running {
+/// The opportunistic job (oversubscribing), once it holds the device resident.
+fn spawn_holder(gpu: &SimGpu) -> Running {
     let mut c = gpu.command(program());
     c.args(["hold", &HOLD_MIB.to_string()])
         .env("LIBSHARE_CONTAINER", "batch")
@@ -56,6 +55,12 @@ fn holder(gpu: &SimGpu) -> Running {
         .env("LIBSHARE_MEMORY_LIMIT", "1GiB");
     let mut h = gpu.spawn(c);
     h.wait_for_line(&format!(r#"{{"check":"hold","pieces":{PIECES}}}"#));
+    h
+}
+
+/// [`spawn_holder`], returning once production is protected too.
+fn holder(gpu: &SimGpu) -> Running {
+    let h = spawn_holder(gpu);
     let prod = state(gpu, "prod");
     until(Duration::from_secs(10), || {
         prod.header().protect.load(Acquire) != 0
@@ -211,14 +216,7 @@ fn without_the_protocol_production_still_gets_its_memory_from_the_driver() {
     let mut cmd = gpu.sharectl_cmd(&["daemon", "--trust-env", "--no-demotion"]);
     cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
     let _daemon = start_daemon(&gpu, cmd);
-    let mut c = gpu.command(program());
-    c.args(["hold", &HOLD_MIB.to_string()])
-        .env("LIBSHARE_CONTAINER", "batch")
-        .env("LIBSHARE_CLASS", "opportunistic")
-        .env("CUDA_OVERSUBSCRIBE", "true")
-        .env("LIBSHARE_MEMORY_LIMIT", "1GiB");
-    let mut h = gpu.spawn(c);
-    h.wait_for_line(&format!(r#"{{"check":"hold","pieces":{PIECES}}}"#));
+    let mut h = spawn_holder(&gpu);
     alloc_ok(&json_check(
         &gpu.run_cmd(production(&gpu, &["128"])),
         "alloc",
