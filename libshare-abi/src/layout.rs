@@ -86,7 +86,10 @@ pub struct Header {
     /// slots (reclaim, repair, listing) stop there, so a node's daemon rescanning every container
     /// reads a few slots of each, not [`MAX_PROCS`].
     pub slots_hwm: AtomicU32,
-    pub _reserved: AtomicU32,
+    /// Written by the daemon in production containers while an oversubscribing container shares
+    /// their devices: its clock (`demote::stamp`) at its last look, 0 = no protection (see
+    /// `demote.rs`). Was reserved (always 0) before.
+    pub protect: AtomicU32,
 }
 
 impl Header {
@@ -174,7 +177,15 @@ pub struct DeviceState {
     /// The compute share an admin set (`sharectl set --compute`), basis points; 0 = none.
     pub compute: AtomicU32,
     pub _pad: u32,
-    pub _reserved_daemon: [AtomicU64; 3],
+    // Memory oversubscription's demotion protocol (`demote.rs`); reserved (always 0) before.
+    /// Production: bytes its allocations have waited to find free on the device, cumulative
+    /// (its shims add; the daemon reads the growth).
+    pub mem_want: AtomicU64,
+    /// Opportunistic: bytes of managed memory the daemon asks the container to hold demoted to
+    /// the host (its target; 0 = none: demoted memory may come back).
+    pub demote: AtomicU64,
+    /// Opportunistic: bytes of managed memory the container's shims hold demoted now.
+    pub demoted: AtomicU64,
 }
 
 #[repr(C, align(64))]

@@ -103,6 +103,7 @@
 
 #[cfg(feature = "admin")]
 pub mod admin;
+pub mod demote;
 mod error;
 mod fsafe;
 mod lock;

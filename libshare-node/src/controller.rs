@@ -50,6 +50,8 @@ pub struct ControllerConfig {
     /// The daemon's words on each container (the persisted settings), asserted by the
     /// registry and read by the policy instead of the containers' own words.
     pub authority: Option<crate::authority::Authority>,
+    /// Whether the daemon runs memory oversubscription's demotion protocol (`demote.rs`).
+    pub demotion: bool,
 }
 
 /// The loop's live counters (the metrics' daemon health): plain stores by the loop, readable
@@ -83,6 +85,7 @@ impl ControllerConfig {
             rescan_ns: 100_000_000,
             health: Arc::default(),
             authority: None,
+            demotion: true,
         }
     }
 
@@ -136,6 +139,7 @@ impl RunStats {
 pub struct Controller {
     registry: Registry,
     policy: PolicyState,
+    demoter: crate::demote::Demoter,
     snap: Snapshot,
     /// The devices in use (see the module doc), recomputed every [`DEVICE_SCAN_TICKS`].
     devices: u32,
@@ -238,6 +242,7 @@ impl Controller {
         Ok(Controller {
             registry,
             policy: PolicyState::new(cfg.policy),
+            demoter: crate::demote::Demoter::new(cfg.demotion),
             snap: Snapshot::default(),
             devices: 0,
             ticks: 0,
@@ -341,6 +346,7 @@ impl Controller {
             }
         }
         let n = decisions.len();
+        self.demoter.step(cs, self.devices, now);
         self.listen(now);
         n
     }

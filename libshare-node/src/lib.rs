@@ -19,6 +19,7 @@
 pub mod admin;
 pub mod authority;
 pub mod controller;
+pub mod demote;
 pub mod error;
 pub mod host;
 pub mod identity;

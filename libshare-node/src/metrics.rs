@@ -139,6 +139,24 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
         "Allocations refused because they would exceed the container's quota",
         None,
     );
+    let demoted = fam::<Gauge>(
+        &mut r,
+        "memory_demoted",
+        "Managed memory an oversubscribing container holds demoted to the host now (the demotion protocol)",
+        Some(Unit::Bytes),
+    );
+    let demote_target = fam::<Gauge>(
+        &mut r,
+        "memory_demote_target",
+        "Managed memory the daemon asks an oversubscribing container to hold demoted (0: none)",
+        Some(Unit::Bytes),
+    );
+    let waited_for = fam::<Counter>(
+        &mut r,
+        "memory_waited_for",
+        "Bytes a protected production container's allocations waited to find free on the device",
+        Some(Unit::Bytes),
+    );
     let allocs = fam::<Counter>(&mut r, "memory_allocs", "Device memory allocations", None);
     let frees = fam::<Counter>(&mut r, "memory_frees", "Device memory frees", None);
     let launches = fam::<Counter>(
@@ -241,6 +259,9 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
             quota.get_or_create(&l).set(i(d.quota));
             peak.get_or_create(&l).set(i(d.peak));
             refused.get_or_create(&l).inc_by(d.refused);
+            demoted.get_or_create(&l).set(i(d.demoted));
+            demote_target.get_or_create(&l).set(i(d.demote_target));
+            waited_for.get_or_create(&l).inc_by(d.waited_for);
             allocs.get_or_create(&l).inc_by(d.allocs);
             frees.get_or_create(&l).inc_by(d.frees);
             launches.get_or_create(&l).inc_by(d.launches);

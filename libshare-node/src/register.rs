@@ -12,6 +12,7 @@ use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{container_dir, State};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::{Acquire, Release};
 
 pub struct RegisterService {
     state_dir: PathBuf,
@@ -73,6 +74,10 @@ impl RegisterService {
         let st = &self.open[&name];
         if let Some(a) = &self.authority {
             a.seed(&name, st);
+        }
+        let stamp = crate::demote::STAMP.load(Acquire);
+        if stamp != 0 && st.header().class.load(Acquire) != libshare_abi::CLASS_OPPORTUNISTIC {
+            st.header().protect.store(stamp, Release);
         }
         let f = st
             .dup_file()

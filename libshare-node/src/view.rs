@@ -59,6 +59,12 @@ pub struct DeviceView {
     pub weight: u32,
     /// Whether the container is running work on the device now (first launch not yet drained).
     pub busy: bool,
+    /// Oversubscribing containers: managed memory its shims hold demoted to the host now, and
+    /// what the daemon asks them to (`libshare_abi::demote`).
+    pub demoted: u64,
+    pub demote_target: u64,
+    /// Production containers: bytes their allocations waited to find free, cumulative.
+    pub waited_for: u64,
 }
 
 impl DeviceView {
@@ -143,6 +149,9 @@ pub fn container(name: &str, st: &State) -> ContainerView {
                 compute_bp: dev.compute.load(Acquire),
                 env_compute_bp: env_compute,
                 weight: dev.weight.load(Acquire),
+                demoted: dev.demoted.load(Acquire),
+                demote_target: dev.demote.load(Acquire),
+                waited_for: dev.mem_want.load(Acquire),
                 busy: dev.busy_since.load(Acquire) != 0,
             }
         })

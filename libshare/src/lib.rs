@@ -27,6 +27,7 @@ pub mod boundary;
 pub mod config;
 pub mod context;
 pub mod deferred;
+pub mod demote;
 pub mod driver;
 pub mod gate;
 pub mod graph_mem;

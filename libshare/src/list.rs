@@ -164,6 +164,8 @@ macro_rules! driver_hooks {
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
     call cuMemAdvise(ptr: CUdeviceptr, size: usize, advice: c_uint, dev: CUdevice);
     call cuCtxGetCurrent(ctx: *mut CUcontext);
+    call cuMemPrefetchAsync(ptr: CUdeviceptr, size: usize, dev: CUdevice, stream: CUstream);
+    call cuStreamCreate(stream: *mut CUstream, flags: c_uint);
     call cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
     call cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_uint, value: *mut c_void);
     call cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize);

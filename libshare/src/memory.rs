@@ -31,9 +31,11 @@ fn charged_alloc<T: Word>(call: impl FnOnce() -> CUresult, dptr: &Out<T>, size: 
 }
 
 pub fn alloc(call: impl FnOnce() -> CUresult, dptr: Out<CUdeviceptr>, size: usize) -> R {
-    if shim()?.account.state.oversubscribes() && current_device().is_some() {
+    let sh = shim()?;
+    if sh.account.state.oversubscribes() && current_device().is_some() {
         return as_managed(&dptr, size as u64);
     }
+    crate::demote::make_room(sh, size as u64);
     charged_alloc(call, &dptr, size as u64)
 }
 
@@ -88,6 +90,7 @@ fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
         || p.get(),
     )?;
     dptr.set(p.get());
+    crate::demote::track(p.get(), size, dev);
     Ok(())
 }
 
@@ -176,9 +179,11 @@ pub fn alloc_pitch(
     height: usize,
     elem: u32,
 ) -> R {
-    if shim()?.account.state.oversubscribes() && current_device().is_some() {
+    let sh = shim()?;
+    if sh.account.state.oversubscribes() && current_device().is_some() {
         return pitched_managed(&dptr, &pitch, width as u64, height as u64, elem);
     }
+    crate::demote::make_room(sh, (width as u64).saturating_mul(height as u64));
     pitched(call, &dptr, &pitch, width as u64, height as u64)
 }
 
@@ -201,6 +206,7 @@ pub fn free(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr) -> R {
     };
     let l = ledger::of(sh);
     if ptr != 0 {
+        crate::demote::untrack(ptr);
         if let Some((pool, dev)) = l.pools.freed(ptr) {
             let r = call();
             if r == CUDA_SUCCESS {

@@ -29,6 +29,11 @@ pub struct Account {
 }
 
 impl Account {
+    /// Whether the exit handler has released this process's slot.
+    pub fn exited(&self) -> bool {
+        self.exited.load(Acquire)
+    }
+
     pub fn new(state: State, slot: usize, pid: u32) -> Account {
         Account {
             state,

@@ -44,6 +44,16 @@ impl CpuUse {
 
 impl Daemon {
     pub fn start(sharectl: &Path, dir: &Path, policy: &str) -> anyhow::Result<Daemon> {
+        Daemon::start_with(sharectl, dir, policy, &[])
+    }
+
+    /// [`Daemon::start`] with `extra` daemon arguments (e.g. `--no-demotion`).
+    pub fn start_with(
+        sharectl: &Path,
+        dir: &Path,
+        policy: &str,
+        extra: &[String],
+    ) -> anyhow::Result<Daemon> {
         let mut cmd = Command::new(sharectl);
         cmd.arg("daemon")
             .arg("--state-dir")
@@ -51,6 +61,7 @@ impl Daemon {
             .args(["--policy", policy, "--quantum", "100ms"])
             // The jobs run on this host, named by LIBSHARE_CONTAINER (no container runtime).
             .arg("--trust-env")
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

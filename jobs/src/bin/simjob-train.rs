@@ -46,6 +46,10 @@ struct Args {
     #[arg(long)]
     managed: bool,
 
+    /// Allocate --mem in N equal buffers; the kernels take them in turn (one each).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pieces: u64,
+
     /// Also memset the whole buffer every N iterations (0 = only once, up front).
     #[arg(long, value_name = "N", default_value_t = 0)]
     touch_every: u64,
@@ -77,11 +81,16 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let gpu = Gpu::open(args.common.device)?;
-    let mem = gpu
-        .alloc(args.mem, args.managed)
+    let piece = args.mem / args.pieces;
+    let mems = (0..args.pieces)
+        .map(|_| gpu.alloc(piece, args.managed))
+        .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("allocating --mem {}", cli::format_size(args.mem)))?;
-    gpu.memset(&mem, 0)?;
+    for mem in &mems {
+        gpu.memset(mem, 0)?;
+    }
     gpu.sync()?;
+    let mut turn = 0usize;
 
     let kernel_ns = cli::split_ns(args.gpu_ms, args.kernels);
     let cpu_gap = Duration::from_secs_f64(args.cpu_ms / 1e3);
@@ -99,6 +108,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         "cpu_ms": args.cpu_ms,
         "mem_bytes": args.mem,
         "managed": args.managed,
+        "pieces": args.pieces,
         "touch_every": args.touch_every,
         "iters_limit": limit_iters,
         "phases_s": args.phases.map(|(b, i)| [b.as_secs_f64(), i.as_secs_f64()]),
@@ -139,11 +149,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         let t0 = Instant::now();
         if args.touch_every > 0 && iters > 0 && iters % args.touch_every == 0 {
-            gpu.memset(&mem, (iters / args.touch_every) as u8)?;
+            for mem in &mems {
+                gpu.memset(mem, (iters / args.touch_every) as u8)?;
+            }
         }
         // The kernels work on the job's memory, so --managed memory is faulted in as it is used.
         for &ns in &kernel_ns {
-            gpu.spin_over(ns, &mem)?;
+            gpu.spin_over(ns, &mems[turn % mems.len()])?;
+            turn += 1;
         }
         gpu.sync()?;
         if !cpu_gap.is_zero() {
@@ -170,7 +183,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
-    drop(mem);
+    drop(mems);
     rep.finish(json!({
         "iters": iters,
         "elapsed_s": round3(elapsed),

@@ -58,6 +58,10 @@ pub struct RunSpec {
     /// Containers registered with `sharectl set` that run nothing (S6).
     pub idle_containers: Vec<String>,
     pub sample_gates: bool,
+    /// Extra environment of every job (S4: its own simulated device).
+    pub env: Vec<(String, OsString)>,
+    /// Extra arguments of the private daemon (S4's hints-only: `--no-demotion`).
+    pub daemon_args: Vec<String>,
 }
 
 /// What one job printed.
@@ -236,7 +240,12 @@ impl Bench {
             for c in &spec.idle_containers {
                 self.set(dir, c, &["--class".into(), "opportunistic".into()])?;
             }
-            daemon = Some(Daemon::start(&self.sharectl, dir, policy)?);
+            daemon = Some(Daemon::start_with(
+                &self.sharectl,
+                dir,
+                policy,
+                &spec.daemon_args,
+            )?);
             if spec.sample_gates {
                 let mut names: Vec<String> =
                     spec.jobs.iter().map(|j| j.container.clone()).collect();
@@ -317,6 +326,7 @@ impl Bench {
                 ("LIBSHARE_CLASS".into(), self.class_of(spec, j).into()),
             ]);
         }
+        env.extend(spec.env.iter().cloned());
         env
     }
 

@@ -12,6 +12,7 @@ mod exec;
 mod metrics;
 mod plot;
 mod python;
+mod s4;
 
 use anyhow::{anyhow, bail, Context};
 use exec::{Bench, Class, Cpus, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
@@ -86,6 +87,8 @@ pub enum ScenarioArg {
     S2,
     #[value(name = "S3")]
     S3,
+    #[value(name = "S4")]
+    S4,
     #[value(name = "S6")]
     S6,
     #[value(name = "S7")]
@@ -104,6 +107,8 @@ pub enum Policy {
     StaticSplit,
     TimeSlice,
     Libshare,
+    /// S4's TGS-style baseline: managed memory and advice, no demotion protocol.
+    HintsOnly,
 }
 
 impl Policy {
@@ -122,6 +127,7 @@ impl Policy {
             Policy::StaticSplit => "static-split",
             Policy::TimeSlice => "time-slice",
             Policy::Libshare => "libshare",
+            Policy::HintsOnly => "hints-only",
         }
     }
 
@@ -146,7 +152,7 @@ impl Policy {
                 set: Vec::new(),
                 all_opportunistic: true,
             },
-            Policy::Libshare => Setup::Shared {
+            Policy::Libshare | Policy::HintsOnly => Setup::Shared {
                 policy: "libshare",
                 set: Vec::new(),
                 all_opportunistic: false,
@@ -185,6 +191,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S1,
             ScenarioArg::S2,
             ScenarioArg::S3,
+            ScenarioArg::S4,
             ScenarioArg::S6,
             ScenarioArg::S7,
             ScenarioArg::S8,
@@ -209,6 +216,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S1 => s1(&ctx, &mut out)?,
             ScenarioArg::S2 => s2(&ctx, &mut out)?,
             ScenarioArg::S3 => s3(&ctx, &mut out)?,
+            ScenarioArg::S4 => s4::s4(&ctx, &mut out)?,
             ScenarioArg::S6 => s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
             ScenarioArg::S8 => s8(&ctx, &mut out)?,
@@ -492,6 +500,8 @@ fn run_policy(
         jobs,
         idle_containers: if shared { idle.to_vec() } else { Vec::new() },
         sample_gates: sample && shared,
+        env: Vec::new(),
+        daemon_args: Vec::new(),
     })
 }
 
@@ -841,6 +851,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             setup: Setup::Native,
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })
         .context("S7: the opportunistic job alone without the shim")?;
     let native_rate = rate(&native, "opp");
@@ -868,7 +880,7 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                 return Ok((m, vec![("alone".into(), native.clone())]));
             }
             Policy::TimeSlice => "time-slice",
-            Policy::Libshare => "libshare",
+            Policy::Libshare | Policy::HintsOnly => "libshare",
         };
         let shared = |set: Vec<(String, Vec<String>)>| Setup::Shared {
             policy,
@@ -884,6 +896,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             )]),
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })?;
         let j = capped.job("cap30");
         let w = metrics::share_windows(&gpu_share(j), j.start() + 0.5, j.end(), 1.0);
@@ -901,6 +915,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             ]),
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })?;
         let (a, b) = window(&weighted, 0.0)?;
         let g1 = opportunistic_in(weighted.job("w1"), a + 0.5, b);
@@ -917,6 +933,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             setup: shared(Vec::new()),
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })?;
         m.insert("alone_ratio".into(), num(rate(&under, "opp") / native_rate));
         m.insert("daemon_cpu_pct".into(), opt(capped.daemon_cpu_pct()));
@@ -1051,6 +1069,8 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
             setup: Setup::Native,
             idle_containers: Vec::new(),
             sample_gates: false,
+            env: Vec::new(),
+            daemon_args: Vec::new(),
         })
         .with_context(|| format!("S8 (cpus={tag}): the training alone without the shim"))?;
     let (ta, tb) = window(&alone, 0.0)?;
@@ -1263,7 +1283,8 @@ mod tests {
         assert_eq!(a.scenario, ScenarioArg::All);
         assert_eq!(a.policy, vec![Policy::Native, Policy::Libshare]);
         assert_eq!(parse(&["S9"]).unwrap().scenario, ScenarioArg::S9);
-        assert!(parse(&["S4"]).is_err());
+        assert_eq!(parse(&["S4"]).unwrap().scenario, ScenarioArg::S4);
+        assert!(parse(&["S5"]).is_err());
         assert!(parse(&["S1", "--duration", "1"]).is_err());
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());
         assert!(parse(&["S1", "--policy", "mps"]).is_err());

@@ -62,6 +62,10 @@ pub struct DaemonArgs {
     /// `[defaults.all] memory = 8589934592`).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Do not run the demotion protocol: production's allocations beside oversubscribing
+    /// containers rely on the driver's eviction alone (the hints-only baseline of bench S4).
+    #[arg(long)]
+    pub no_demotion: bool,
 }
 
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -159,6 +163,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     };
     let devices = libshare_node::settings::node_devices(totals.as_deref());
     let mut cfg = cfg;
+    cfg.demotion = !args.no_demotion;
     cfg.authority = Some(libshare_node::authority::Authority::new(
         settings.clone(),
         devices,

@@ -101,38 +101,47 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
     }
     let d = s.shared.dev(dev);
     let total = d.mem_total.load(Acquire);
-    for attempt in 0..3 {
-        let r = d.mem_used.fetch_update(AcqRel, Acquire, |u| {
-            (u + bytes <= total).then_some(u + bytes)
-        });
-        if let Ok(prev) = r {
-            let mut now = prev + bytes;
-            if now > d.mem_peak.load(Acquire) {
-                // A GPU frees a process's memory the moment the process dies; simgpu notices
-                // lazily, but before a dead process's memory could count toward a new peak
-                // (memory of slots another process is reclaiming right now counts as freed).
-                s.shared.reclaim_dead();
-                now = now.min(s.shared.mem_used_by_live(dev));
-            }
-            d.mem_peak.fetch_max(now, AcqRel);
-            let p = &s.shared.slot(s.slot).dev[dev];
-            p.mem_used.fetch_add(bytes, AcqRel);
-            p.allocs.fetch_add(1, AcqRel);
-            d.allocs.fetch_add(1, AcqRel);
-            return Ok(());
+    let charged = |mut now: u64| {
+        if now > d.mem_peak.load(Acquire) {
+            // A GPU frees a process's memory the moment the process dies; simgpu notices
+            // lazily, but before a dead process's memory could count toward a new peak
+            // (memory of slots another process is reclaiming right now counts as freed).
+            s.shared.reclaim_dead();
+            now = now.min(s.shared.mem_used_by_live(dev));
         }
-        match attempt {
-            0 => {
-                s.shared.reclaim_dead();
-            }
-            _ => {
-                let need = (d.mem_used.load(Acquire) + bytes).saturating_sub(total);
-                if crate::driver::managed::evict_bytes(s, dev, need) == 0 {
-                    break;
-                }
-            }
-        }
+        d.mem_peak.fetch_max(now, AcqRel);
+        let p = &s.shared.slot(s.slot).dev[dev];
+        p.mem_used.fetch_add(bytes, AcqRel);
+        p.allocs.fetch_add(1, AcqRel);
+        d.allocs.fetch_add(1, AcqRel);
+    };
+    if let Ok(prev) = d.mem_used.fetch_update(AcqRel, Acquire, |u| {
+        (u + bytes <= total).then_some(u + bytes)
+    }) {
+        charged(prev + bytes);
+        return Ok(());
     }
+    s.shared.reclaim_dead();
+    // Managed memory is evicted for the allocation, which takes the freed pages itself (as
+    // RM's allocation gets the root chunks PMA's eviction callback frees, so a kernel's fault
+    // cannot take them in between): the bytes are claimed first, then what is over the
+    // device is evicted; if not enough can be, the claim is returned.
+    let prev = d.mem_used.fetch_add(bytes, AcqRel);
+    let mut over = (prev + bytes).saturating_sub(total);
+    for _ in 0..2 {
+        if over == 0 {
+            break;
+        }
+        if crate::driver::managed::evict_bytes(s, dev, over) == 0 {
+            break;
+        }
+        over = d.mem_used.load(Acquire).saturating_sub(total);
+    }
+    if over == 0 {
+        charged(d.mem_used.load(Acquire).min(total));
+        return Ok(());
+    }
+    crate::shared::sub_saturating(&d.mem_used, bytes);
     Err(CUDA_ERROR_OUT_OF_MEMORY)
 }
 
