@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod authority;
+pub mod caps;
 pub mod controller;
 pub mod error;
 pub mod host;

@@ -21,6 +21,8 @@ pub struct RegisterService {
     open: HashMap<String, State>,
     /// Registrations until the next sweep of `open`.
     until_sweep: u32,
+    /// Driver-enforced caps: told each registering container's cgroup.
+    caps: Option<std::sync::Arc<crate::caps::Caps>>,
 }
 
 /// Every this many registrations, the states of containers whose file is gone (the container
@@ -37,7 +39,14 @@ impl RegisterService {
             authority,
             open: HashMap::new(),
             until_sweep: SWEEP_EVERY,
+            caps: None,
         }
+    }
+
+    /// Tells `caps` the cgroup of every container a process registers from.
+    pub fn with_caps(mut self, caps: Option<std::sync::Arc<crate::caps::Caps>>) -> Self {
+        self.caps = caps;
+        self
     }
 
     /// Containers whose state this service holds open.
@@ -52,6 +61,13 @@ impl RegisterService {
             return Err(Refusal::Unidentified.message().into());
         };
         let name = resolve(cgroups, &hello.claimed, &self.identity);
+        if let Some(caps) = &self.caps {
+            if let Some((c, dir)) = crate::identity::container_cgroup(cgroups, &self.identity) {
+                if c == name {
+                    caps.learn(&c, dir);
+                }
+            }
+        }
         self.until_sweep -= 1;
         if self.until_sweep == 0 {
             self.until_sweep = SWEEP_EVERY;
