@@ -108,6 +108,7 @@
 pub mod admin;
 mod error;
 mod fsafe;
+pub mod hami;
 mod lock;
 pub mod names;
 pub mod rate;

@@ -65,8 +65,12 @@ impl Node {
             .stderr(Stdio::inherit());
         let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
         let dir = node.state_dir();
+        let register = daemon_args
+            .iter()
+            .position(|a| *a == "--register-socket")
+            .map_or_else(|| dir.join("register.sock"), |i| daemon_args[i + 1].into());
         until(Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(dir.join("register.sock")).is_ok()
+            std::os::unix::net::UnixStream::connect(&register).is_ok()
                 && std::os::unix::net::UnixStream::connect(dir.join("admin.sock")).is_ok()
         })
         .expect("the daemon's sockets never appeared");

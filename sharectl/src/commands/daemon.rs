@@ -58,6 +58,12 @@ pub struct DaemonArgs {
     /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in).
     #[arg(long, value_name = "PREFIX")]
     pub cgroup_prefix: Vec<String>,
+    /// HAMi mode: a container with no settings adopts HAMi's variables from its first
+    /// registering process (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
+    /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE); use with --register-socket
+    /// /tmp/vgpulock/libshare/register.sock, which HAMi mounts into every container.
+    #[arg(long)]
+    pub hami: bool,
     /// Defaults for every container (TOML: `[defaults] class = "opportunistic"`,
     /// `[defaults.all] memory = 8589934592`).
     #[arg(long, value_name = "PATH")]
@@ -223,7 +229,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             },
             cfg.authority.clone(),
         )
-        .with_caps(caps);
+        .with_caps(caps)
+        .with_hami(args.hami);
         std::thread::Builder::new()
             .name("register".into())
             .spawn(move || register.serve(&mut service, &STOP))?
