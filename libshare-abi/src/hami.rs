@@ -101,7 +101,8 @@ pub struct HamiEnv {
     pub memory_explicit: [bool; MAX_DEVICES],
     /// SM limit per device, percent (None: no limit).
     pub sm: [Option<u32>; MAX_DEVICES],
-    /// `CUDA_TASK_PRIORITY`: 0 (high) → production, 1 (low) → opportunistic.
+    /// `CUDA_TASK_PRIORITY`: 0 (high) → production, 1 (low) → opportunistic; unset under HAMi
+    /// (the shared cache path set): HAMi-core's default, 1.
     pub opportunistic: Option<bool>,
     pub oversubscribe: Option<bool>,
     /// `CUDA_DEVICE_MEMORY_SHARED_CACHE`: the region file HAMi-core would create (its directory
@@ -185,6 +186,11 @@ impl HamiEnv {
             Some(p) if p.starts_with('/') && !p.ends_with('/') => Some(p.into()),
             Some(p) => return Err(invalid(SHARED_CACHE, p, "expected an absolute file path")),
         };
+        // Under HAMi (its device plugin set the cache path) an unset priority is HAMi-core's
+        // default, 1 (low); elsewhere it says nothing.
+        if h.shared_cache.is_some() && h.opportunistic.is_none() {
+            h.opportunistic = Some(true);
+        }
         Ok(h)
     }
 

@@ -379,6 +379,41 @@ mod tests {
     }
 
     #[test]
+    fn hami_priority_per_device_sm_limits_and_shared_cache_apply() {
+        let c = cfg(&[
+            ("CUDA_TASK_PRIORITY", "1"),
+            ("CUDA_DEVICE_SM_LIMIT", "60"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "25"),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                "/usr/local/vgpu/abc.cache",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.class, CLASS_OPPORTUNISTIC,
+            "low priority is opportunistic"
+        );
+        assert_eq!(c.compute_percent, Some(25), "the smallest of the devices'");
+        assert_eq!(c.container_dir, PathBuf::from("/usr/local/vgpu/libshare"));
+        assert_eq!(c.socket, Some(PathBuf::from(HAMI_SOCKET)));
+        let c = cfg(&[
+            ("CUDA_TASK_PRIORITY", "1"),
+            ("LIBSHARE_CLASS", "production"),
+        ])
+        .unwrap();
+        assert_eq!(c.class, CLASS_PRODUCTION, "libshare's own variable wins");
+        assert_eq!(
+            cfg(&[("CUDA_TASK_PRIORITY", "0")]).unwrap().class,
+            CLASS_PRODUCTION
+        );
+        let e = cfg(&[("CUDA_TASK_PRIORITY", "2")]).unwrap_err();
+        assert!(e.contains("CUDA_TASK_PRIORITY"), "{e}");
+        let e = cfg(&[("CUDA_DEVICE_SM_LIMIT_0", "101")]).unwrap_err();
+        assert!(e.contains("CUDA_DEVICE_SM_LIMIT_0"), "{e}");
+    }
+
+    #[test]
     fn hami_variables_are_accepted_and_ours_win() {
         let c = cfg(&[
             ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
