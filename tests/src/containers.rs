@@ -382,6 +382,29 @@ impl Podman {
     }
 }
 
+impl Podman {
+    /// Removes the named containers when dropped.
+    pub fn removing(&self, names: &[&str]) -> RemoveContainers<'_> {
+        RemoveContainers(self, names.iter().map(|n| n.to_string()).collect())
+    }
+}
+
+/// [`Podman::removing`]'s guard.
+pub struct RemoveContainers<'a>(&'a Podman, Vec<String>);
+
+impl Drop for RemoveContainers<'_> {
+    fn drop(&mut self) {
+        for n in &self.1 {
+            let _ = self
+                .0
+                .cmd(&["rm", "-f", n])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self

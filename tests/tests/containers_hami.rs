@@ -152,21 +152,6 @@ fn create(podman: &Podman, name: &str, args: &[String], mib: u64) -> String {
     ok(&out).trim().to_string()
 }
 
-struct Cleanup<'a>(&'a Podman, Vec<String>);
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for n in &self.1 {
-            let _ = self
-                .0
-                .cmd(&["rm", "-f", n])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
 fn status(node: &Node) -> serde_json::Value {
     serde_json::from_str(&ok(&node.sharectl(&["status", "--json"]).output().unwrap())).unwrap()
 }
@@ -178,7 +163,7 @@ fn hami_allocate_env_and_mounts_give_hami_cores_quota_and_share() {
         return;
     };
     let (prod_name, opp_name) = (unique("hami-prod"), unique("hami-opp"));
-    let _c = Cleanup(&podman, vec![prod_name.clone(), opp_name.clone()]);
+    let _c = podman.removing(&[&prod_name, &opp_name]);
     // Inference at high priority (0): 1 GiB, no SM limit. Training at low priority (1):
     // 512 MiB, 30 % of the SMs.
     let prod = create(
@@ -255,7 +240,7 @@ fn hami_bad_input_is_one_line_and_nothing_is_allocated() {
         return;
     };
     let (bad, off) = (unique("hami-bad"), unique("hami-off"));
-    let _c = Cleanup(&podman, vec![bad.clone(), off.clone()]);
+    let _c = podman.removing(&[&bad, &off]);
     // An SM limit out of range (HAMi-core would run the container unlimited).
     let args = hami.allocate(
         &node,

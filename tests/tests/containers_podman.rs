@@ -7,7 +7,6 @@ use libshare_tests::containers::{
     quota_program, rootfs, unique, Held, Node, Podman, Removed, MIB, PROBE,
 };
 use libshare_tests::ok;
-use std::process::Stdio;
 
 /// A node with a CDI spec of a kind private to this test in /etc/cdi (removed at the end).
 fn cdi_node(podman_dir: &std::path::Path) -> Option<(Node, Podman, Removed, String)> {
@@ -36,7 +35,7 @@ fn two_cdi_containers_get_their_own_quota_and_class_by_container_id() {
     let (prod_name, opp_name) = (unique("prod"), unique("opp"));
     let prod = create(&podman, &prod_name, &device, 1024 - 16);
     let opp = create(&podman, &opp_name, &device, 512 - 16);
-    let _cleanup = scopeguard(&podman, &[&prod_name, &opp_name]);
+    let _cleanup = podman.removing(&[&prod_name, &opp_name]);
     let (prod_id, opp_id) = (&prod[..12], &opp[..12]);
     node.set(prod_id, "1GiB", "production");
     node.set(opp_id, "512MiB", "opportunistic");
@@ -136,24 +135,6 @@ fn only_containers_with_the_cdi_device_are_injected_and_see_only_the_socket() {
         .map(|d| d["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["0", "all"], "one device per GPU and all");
-}
-
-/// Removes the named containers when dropped.
-fn scopeguard<'a>(podman: &'a Podman, names: &[&str]) -> impl Drop + 'a {
-    struct G<'a>(&'a Podman, Vec<String>);
-    impl Drop for G<'_> {
-        fn drop(&mut self) {
-            for n in &self.1 {
-                let _ = self
-                    .0
-                    .cmd(&["rm", "-f", n])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-    }
-    G(podman, names.iter().map(|s| s.to_string()).collect())
 }
 
 #[test]

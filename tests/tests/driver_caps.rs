@@ -7,12 +7,12 @@
 //! (simgpu without the call) the daemon says once that the shim alone enforces quotas, and the
 //! same process is not held.
 
-use libshare_tests::cgroups::{spawn_in, start_daemon, untrusting_daemon_cmd, Cgroups, NOBODY};
+use libshare_tests::cgroups::{holder_in, start_daemon, untrusting_daemon_cmd, Cgroups, NOBODY};
 use libshare_tests::{compile_gcc, json_check, skip, until, SimGpu};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -23,21 +23,6 @@ const R615: &str = "13070";
 
 fn prog() -> std::path::PathBuf {
     compile_gcc("cgroup_cap.c", "cgroup_cap", &["-lcuda"])
-}
-
-/// A job holding `mib` MiB through the shim, as a non-root user in cgroup `cg`.
-fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, mib: u32) -> Child {
-    let hold = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
-    let mut child = spawn_in(gpu, cgroups, cg, cg, &hold, &format!("hold {mib}"));
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("\"result\":0"),
-        "the job could not allocate: {line}"
-    );
-    child
 }
 
 /// `cgroup_cap ARGS` as a non-root user in cgroup `cg` with NO preload (a process that bypasses
@@ -141,7 +126,7 @@ fn driver_caps_hold_a_process_that_bypasses_the_preload() {
 
     // A shimmed job of the container registers from its cgroup; the daemon sets the cgroup's
     // limits in the driver: hard = the quota, soft = the quota (production's guarantee).
-    let mut job = holder_in(&gpu, &cg, "capped", 64);
+    let mut job = holder_in(&gpu, &cg, "capped", "capped", 64);
     let mut v = serde_json::Value::Null;
     until(Duration::from_secs(10), || {
         v = limits(&gpu, &ns);
@@ -228,7 +213,7 @@ fn driver_caps_older_driver_is_said_once_and_the_shim_alone_enforces() {
     // NVML_ERROR_FUNCTION_NOT_FOUND: this driver has no per-cgroup limits.
     assert_eq!(limits(&gpu, &ns)["result"].as_i64(), Some(13));
     // Jobs register and run under the shim's quota as before …
-    let mut job = holder_in(&gpu, &cg, "capped", 64);
+    let mut job = holder_in(&gpu, &cg, "capped", "capped", 64);
     let held = gpu.container_state("capped");
     assert_eq!(
         held.device(0)
