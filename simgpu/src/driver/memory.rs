@@ -156,10 +156,10 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
     Err(CUDA_ERROR_OUT_OF_MEMORY)
 }
 
-/// The per-cgroup hard limits on `dev` that apply to this process (none without a limit table:
-/// one relaxed load).
+/// The per-cgroup hard limits on `dev` that apply to this process (none while no limit was
+/// ever set: one relaxed load once the table is mapped, which the first charge does).
 fn cgroup_capped(s: &Sim, dev: usize) -> Vec<(String, u64)> {
-    match crate::cglimits::table(&s.cfg.state_dir, false) {
+    match crate::cglimits::table(&s.cfg.state_dir, true) {
         Some(t) if t.any() => std::fs::read_to_string("/proc/self/cgroup")
             .map(|c| t.applying(&c, dev))
             .unwrap_or_default(),
