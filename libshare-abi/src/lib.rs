@@ -106,6 +106,7 @@ pub mod admin;
 pub mod demote;
 mod error;
 mod fsafe;
+pub mod hami;
 mod lock;
 pub mod names;
 pub mod rate;

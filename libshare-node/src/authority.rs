@@ -262,6 +262,27 @@ impl Authority {
         Words::of(&self.lock().effective(name), self.devices, self.env_trusted)
     }
 
+    /// HAMi mode: makes `s` (what HAMi's variables said to the container's first registering
+    /// process) `name`'s settings unless it has some; whether it did. Later processes do not
+    /// change them (HAMi-core, too, keeps the limits its first process wrote into the region).
+    pub fn adopt(&self, name: &str, s: ContainerSettings) -> Result<bool, String> {
+        let mut g = self.lock();
+        match g.get(name) {
+            Some(have) => {
+                if *have != s {
+                    tracing::debug!(
+                        container = name,
+                        "a later process's HAMi settings differ; the container keeps its own"
+                    );
+                }
+                Ok(false)
+            }
+            None => g.put(name, Some(s)).map(|()| true).map_err(|e| {
+                format!("the daemon cannot record container {name}'s HAMi settings: {e}")
+            }),
+        }
+    }
+
     /// Writes `name`'s words into `state` (a container just registered or found).
     pub fn seed(&self, name: &str, state: &State) -> Words {
         let w = self.words(name);

@@ -89,6 +89,48 @@ pub fn container_of_cgroups(text: &str, cfg: &IdentityConfig) -> Option<String> 
         .find_map(|path| container_of_path(path, cfg))
 }
 
+/// The part of cgroup `path` that names its container (`P/<name>` for an operator prefix, the
+/// path down to the runtime's id component otherwise), with the container.
+fn container_path(path: &str, cfg: &IdentityConfig) -> Option<(String, String)> {
+    let name = container_of_path(path, cfg)?;
+    for p in &cfg.prefixes {
+        let p = p.trim_end_matches('/');
+        if path
+            .strip_prefix(p)
+            .and_then(|r| r.strip_prefix('/'))
+            .is_some_and(|r| r.split('/').next() == Some(name.as_str()))
+        {
+            return Some((name.clone(), format!("{p}/{name}")));
+        }
+    }
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let end = parts
+        .iter()
+        .position(|c| c.to_ascii_lowercase().contains(&name))
+        .map_or(parts.len(), |i| i + 1);
+    Some((name, format!("/{}", parts[..end].join("/"))))
+}
+
+/// The container a `/proc/<pid>/cgroup` text names and the sysfs directory of the cgroup that
+/// names it (`0::/p` → `/sys/fs/cgroup/p`; a v1 hierarchy's `N:ctrl:/p` →
+/// `/sys/fs/cgroup/ctrl/p`), where that directory exists: what the driver's per-cgroup memory
+/// limits are set on ([`crate::caps`]).
+pub fn container_cgroup(text: &str, cfg: &IdentityConfig) -> Option<(String, std::path::PathBuf)> {
+    text.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (id, ctrl, path) = (it.next()?, it.next()?, it.next()?);
+        let (name, cg) = container_path(path, cfg)?;
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        let dir = if id == "0" && ctrl.is_empty() {
+            root.join(cg.trim_start_matches('/'))
+        } else {
+            root.join(ctrl.strip_prefix("name=").unwrap_or(ctrl))
+                .join(cg.trim_start_matches('/'))
+        };
+        dir.is_dir().then_some((name, dir))
+    })
+}
+
 /// Where a registering process belongs: its cgroup's container, else (trusted environment)
 /// the name it claims or `default`, else [`HOST`]. `cgroups` is what was read of the process
 /// itself: a process whose cgroup could not be read is refused, never resolved.
@@ -119,6 +161,23 @@ mod tests {
             prefixes: vec!["/libshare-test-1".into()],
             trust_env: false,
         }
+    }
+
+    #[test]
+    fn the_cgroup_that_names_a_container_is_cut_at_its_name() {
+        let c = cfg();
+        assert_eq!(
+            container_path("/libshare-test-1/A/sub", &c),
+            Some(("A".into(), "/libshare-test-1/A".into()))
+        );
+        let k = format!("/kubepods/burstable/pod1/{ID}");
+        assert_eq!(container_path(&k, &c), Some((ID[..12].into(), k.clone())));
+        let p = format!("/machine.slice/libpod-{ID}.scope/container");
+        assert_eq!(
+            container_path(&p, &c),
+            Some((ID[..12].into(), format!("/machine.slice/libpod-{ID}.scope")))
+        );
+        assert_eq!(container_path("/user.slice", &c), None);
     }
 
     #[test]

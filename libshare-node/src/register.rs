@@ -22,6 +22,11 @@ pub struct RegisterService {
     open: HashMap<String, State>,
     /// Registrations until the next sweep of `open`.
     until_sweep: u32,
+    /// Driver-enforced caps: told each registering container's cgroup.
+    caps: Option<std::sync::Arc<crate::caps::Caps>>,
+    /// HAMi mode: a container's settings are adopted from HAMi's variables in the environment
+    /// of its first registering process ([`RegisterService::with_hami`]).
+    hami: bool,
 }
 
 /// Every this many registrations, the states of containers whose file is gone (the container
@@ -38,7 +43,47 @@ impl RegisterService {
             authority,
             open: HashMap::new(),
             until_sweep: SWEEP_EVERY,
+            caps: None,
+            hami: false,
         }
+    }
+
+    /// HAMi mode: a container the daemon has no settings for adopts what HAMi's device plugin
+    /// and webhook gave it (`CUDA_DEVICE_MEMORY_LIMIT[_i]`, `CUDA_DEVICE_SM_LIMIT[_i]`,
+    /// `CUDA_TASK_PRIORITY`, `CUDA_OVERSUBSCRIBE`), read from the registering process's
+    /// environment as the kernel holds it (`/proc/<pid>/environ`); an invalid value refuses the
+    /// registration with the one line naming it.
+    pub fn with_hami(mut self, on: bool) -> Self {
+        self.hami = on;
+        self
+    }
+
+    /// HAMi mode: adopts `pid`'s HAMi settings for container `name` (first process wins).
+    fn adopt_hami(&self, name: &str, pid: u32) -> Result<(), String> {
+        let Some(a) = self.authority.as_ref().filter(|_| self.hami) else {
+            return Ok(());
+        };
+        let raw = std::fs::read(format!("/proc/{pid}/environ"))
+            .map_err(|e| format!("the daemon cannot read the process's environment: {e}"))?;
+        let vars: HashMap<String, String> = raw
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                let (k, v) = kv.split_once('=')?;
+                libshare_abi::hami::is_hami_var(k).then(|| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        let h = libshare_abi::hami::HamiEnv::from_vars(&vars)?;
+        if h.any() && a.adopt(name, h.settings())? {
+            tracing::info!(container = %name, pid, "HAMi settings adopted");
+        }
+        Ok(())
+    }
+
+    /// Tells `caps` the cgroup of every container a process registers from.
+    pub fn with_caps(mut self, caps: Option<std::sync::Arc<crate::caps::Caps>>) -> Self {
+        self.caps = caps;
+        self
     }
 
     /// Containers whose state this service holds open.
@@ -53,6 +98,14 @@ impl RegisterService {
             return Err(Refusal::Unidentified.message().into());
         };
         let name = resolve(cgroups, &hello.claimed, &self.identity);
+        self.adopt_hami(&name, peer.pid)?;
+        if let Some(caps) = &self.caps {
+            if let Some((c, dir)) = crate::identity::container_cgroup(cgroups, &self.identity) {
+                if c == name {
+                    caps.learn(&c, dir);
+                }
+            }
+        }
         self.until_sweep -= 1;
         if self.until_sweep == 0 {
             self.until_sweep = SWEEP_EVERY;

@@ -3,7 +3,8 @@
 //! under an existing scheduler. An invalid value is an error naming the variable: the job fails
 //! at `cuInit`, never runs silently unlimited.
 
-use libshare_abi::units::{format_size, parse_size, GIB, KIB, MIB};
+use libshare_abi::hami::HamiEnv;
+use libshare_abi::units::{format_size, parse_size};
 use libshare_abi::{Class, MAX_DEVICES};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,6 +12,10 @@ use std::time::Duration;
 
 /// `LIBSHARE_REGISTER_TIMEOUT` when unset.
 pub const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The daemon's registration socket a shim in HAMi mode (`CUDA_DEVICE_MEMORY_SHARED_CACHE` set)
+/// asks first: in `/tmp/vgpulock`, which HAMi's device plugin mounts into every container.
+pub const HAMI_SOCKET: &str = "/tmp/vgpulock/libshare/register.sock";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -63,36 +68,6 @@ pub const KNOWN: &[&str] = &[
 
 fn invalid(var: &str, value: &str, expected: &str) -> String {
     format!("libshare: invalid {var}={value:?}: {expected}")
-}
-
-/// HAMi-core sizes, read as HAMi-core reads them (`get_limit_from_env`): a whole number of
-/// bytes, or one with a `k`/`m`/`g` suffix (either case; powers of 2): `1073741824`, `1024m`,
-/// `4g`. libshare's own sizes (`4GiB`, `4Gi`, `4GB`) are accepted too.
-fn parse_hami_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let whole = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
-    if whole(t) {
-        return t.parse().ok();
-    }
-    let (num, suffix) = t.split_at(t.len() - t.chars().last()?.len_utf8());
-    let mult = match suffix {
-        "k" | "K" => KIB,
-        "m" | "M" => MIB,
-        "g" | "G" => GIB,
-        _ => return parse_size(t),
-    };
-    whole(num).then_some(())?;
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
-
-/// The device index of a `CUDA_DEVICE_MEMORY_LIMIT_<i>` suffix as HAMi-core's device plugin
-/// writes it (`%d`: decimal, no leading zero) and below [`MAX_DEVICES`].
-fn device_suffix(s: &str) -> Option<usize> {
-    let canonical = s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()));
-    canonical
-        .then(|| s.parse().ok())
-        .flatten()
-        .filter(|d| *d < MAX_DEVICES)
 }
 
 /// `8GiB` (every device) or `0:8GiB,1:4GiB` (each device once).
@@ -174,11 +149,7 @@ impl Config {
                     v.into_string().unwrap_or_else(|_| "\u{fffd}".into()),
                 ))
             })
-            .filter(|(k, _)| {
-                k.starts_with("LIBSHARE_")
-                    || k.starts_with("CUDA_DEVICE_")
-                    || k == "CUDA_OVERSUBSCRIBE"
-            })
+            .filter(|(k, _)| k.starts_with("LIBSHARE_") || libshare_abi::hami::is_hami_var(k))
             .collect();
         Self::from_vars(&vars)
     }
@@ -201,9 +172,17 @@ impl Config {
                 )
             })
             .collect();
-        let mut memory_limit = [None; MAX_DEVICES];
-        let mut src = vec![String::new(); MAX_DEVICES];
-        let mut explicit = [false; MAX_DEVICES];
+        // HAMi-core's variables first, so libshare's own win when both are set.
+        let hami = HamiEnv::from_vars(vars)?;
+        let mut warnings = warnings;
+        warnings.extend(hami.warnings.iter().cloned());
+        let mut memory_limit = hami.memory;
+        let mut src: Vec<String> = hami
+            .memory_source
+            .iter()
+            .map(|s| s.clone().unwrap_or_default())
+            .collect();
+        let mut explicit = hami.memory_explicit;
         // A memory limit variable that is set must say something: empty is not "no limit".
         let limit_var = |k: &str| match vars.get(k).map(|v| v.trim()) {
             Some("") => Err(invalid(
@@ -213,52 +192,6 @@ impl Config {
             )),
             v => Ok(v),
         };
-        let hami_size = |k: &str, v: &str| {
-            parse_hami_size(v)
-                .filter(|b| *b > 0)
-                .ok_or_else(|| invalid(k, v, "expected a size like 4g, 1024m or a byte count"))
-        };
-        let mut warnings = warnings;
-        let mut small_byte_count = |k: &str, v: &str, b: u64| {
-            if v.bytes().all(|c| c.is_ascii_digit()) && b < MIB {
-                warnings.push(format!(
-                    "libshare: warning: {k}={v} is {b} bytes (a bare number is bytes, as in \
-                     HAMi-core); for MiB write {v}m"
-                ));
-            }
-        };
-        // HAMi-core names first, so libshare's own variable wins when both are set.
-        if let Some(v) = limit_var("CUDA_DEVICE_MEMORY_LIMIT")? {
-            let b = hami_size("CUDA_DEVICE_MEMORY_LIMIT", v)?;
-            small_byte_count("CUDA_DEVICE_MEMORY_LIMIT", v, b);
-            memory_limit.iter_mut().for_each(|x| *x = Some(b));
-            src.iter_mut()
-                .for_each(|s| *s = format!("CUDA_DEVICE_MEMORY_LIMIT={v}"));
-        }
-        // Every CUDA_DEVICE_MEMORY_LIMIT_<suffix>: HAMi-core reads only _0 to _15 and silently
-        // ignores the rest (`_16`, `_00`), which would leave the device meant unlimited.
-        let mut per_device: Vec<&String> = vars
-            .keys()
-            .filter(|k| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT_"))
-            .collect();
-        per_device.sort();
-        for var in per_device {
-            let suffix = &var["CUDA_DEVICE_MEMORY_LIMIT_".len()..];
-            let Some(i) = device_suffix(suffix) else {
-                return Err(format!(
-                    "libshare: invalid variable {var}: expected CUDA_DEVICE_MEMORY_LIMIT_<i> with a \
-                     device index 0-{} written without leading zeros",
-                    MAX_DEVICES - 1
-                ));
-            };
-            if let Some(v) = limit_var(var)? {
-                let b = hami_size(var, v)?;
-                small_byte_count(var, v, b);
-                memory_limit[i] = Some(b);
-                src[i] = format!("{var}={v}");
-                explicit[i] = true;
-            }
-        }
         if let Some(v) = limit_var("LIBSHARE_MEMORY_LIMIT")? {
             parse_limits(
                 "LIBSHARE_MEMORY_LIMIT",
@@ -269,6 +202,8 @@ impl Config {
             )?;
         }
         let class = match get("LIBSHARE_CLASS").map(|v| Class::from_name(&v.to_ascii_lowercase())) {
+            // HAMi's CUDA_TASK_PRIORITY: 0 (high) is production, 1 (low) opportunistic.
+            None if hami.opportunistic == Some(true) => Class::Opportunistic,
             None => Class::Production,
             Some(Some(c)) => c,
             Some(None) => {
@@ -307,12 +242,23 @@ impl Config {
                     "expected an absolute path",
                 ))
             }
-            None => libshare_abi::container_dir(&state_dir, &container),
+            // HAMi mode: the container's state beside the region file HAMi-core would use, in
+            // the per-container directory HAMi's device plugin mounts (shared by every process
+            // of the container, as HAMi-core's cache file is).
+            None => match (&hami.shared_cache, get("LIBSHARE_STATE_DIR")) {
+                (Some(cache), None) => cache.parent().unwrap_or(cache).join("libshare"),
+                _ => libshare_abi::container_dir(&state_dir, &container),
+            },
         };
         let socket = match get("LIBSHARE_SOCKET") {
             Some(d) if d.starts_with('/') => Some(PathBuf::from(d)),
             Some(d) => return Err(invalid("LIBSHARE_SOCKET", d, "expected an absolute path")),
             None if get("LIBSHARE_CONTAINER_DIR").is_some() => None,
+            // HAMi mode: the daemon's socket in /tmp/vgpulock, which HAMi's device plugin mounts
+            // into every container (`sharectl daemon --hami --register-socket ...`).
+            None if hami.shared_cache.is_some() && get("LIBSHARE_STATE_DIR").is_none() => {
+                Some(PathBuf::from(HAMI_SOCKET))
+            }
             None => Some(state_dir.join("register.sock")),
         };
         let register_timeout = match get("LIBSHARE_REGISTER_TIMEOUT") {
@@ -337,34 +283,10 @@ impl Config {
                 )
             })?,
         };
-        // HAMi-core's meaning: 0 and 100 are no limit.
-        let compute_percent = match get("CUDA_DEVICE_SM_LIMIT") {
-            None => None,
-            Some(v) => match v.trim_end_matches('%').parse::<u32>() {
-                Ok(0 | 100) => None,
-                Ok(p @ 1..=99) => Some(p),
-                _ => {
-                    return Err(invalid(
-                        "CUDA_DEVICE_SM_LIMIT",
-                        v,
-                        "expected a percentage 0-100 (0 and 100: no limit)",
-                    ))
-                }
-            },
-        };
-        // HAMi-core compares with "true"; anything else set is a typo here, not a silent "no".
-        let oversubscribe = match get("CUDA_OVERSUBSCRIBE").map(|v| v.to_ascii_lowercase()) {
-            None => false,
-            Some(v) if v == "true" || v == "1" => true,
-            Some(v) if v == "false" || v == "0" => false,
-            Some(_) => {
-                return Err(invalid(
-                    "CUDA_OVERSUBSCRIBE",
-                    get("CUDA_OVERSUBSCRIBE").unwrap_or(""),
-                    "expected true or false",
-                ))
-            }
-        };
+        // HAMi-core's SM limits (0 and 100: no limit); libshare applies one per process, the
+        // smallest of its devices'.
+        let compute_percent = hami.sm.iter().flatten().min().copied();
+        let oversubscribe = hami.oversubscribe.unwrap_or(false);
         // The context overhead is charged before any allocation: at or above a limit, every
         // context would fail.
         if let Some((d, l)) = memory_limit.iter().enumerate().find_map(|(d, l)| {
@@ -432,6 +354,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use libshare_abi::units::{GIB, KIB, MIB};
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, String> {
         Config::from_vars(
@@ -452,6 +375,42 @@ mod tests {
             &[Some(8 * GIB), Some(512 * MIB), None]
         );
         assert_eq!(cfg(&[]).unwrap().memory_limit, [None; MAX_DEVICES]);
+    }
+
+    #[test]
+    fn hami_priority_per_device_sm_limits_and_shared_cache_apply() {
+        let c = cfg(&[
+            ("CUDA_TASK_PRIORITY", "1"),
+            ("CUDA_DEVICE_SM_LIMIT", "60"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "25"),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                "/usr/local/vgpu/abc.cache",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.class,
+            Class::Opportunistic,
+            "low priority is opportunistic"
+        );
+        assert_eq!(c.compute_percent, Some(25), "the smallest of the devices'");
+        assert_eq!(c.container_dir, PathBuf::from("/usr/local/vgpu/libshare"));
+        assert_eq!(c.socket, Some(PathBuf::from(HAMI_SOCKET)));
+        let c = cfg(&[
+            ("CUDA_TASK_PRIORITY", "1"),
+            ("LIBSHARE_CLASS", "production"),
+        ])
+        .unwrap();
+        assert_eq!(c.class, Class::Production, "libshare's own variable wins");
+        assert_eq!(
+            cfg(&[("CUDA_TASK_PRIORITY", "0")]).unwrap().class,
+            Class::Production
+        );
+        let e = cfg(&[("CUDA_TASK_PRIORITY", "2")]).unwrap_err();
+        assert!(e.contains("CUDA_TASK_PRIORITY"), "{e}");
+        let e = cfg(&[("CUDA_DEVICE_SM_LIMIT_0", "101")]).unwrap_err();
+        assert!(e.contains("CUDA_DEVICE_SM_LIMIT_0"), "{e}");
     }
 
     #[test]

@@ -160,6 +160,39 @@ pub struct NvmlProcessUtilizationSample {
     pub dec_util: c_uint,
 }
 
+/// `nvmlSetMemoryLimits_v1_t` (r615+): the limits of one cgroup, in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NvmlSetMemoryLimitsV1 {
+    /// [in] Full path to the cgroup's sysfs directory.
+    pub name_space: *const c_char,
+    /// [in] Guaranteed before allocations may fail under memory pressure.
+    pub soft_limit: c_ulonglong,
+    /// [in] The most the cgroup's processes may allocate (NVML_DEVICE_MEMORY_LIMIT_MAX: none).
+    pub hard_limit: c_ulonglong,
+}
+
+/// `nvmlGetMemoryLimits_v1_t` (r615+).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NvmlGetMemoryLimitsV1 {
+    /// [in] Full path to the cgroup's sysfs directory.
+    pub name_space: *const c_char,
+    /// [out]
+    pub soft_limit: c_ulonglong,
+    /// [out]
+    pub hard_limit: c_ulonglong,
+    /// [out] Device memory the cgroup's processes hold now.
+    pub current_used: c_ulonglong,
+}
+
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX`: a hard limit that means none (assumed ULLONG_MAX; the
+/// header's value is not in the documentation simgpu was written against).
+pub const NVML_DEVICE_MEMORY_LIMIT_MAX: c_ulonglong = crate::cglimits::NO_LIMIT;
+
+/// The first driver branch with per-cgroup memory limits.
+pub const MEMORY_LIMITS_BRANCH: u32 = 615;
+
 // The ABI: sizes (and the offsets that padding decides) as in nvml.h on x86-64 / aarch64.
 const _: () = {
     use std::mem::{offset_of, size_of};
@@ -178,6 +211,8 @@ const _: () = {
     assert!(size_of::<NvmlProcessUtilizationSample>() == 32);
     assert!(offset_of!(NvmlProcessUtilizationSample, time_stamp) == 8);
     assert!(offset_of!(NvmlProcessUtilizationSample, sm_util) == 16);
+    assert!(size_of::<NvmlSetMemoryLimitsV1>() == 24);
+    assert!(size_of::<NvmlGetMemoryLimitsV1>() == 32);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1232,6 +1267,83 @@ nvml! {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// Exports: per-cgroup memory limits (r615+; `crate::cglimits`)
+
+/// An older driver's libnvidia-ml has no such function; one library serves every configured
+/// version here, so it answers as NVML does for a function it does not implement.
+fn limits_driver() -> Result<&'static Nvml, NvmlReturn> {
+    let s = state()?;
+    if driver_branch(s.cfg.driver_version) < MEMORY_LIMITS_BRANCH {
+        return Err(NVML_ERROR_FUNCTION_NOT_FOUND);
+    }
+    Ok(s)
+}
+
+/// The checks both calls make: a driver that has them, a device, a cgroup directory.
+fn limits_target(
+    device: NvmlDevice,
+    ns: &str,
+) -> Result<(&'static Nvml, &'static Device), NvmlReturn> {
+    let s = limits_driver()?;
+    let d = s.device(device)?;
+    let p = std::path::Path::new(ns);
+    if !p.is_absolute() || !p.starts_with("/sys/fs/cgroup") || ns.len() > crate::cglimits::MAX_PATH
+    {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if !p.is_dir() {
+        return Err(NVML_ERROR_NOT_FOUND);
+    }
+    Ok((s, d))
+}
+
+nvml! {
+    /// Sets a cgroup's soft (guaranteed) and hard (maximum) memory limits on a device; root
+    /// only. Soft 0 and hard NVML_DEVICE_MEMORY_LIMIT_MAX clear them.
+    fn nvmlDeviceSetMemoryLimits_v1(device: NvmlDevice, limits: *mut NvmlSetMemoryLimitsV1) {
+        limits_driver()?;
+        if limits.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: not NULL; the caller's struct, read once.
+        let l = unsafe { limits.read_unaligned() };
+        let ns = in_str(l.name_space)?;
+        let (s, d) = limits_target(device, &ns)?;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(NVML_ERROR_NO_PERMISSION);
+        }
+        if l.soft_limit > l.hard_limit {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let t = crate::cglimits::table(&s.cfg.state_dir, true).ok_or(NVML_ERROR_UNKNOWN)?;
+        if !t.set(&ns, d.index, l.soft_limit, l.hard_limit) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        Ok(())
+    }
+}
+
+nvml! {
+    /// A cgroup's limits on a device and what its processes hold there now.
+    fn nvmlDeviceGetMemoryLimits_v1(device: NvmlDevice, limits: *mut NvmlGetMemoryLimitsV1) {
+        limits_driver()?;
+        if limits.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: not NULL; the caller's struct.
+        let mut l = unsafe { limits.read_unaligned() };
+        let ns = in_str(l.name_space)?;
+        let (s, d) = limits_target(device, &ns)?;
+        s.shared.reclaim_dead();
+        (l.soft_limit, l.hard_limit) = crate::cglimits::table(&s.cfg.state_dir, false)
+            .map_or((0, NVML_DEVICE_MEMORY_LIMIT_MAX), |t| t.get(&ns, d.index));
+        l.current_used = crate::cglimits::used_in(&s.shared, &ns, d.index);
+        out(limits, l)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -150,3 +150,33 @@ pub fn spawn_in_with(
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     child
 }
+
+/// `hold_memory hold MIB` run as [`spawn_in`] runs it (claiming `env_container`), once it holds
+/// the memory (panics if the allocation failed); it runs until killed.
+pub fn holder_in(
+    gpu: &SimGpu,
+    cgroups: &Cgroups,
+    cg: &str,
+    env_container: &str,
+    mib: u32,
+) -> Child {
+    use std::io::BufRead;
+    let prog = crate::compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let mut child = spawn_in(
+        gpu,
+        cgroups,
+        cg,
+        env_container,
+        &prog,
+        &format!("hold {mib}"),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("\"result\":0"),
+        "the job could not allocate: {line}"
+    );
+    child
+}

@@ -69,8 +69,12 @@ impl Node {
             .stderr(Stdio::inherit());
         let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
         let dir = node.state_dir();
+        let register = daemon_args
+            .iter()
+            .position(|a| *a == "--register-socket")
+            .map_or_else(|| dir.join("register.sock"), |i| daemon_args[i + 1].into());
         until(Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(dir.join("register.sock")).is_ok()
+            std::os::unix::net::UnixStream::connect(&register).is_ok()
                 && std::os::unix::net::UnixStream::connect(dir.join("admin.sock")).is_ok()
         })
         .expect("the daemon's sockets never appeared");
@@ -384,21 +388,24 @@ impl Podman {
 
 impl Podman {
     /// Removes the named containers when dropped.
-    pub fn removing(&self, names: &[&str]) -> impl Drop + '_ {
-        struct G<'a>(&'a Podman, Vec<String>);
-        impl Drop for G<'_> {
-            fn drop(&mut self) {
-                for n in &self.1 {
-                    let _ = self
-                        .0
-                        .cmd(&["rm", "-f", n])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status();
-                }
-            }
+    pub fn removing(&self, names: &[&str]) -> RemoveContainers<'_> {
+        RemoveContainers(self, names.iter().map(|n| n.to_string()).collect())
+    }
+}
+
+/// [`Podman::removing`]'s guard.
+pub struct RemoveContainers<'a>(&'a Podman, Vec<String>);
+
+impl Drop for RemoveContainers<'_> {
+    fn drop(&mut self) {
+        for n in &self.1 {
+            let _ = self
+                .0
+                .cmd(&["rm", "-f", n])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
         }
-        G(self, names.iter().map(|s| s.to_string()).collect())
     }
 }
 

@@ -15,14 +15,14 @@
 
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::State;
-use libshare_tests::cgroups::{spawn_in, untrusting_daemon, Cgroups, NOBODY};
+use libshare_tests::cgroups::{holder_in, spawn_in, untrusting_daemon, Cgroups, NOBODY};
 use libshare_tests::{artifacts, compile_gcc, Daemon, SimGpu};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
 
@@ -30,21 +30,6 @@ const MIB: u64 = 1 << 20;
 
 fn daemon(gpu: &SimGpu, prefix: &str) -> Daemon {
     untrusting_daemon(gpu, prefix, &[])
-}
-
-/// A job that holds 64 MiB, run as [`spawn_in`] runs it.
-fn holder_in(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, env_container: &str) -> Child {
-    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
-    let mut child = spawn_in(gpu, cgroups, cg, env_container, &prog, "hold 64");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.contains("\"result\":0"),
-        "the job could not allocate: {line}"
-    );
-    child
 }
 
 #[test]
@@ -69,7 +54,7 @@ fn daemon_identity_comes_from_the_cgroup_not_the_environment() {
     );
 
     // A non-root job in cgroup A, claiming B (and a 4 GiB limit) in its environment.
-    let mut job = holder_in(&gpu, &cg, "A", "B");
+    let mut job = holder_in(&gpu, &cg, "A", "B", 64);
     let a = State::open_existing(&gpu.container_state_path("A")).unwrap();
     assert_eq!(a.device(0).used.load(Acquire), 64 * MIB, "charged to A");
     assert_eq!(

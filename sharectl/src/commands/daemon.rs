@@ -58,6 +58,12 @@ pub struct DaemonArgs {
     /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in).
     #[arg(long, value_name = "PREFIX")]
     pub cgroup_prefix: Vec<String>,
+    /// HAMi mode: a container with no settings adopts HAMi's variables from its first
+    /// registering process (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
+    /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE); use with --register-socket
+    /// /tmp/vgpulock/libshare/register.sock, which HAMi mounts into every container.
+    #[arg(long)]
+    pub hami: bool,
     /// Defaults for every container (TOML: `[defaults] class = "opportunistic"`,
     /// `[defaults.all] memory = 8589934592`).
     #[arg(long, value_name = "PATH")]
@@ -204,6 +210,27 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             register_path.display()
         )
     })?;
+    let caps = match libshare_node::caps::Driver::probe() {
+        Ok(d) => {
+            tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
+            Some(Arc::new(libshare_node::caps::Caps::new(d)))
+        }
+        Err(why) => {
+            tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
+            None
+        }
+    };
+    let caps_thread = match &caps {
+        Some(c) => {
+            let (c, dir) = (c.clone(), dir.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("caps".into())
+                    .spawn(move || c.run(&dir, std::time::Duration::from_millis(100), &STOP))?,
+            )
+        }
+        None => None,
+    };
     let register_thread = {
         let mut service = libshare_node::register::RegisterService::new(
             dir.clone(),
@@ -212,7 +239,9 @@ pub fn run(args: DaemonArgs) -> Result<()> {
                 trust_env: args.trust_env,
             },
             cfg.authority.clone(),
-        );
+        )
+        .with_caps(caps)
+        .with_hami(args.hami);
         std::thread::Builder::new()
             .name("register".into())
             .spawn(move || register.serve(&mut service, &STOP))?
@@ -245,6 +274,9 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     STOP.store(true, Ordering::Release);
     let _ = admin_thread.join();
     let _ = register_thread.join();
+    if let Some(t) = caps_thread {
+        let _ = t.join();
+    }
     let s = s?;
     tracing::info!(
         ticks = s.ticks,

@@ -39,6 +39,7 @@ fn container(c: &ContainerView) -> Value {
                 "peak_bytes": d.peak, "allocs": d.allocs,
                 "frees": d.frees, "refused_over_quota": d.refused,
                 "launches_live_processes": d.launches_live_processes,
+                "compute_share_percent": d.compute_bp as f64 / 100.0,
             })
         })
         .collect();

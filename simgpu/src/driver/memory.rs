@@ -99,6 +99,22 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
         crate::warn!("fault injection: failing allocation #{n}");
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    // A per-cgroup hard limit (nvmlDeviceSetMemoryLimits_v1) applies first: the bytes go on
+    // this process's slot before the cgroup's total is summed, so two processes of one cgroup
+    // allocating at once never both pass the limit.
+    let p = &s.shared.slot(s.slot).dev[dev];
+    let capped = cgroup_capped(s, dev);
+    if !capped.is_empty() {
+        p.mem_used.fetch_add(bytes, AcqRel);
+        let over = capped
+            .iter()
+            .find(|(ns, hard)| crate::cglimits::used_in(&s.shared, ns, dev) > *hard);
+        if let Some((ns, hard)) = over {
+            crate::shared::sub_saturating(&p.mem_used, bytes);
+            crate::debug!("allocation of {bytes} B refused: cgroup {ns}'s hard limit is {hard} B");
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+    }
     let d = s.shared.dev(dev);
     let total = d.mem_total.load(Acquire);
     let charged = |mut now: u64| {
@@ -110,8 +126,9 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
             now = now.min(s.shared.mem_used_by_live(dev));
         }
         d.mem_peak.fetch_max(now, AcqRel);
-        let p = &s.shared.slot(s.slot).dev[dev];
-        p.mem_used.fetch_add(bytes, AcqRel);
+        if capped.is_empty() {
+            p.mem_used.fetch_add(bytes, AcqRel); // (a capped charge put it there first)
+        }
         p.allocs.fetch_add(1, AcqRel);
         d.allocs.fetch_add(1, AcqRel);
     };
@@ -142,7 +159,21 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
         return Ok(());
     }
     crate::shared::sub_saturating(&d.mem_used, bytes);
+    if !capped.is_empty() {
+        crate::shared::sub_saturating(&p.mem_used, bytes);
+    }
     Err(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// The per-cgroup hard limits on `dev` that apply to this process (none while no limit was
+/// ever set: one relaxed load once the table is mapped, which the first charge does).
+fn cgroup_capped(s: &Sim, dev: usize) -> Vec<(String, u64)> {
+    match crate::cglimits::table(&s.cfg.state_dir, true) {
+        Some(t) if t.any() => std::fs::read_to_string("/proc/self/cgroup")
+            .map(|c| t.applying(&c, dev))
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
 }
 
 /// Returns `bytes` charged by `charge`.
