@@ -1009,10 +1009,11 @@ fn s8_env() -> Vec<(String, std::ffi::OsString)> {
 /// against the training alone without the shim (`opportunistic_progress`), both in this run and
 /// with the same CPUs.
 ///
-/// Each job gets CPUs of its own ([`Cpus::ByClass`]), as containers do on a GPU node: on a
-/// 2-core host two Python processes (and their CUDA threads) sharing both cores delay
-/// production's requests by as much as the GPU does. The `cpus=shared` rows (`native` and
-/// `libshare`, with their own solo run) show that CPU contention apart from the GPU's.
+/// Each job gets CPUs of its own ([`Cpus::ByClass`]), as containers do on a GPU node (cpusets):
+/// two Python processes and their CUDA threads sharing a 2-core host's CPUs delay production's
+/// requests for reasons that are not the GPU's (on a loaded host, as much as the GPU does). The
+/// `cpus=shared` rows (`native` and `libshare`, with their own solo run) show that contention
+/// apart from the GPU's.
 fn s8(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     match ctx.cpus {
         CpuLayout::ByClass => s8_with(ctx, out, Cpus::ByClass, ctx.policies)?,
