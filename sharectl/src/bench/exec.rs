@@ -62,6 +62,8 @@ pub struct RunSpec {
     pub env: Vec<(String, OsString)>,
     /// Extra arguments of the private daemon (S4's hints-only: `--no-demotion`).
     pub daemon_args: Vec<String>,
+    /// Where the jobs run on the host's CPUs.
+    pub cpus: Cpus,
 }
 
 /// What one job printed.
@@ -164,10 +166,6 @@ pub struct Bench {
     /// The Python that runs the `.py` jobs, and those jobs.
     pub python: PathBuf,
     pub scripts: Scripts,
-    /// Extra environment for every job of every run (e.g. simgpu's cost model for a scenario).
-    pub extra_env: Vec<(String, OsString)>,
-    /// Where the jobs' threads may run (a scenario sets it for its runs).
-    pub cpus: std::cell::Cell<Cpus>,
 }
 
 /// Where a run's jobs run on the host's CPUs.
@@ -317,7 +315,6 @@ impl Bench {
 
     fn env(&self, spec: &RunSpec, j: &JobSpec, state: Option<&Path>) -> Vec<(String, OsString)> {
         let mut env = self.gpu.job_env();
-        env.extend(self.extra_env.iter().cloned());
         if let (Some(dir), Some(shim)) = (state, self.shim.as_ref()) {
             env.extend([
                 ("LD_PRELOAD".to_string(), shim.clone().into()),
@@ -358,7 +355,7 @@ impl Bench {
             let (bin, args) = self.program(j)?;
             match Job::spawn(i, &bin, &args, &self.env(spec, j, state), tx.clone()) {
                 Ok(job) => {
-                    let bound = self.cpus.get().bind(job.pid(), j.class);
+                    let bound = spec.cpus.bind(job.pid(), j.class);
                     running[i] = Some(job);
                     open += 1;
                     if let Err(e) = bound {

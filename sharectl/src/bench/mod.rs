@@ -165,15 +165,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let gpu = args.platform.gpu()?;
     let shim = crate::platform::shim_library(args.shim.as_deref())?;
     let sharectl = std::env::current_exe().context("cannot locate the sharectl binary")?;
-    let mut bench = Bench {
+    let bench = Bench {
         gpu,
         shim,
         jobs_dir: args.platform.jobs_dir.clone(),
         sharectl,
         python: python::interpreter(args.python.as_deref()),
         scripts: python::Scripts::write()?,
-        extra_env: Vec::new(),
-        cpus: std::cell::Cell::new(Cpus::Shared),
     };
     if let Some(dir) = &args.plot {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -201,7 +199,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let mut out = Output::new(&args);
     for &s in scenarios {
-        bench.extra_env = if s == ScenarioArg::S8 {
+        let env = if s == ScenarioArg::S8 {
             s8_env()
         } else {
             Vec::new()
@@ -211,6 +209,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             d: args.duration,
             policies: &policies,
             cpus: args.cpus,
+            env: &env,
+            pin: Cpus::Shared,
         };
         match s {
             ScenarioArg::S1 => s1(&ctx, &mut out)?,
@@ -238,6 +238,10 @@ struct Ctx<'a> {
     d: f64,
     policies: &'a [Policy],
     cpus: CpuLayout,
+    /// Extra environment of every job of the scenario's runs (S8: simgpu's cost model).
+    env: &'a [(String, std::ffi::OsString)],
+    /// Where the scenario's jobs run on the host's CPUs.
+    pin: Cpus,
 }
 
 /// Rounds to 3 decimals; a non-finite value becomes null.
@@ -500,8 +504,9 @@ fn run_policy(
         jobs,
         idle_containers: if shared { idle.to_vec() } else { Vec::new() },
         sample_gates: sample && shared,
-        env: Vec::new(),
+        env: ctx.env.to_vec(),
         daemon_args: Vec::new(),
+        cpus: ctx.pin,
     })
 }
 
@@ -853,6 +858,7 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             sample_gates: false,
             env: Vec::new(),
             daemon_args: Vec::new(),
+            cpus: ctx.pin,
         })
         .context("S7: the opportunistic job alone without the shim")?;
     let native_rate = rate(&native, "opp");
@@ -898,6 +904,7 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             sample_gates: false,
             env: Vec::new(),
             daemon_args: Vec::new(),
+            cpus: ctx.pin,
         })?;
         let j = capped.job("cap30");
         let w = metrics::share_windows(&gpu_share(j), j.start() + 0.5, j.end(), 1.0);
@@ -917,6 +924,7 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             sample_gates: false,
             env: Vec::new(),
             daemon_args: Vec::new(),
+            cpus: ctx.pin,
         })?;
         let (a, b) = window(&weighted, 0.0)?;
         let g1 = opportunistic_in(weighted.job("w1"), a + 0.5, b);
@@ -935,6 +943,7 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             sample_gates: false,
             env: Vec::new(),
             daemon_args: Vec::new(),
+            cpus: ctx.pin,
         })?;
         m.insert("alone_ratio".into(), num(rate(&under, "opp") / native_rate));
         m.insert("daemon_cpu_pct".into(), opt(capped.daemon_cpu_pct()));
@@ -1031,12 +1040,11 @@ fn s8(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             }
         }
     }
-    ctx.bench.cpus.set(Cpus::Shared);
     Ok(())
 }
 
 fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> anyhow::Result<()> {
-    ctx.bench.cpus.set(cpus);
+    let ctx = &Ctx { pin: cpus, ..*ctx };
     let d = 2.0 * ctx.d;
     let tag = match cpus {
         Cpus::ByClass => "by-class",
@@ -1070,8 +1078,9 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
             setup: Setup::Native,
             idle_containers: Vec::new(),
             sample_gates: false,
-            env: Vec::new(),
+            env: ctx.env.to_vec(),
             daemon_args: Vec::new(),
+            cpus: ctx.pin,
         })
         .with_context(|| format!("S8 (cpus={tag}): the training alone without the shim"))?;
     let (ta, tb) = window(&alone, 0.0)?;

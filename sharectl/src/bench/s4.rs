@@ -110,6 +110,7 @@ fn run(ctx: &Ctx<'_>, p: Policy, jobs: &[JobSpec], device: u64) -> anyhow::Resul
         } else {
             Vec::new()
         },
+        cpus: ctx.pin,
     })
 }
 
