@@ -29,12 +29,16 @@
 //! - any active production container busy → `Paused`;
 //! - all idle, every active one predictable → `Run{window}` with `window_end` = the earliest
 //!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
-//!   launches whose estimated end fits before it. Two predictions, the steadier (smaller
-//!   jitter) wins: a fixed rate (last arrival + median inter-arrival period: requests on a
-//!   clock) and a fixed idle gap (this idle phase's drain + median drain-to-arrival gap: a loop
-//!   that works or sleeps on the host after each synchronisation, whose GPU phase varies, e.g.
-//!   when it was itself delayed). Each needs ≥ [`MIN_SAMPLES`] samples, jitter ≤ 10 % of its
-//!   median, and production idle for less than 2 × the median + 10 ms;
+//!   launches whose estimated end fits before it. Two predictions, the earlier wins when both
+//!   are steady: a fixed rate (requests on a clock: the earliest of the last arrival + the
+//!   period and the three arrivals before it + whole periods, so that one request that
+//!   started late does not move the clock) and a
+//!   fixed idle gap (this idle phase's drain + drain-to-arrival gap: a loop that works or
+//!   sleeps on the host after each synchronisation, whose GPU phase varies, e.g. when it was
+//!   itself delayed). Each counts on the median of its samples, or on either of the two newest
+//!   if shorter (a pattern that gets shorter is followed at once), and needs ≥ [`MIN_SAMPLES`]
+//!   samples, jitter (median absolute deviation) ≤ 10 % of its median, and production idle for
+//!   less than 2 × that + 10 ms;
 //! - idle but not predictable (or idle longer) → `Run{in_flight_us: 2000}`: production's return
 //!   waits at most ~2 ms of opportunistic work already queued;
 //! - no active production container → `Open`.
@@ -68,6 +72,8 @@ pub type ContainerId = u64;
 pub const SAMPLES: usize = 16;
 /// Intervals needed before production counts as predictable.
 pub const MIN_SAMPLES: usize = 4;
+/// Arrivals the clock of a production job is read from (see [`Ring::next_on_clock`]).
+const CLOCK_ARRIVALS: usize = 4;
 /// Basis points of the whole device.
 pub const FULL_BP: u32 = 10_000;
 
@@ -226,6 +232,38 @@ impl Ring {
         s.sort_unstable();
         Some((med, s[s.len() / 2]))
     }
+
+    /// The value a window may count on, and its jitter: the median, or less when either of the
+    /// two newest samples is (a pattern that just got shorter is followed at its first sample,
+    /// where the median would follow it only after half the ring, each arrival meanwhile
+    /// predicted late; one that got longer is followed as the median moves: safe, a little
+    /// harvest lost). None with fewer than [`MIN_SAMPLES`].
+    fn lower(&self) -> Option<(u64, u64)> {
+        if self.len < MIN_SAMPLES {
+            return None;
+        }
+        let (med, mad) = self.median_mad()?;
+        let newest = self.v[(self.pos + SAMPLES - 1) % SAMPLES];
+        let before = self.v[(self.pos + SAMPLES - 2) % SAMPLES];
+        Some((med.min(newest).min(before), mad))
+    }
+
+    /// For a ring of intervals between arrivals, the last at `last`: the next arrival on the
+    /// clock, the earliest of `last` + [`Ring::lower`] and each of the [`CLOCK_ARRIVALS`] − 1
+    /// arrivals before it (rebuilt from the newest samples) + whole median periods. A request
+    /// that started late (its process was not scheduled) moves the last arrival, not the
+    /// clock, so the next window still ends before the clock's next tick.
+    fn next_on_clock(&self, last: u64) -> Option<u64> {
+        let (lower, _) = self.lower()?;
+        let (med, _) = self.median_mad()?;
+        let mut best = last + lower;
+        let mut arrival = last;
+        for m in 1..CLOCK_ARRIVALS.min(self.len + 1) {
+            arrival = arrival.saturating_sub(self.v[(self.pos + SAMPLES - m) % SAMPLES]);
+            best = best.min(arrival + (m as u64 + 1) * med);
+        }
+        Some(best)
+    }
 }
 
 /// What the policy remembers of one (container, device). What every tick reads is kept
@@ -242,6 +280,8 @@ struct Track {
     drained_at: u64,
     /// (period, jitter), recomputed when an interval is added.
     period: Option<(u64, u64)>,
+    /// The next arrival on the clock, when `period` is known: see [`Ring::next_on_clock`].
+    clock: u64,
     /// (gap, jitter), recomputed when a gap is added.
     gap: Option<(u64, u64)>,
     rings: Box<Rings>,
@@ -279,16 +319,13 @@ impl Track {
             {
                 let gaps = &mut self.rings.gaps;
                 gaps.push(c.busy_since - c.drained_at);
-                self.gap = (gaps.len >= MIN_SAMPLES)
-                    .then(|| gaps.median_mad())
-                    .flatten();
+                self.gap = gaps.lower();
             }
             if self.last_arrival != 0 && c.busy_since > self.last_arrival {
                 let intervals = &mut self.rings.intervals;
                 intervals.push(c.busy_since - self.last_arrival);
-                self.period = (intervals.len >= MIN_SAMPLES)
-                    .then(|| intervals.median_mad())
-                    .flatten();
+                self.period = intervals.lower();
+                self.clock = intervals.next_on_clock(c.busy_since).unwrap_or(0);
             }
             self.last_arrival = c.busy_since;
         }
@@ -322,6 +359,7 @@ struct Facts {
     moved_at: u64,
     last_arrival: u64,
     period: Option<(u64, u64)>,
+    clock: u64,
     gap: Option<(u64, u64)>,
 }
 
@@ -435,6 +473,7 @@ pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Deci
             moved_at: tr.moved_at,
             last_arrival: tr.last_arrival,
             period: tr.period,
+            clock: tr.clock,
             gap: tr.gap,
         });
     }
@@ -476,15 +515,14 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
         } else {
             f.moved_at
         };
-        // Two models of the next arrival; the steadier one is used: a fixed rate (the last
-        // arrival + the period: requests on a clock) or a fixed idle gap (the drain + the gap:
-        // a loop that sleeps or works on the host after each synchronisation, whose GPU phase
-        // varies).
+        // Two models of the next arrival: a fixed rate (requests on a clock) or a fixed idle
+        // gap (the drain + the gap: a loop that sleeps or works on the host after each
+        // synchronisation, whose GPU phase varies).
         let steady = |(m, jitter): (u64, u64)| jitter * FULL_BP as u64 <= m * t.max_jitter_bp;
         let by_period = f
             .period
             .filter(|&p| steady(p) && now.saturating_sub(idle_since) < 2 * p.0 + 10_000_000)
-            .map(|(period, jitter)| (f.last_arrival + period, jitter));
+            .map(|(_, jitter)| (f.clock, jitter));
         let drained = e.c.busy_since == 0 && e.c.drained_at > f.last_arrival;
         let by_gap = f
             .gap
@@ -492,16 +530,15 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
                 drained && steady(g) && now.saturating_sub(idle_since) < 2 * g.0 + 10_000_000
             })
             .map(|(gap, jitter)| (e.c.drained_at + gap, jitter));
-        let best = match (by_period, by_gap) {
-            (Some(a), Some(b)) => Some(if b.1 < a.1 { b } else { a }),
-            (a, b) => a.or(b),
-        };
-        match best {
-            Some((next, jitter)) => {
-                let guard = t.min_guard_ns.max(3 * jitter);
-                window_end = window_end.min(next.saturating_sub(guard));
-            }
-            None => predictable = false,
+        // Both steady: the earlier end. Each model is right for one kind of job and late for
+        // the other exactly when it matters: after a request that ran long (its drain late),
+        // the gap model puts a clocked job's next arrival late by as much; after one that
+        // started late, the period model puts a sleeping loop's early. Either way the earlier
+        // end is the safe one.
+        let end = |(next, jitter): (u64, u64)| next.saturating_sub(t.min_guard_ns.max(3 * jitter));
+        match (by_period.map(end), by_gap.map(end)) {
+            (None, None) => predictable = false,
+            (a, b) => window_end = window_end.min(a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX))),
         }
     }
     if !active {

@@ -131,6 +131,8 @@ struct Service {
     counted: bool,
     /// When it first became ready, and the intervals it ran in (for the kernel trace).
     queued: u64,
+    /// When the host enqueued it (for the kernel trace).
+    enqueued: u64,
     slices: Vec<(u64, u64)>,
 }
 
@@ -331,7 +333,7 @@ impl Engine {
                     let _ = q.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
                 }
                 let end = sv.grant_end.unwrap_or(sv.ready);
-                if sv.is_kernel {
+                if sv.is_kernel || trace_file().is_some() {
                     trace_kernel(d, &sv);
                 }
                 if let Some(q) = st.streams.get_mut(&sv.stream) {
@@ -487,6 +489,7 @@ impl Engine {
                                     is_kernel: p.op.is_kernel,
                                     counted: false,
                                     queued: earliest,
+                                    enqueued: p.enqueued,
                                     slices: Vec::new(),
                                 };
                                 served.push((d, serve(s, d, sv)));
@@ -497,12 +500,30 @@ impl Engine {
                                 let dv = s.shared.dev(d);
                                 let (t0, t1) = Shared::reserve(&dv.h2d_busy_until, earliest, dur);
                                 dv.pcie_rx.add_spread(t0, t1, p.op.pcie_bytes);
+                                trace_copy(
+                                    "h2d",
+                                    d,
+                                    id,
+                                    p.seq,
+                                    earliest,
+                                    (t0, t1),
+                                    p.op.pcie_bytes,
+                                );
                                 t1
                             }
                             (Resource::D2H(d), Some(s)) => {
                                 let dv = s.shared.dev(d);
                                 let (t0, t1) = Shared::reserve(&dv.d2h_busy_until, earliest, dur);
                                 dv.pcie_tx.add_spread(t0, t1, p.op.pcie_bytes);
+                                trace_copy(
+                                    "d2h",
+                                    d,
+                                    id,
+                                    p.seq,
+                                    earliest,
+                                    (t0, t1),
+                                    p.op.pcie_bytes,
+                                );
                                 t1
                             }
                         };
@@ -553,6 +574,7 @@ fn placeholder() -> Service {
         is_kernel: false,
         counted: false,
         queued: 0,
+        enqueued: 0,
         slices: Vec::new(),
     }
 }
@@ -599,7 +621,7 @@ fn serve(s: &crate::sim::Sim, d: usize, mut sv: Service) -> Service {
             }
             sv.remaining -= ran.min(sv.remaining);
             sv.grant_end = Some(end);
-            if sv.is_kernel && trace_file().is_some() {
+            if trace_file().is_some() {
                 sv.slices.push((start, end));
             }
         }
@@ -607,7 +629,8 @@ fn serve(s: &crate::sim::Sim, d: usize, mut sv: Service) -> Service {
     sv
 }
 
-/// `SIMGPU_KERNEL_TRACE`: one JSON line per kernel with every interval it ran in.
+/// `SIMGPU_KERNEL_TRACE`: one JSON line per kernel (and per other compute operation or copy)
+/// with every interval it ran in.
 fn trace_file() -> Option<&'static std::fs::File> {
     static FILE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
@@ -621,6 +644,25 @@ fn trace_file() -> Option<&'static std::fs::File> {
     .as_ref()
 }
 
+/// A copy's line in the `SIMGPU_KERNEL_TRACE` file: its copy engine's interval.
+fn trace_copy(
+    kind: &str,
+    d: usize,
+    stream: StreamId,
+    seq: u64,
+    ready: u64,
+    (a, b): (u64, u64),
+    bytes: u64,
+) {
+    use std::io::Write;
+    let Some(mut f) = trace_file() else { return };
+    let line = format!(
+        "{{\"pid\":{},\"dev\":{d},\"op\":\"{kind}\",\"bytes\":{bytes},\"stream\":{stream},\"seq\":{seq},\"ready\":{ready},\"slices\":[[{a},{b}]]}}\n",
+        std::process::id(),
+    );
+    let _ = f.write_all(line.as_bytes());
+}
+
 fn trace_kernel(d: usize, sv: &Service) {
     use std::io::Write;
     let Some(mut f) = trace_file() else { return };
@@ -631,10 +673,12 @@ fn trace_kernel(d: usize, sv: &Service) {
         .collect();
     // One write(2) per line, so lines of concurrent processes stay whole (O_APPEND).
     let line = format!(
-        "{{\"pid\":{},\"dev\":{d},\"stream\":{},\"seq\":{},\"ready\":{},\"slices\":[{}]}}\n",
+        "{{\"pid\":{},\"dev\":{d},{}\"stream\":{},\"seq\":{},\"enqueued\":{},\"ready\":{},\"slices\":[{}]}}\n",
         std::process::id(),
+        if sv.is_kernel { "" } else { "\"op\":\"compute\"," },
         sv.stream,
         sv.seq,
+        sv.enqueued,
         sv.queued,
         slices.join(",")
     );

@@ -172,6 +172,117 @@ fn a_periodic_trace_gives_a_window_before_the_next_arrival() {
     assert!(d.window_end < p.arrival(11));
 }
 
+/// Production's phases as a list: arrival `k` at `arrivals[k]`, busy for `busy[k]`.
+struct Phases {
+    arrivals: Vec<u64>,
+    busy: Vec<u64>,
+}
+
+impl Phases {
+    fn at(&self, now: u64) -> Counters {
+        let mut c = Counters::default();
+        let Some(k) = self.arrivals.iter().rposition(|&a| a <= now) else {
+            return c;
+        };
+        let a = self.arrivals[k];
+        let drain = |k: usize| self.arrivals[k] + self.busy[k];
+        c.launches = (k as u64 + 1) * 100 + ((now - a).min(self.busy[k]) / US);
+        if now < drain(k) {
+            c.busy_since = a;
+            c.drained_at = if k > 0 { drain(k - 1) } else { 0 };
+        } else {
+            c.drained_at = drain(k);
+        }
+        c
+    }
+
+    /// Steps the policy every 250 µs from the first arrival to the last, and asserts that every
+    /// window written from arrival `from` on ends before production's next arrival.
+    fn assert_windows_end_before_arrivals(&self, from: usize) -> usize {
+        let mut ps = PolicyState::new(PolicyKind::Libshare);
+        let mut windows = 0;
+        let mut now = self.arrivals[0];
+        while now < *self.arrivals.last().unwrap() {
+            let s = snap(&[
+                entry(PROD, Class::Production, self.at(now)),
+                entry(OPP, Class::Opportunistic, opp(now / US)),
+            ]);
+            let d = find(&step(&mut ps, &s, now), OPP).unwrap();
+            let next = self.arrivals.iter().position(|&a| a > now).unwrap();
+            if let Gate::Run { window: true, .. } = d.gate {
+                if next > from {
+                    windows += 1;
+                    assert!(
+                        d.window_end < self.arrivals[next],
+                        "window written at {:.2} ms ends {:.2} ms after arrival {next}",
+                        (now - T0) as f64 / 1e6,
+                        (d.window_end - self.arrivals[next]) as f64 / 1e6
+                    );
+                }
+            }
+            now += 250 * US;
+        }
+        windows
+    }
+}
+
+#[test]
+fn a_window_ends_before_the_arrival_after_a_request_that_ran_long() {
+    // Requests on a 25 ms clock, 3.4 ms each, ±50 µs; every 10th runs 4 ms longer (it was
+    // held up): its late drain must not move the next window past the clock's next arrival.
+    let n = 60;
+    let arrivals = (0..n).map(|k| T0 + k * 25 * MS + [0, 50 * US][k as usize % 2]);
+    let busy = (0..n).map(|k| if k % 10 == 9 { 7_400 * US } else { 3_400 * US });
+    let p = Phases {
+        arrivals: arrivals.collect(),
+        busy: busy.collect(),
+    };
+    assert!(
+        p.assert_windows_end_before_arrivals(0) > 0,
+        "windows were given"
+    );
+}
+
+#[test]
+fn a_request_that_started_late_does_not_move_the_clock() {
+    // Requests on a 25 ms clock, 3.4 ms each; every 10th starts 6 ms late (its process was
+    // not scheduled): the next request is due on the clock all the same.
+    let n = 60;
+    let arrivals = (0..n).map(|k| T0 + k * 25 * MS + if k % 10 == 9 { 6 * MS } else { 0 });
+    let p = Phases {
+        arrivals: arrivals.collect(),
+        busy: vec![3_400 * US; n as usize],
+    };
+    assert!(
+        p.assert_windows_end_before_arrivals(0) > 0,
+        "windows were given"
+    );
+}
+
+#[test]
+fn a_pattern_that_gets_shorter_is_followed_from_its_first_sample() {
+    // A warm-up loop (3.4 ms of work, then 25.5 ms asleep: a 28.9 ms cycle) turns into
+    // requests on a 25 ms clock: the median of the old samples would put the next eight or so
+    // arrivals 3.9 ms late; from the second arrival of the new pattern on, no window may reach
+    // past an arrival.
+    let mut arrivals = Vec::new();
+    let mut t = T0;
+    for _ in 0..20 {
+        arrivals.push(t);
+        t += 28_900 * US;
+    }
+    for _ in 0..20 {
+        arrivals.push(t);
+        t += 25 * MS;
+    }
+    let busy = vec![3_400 * US; arrivals.len()];
+    let p = Phases { arrivals, busy };
+    assert!(
+        p.assert_windows_end_before_arrivals(21) > 0,
+        "windows were given"
+    );
+}
+
 #[test]
 fn production_arrival_pauses_opportunistic_work_at_once() {
     let mut ps = PolicyState::new(PolicyKind::Libshare);
