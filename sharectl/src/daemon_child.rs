@@ -116,6 +116,11 @@ impl Daemon {
         })
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Reads its CPU time, stops it (SIGTERM) and returns what it used since it started.
     pub fn finish(mut self) -> anyhow::Result<CpuUse> {
         let cpu1 = proc_cpu_ns(self.child.id());

@@ -174,13 +174,28 @@ pub enum Cpus {
     /// Anywhere (the scheduler's choice).
     Shared,
     /// Production-class jobs (the scenario's class, whatever the policy runs them as) on the
-    /// first CPU sharectl may use, the others on the rest, as a node gives each container CPUs
-    /// of its own (a Kubernetes `cpuset`). With one CPU, anywhere.
+    /// first CPU sharectl may use, the others and the private daemon on the rest, as a node
+    /// gives a production container CPUs of its own (a Kubernetes `cpuset` under the static
+    /// CPU manager) and runs everything else in the shared pool. With one CPU, anywhere.
     ByClass,
 }
 
 impl Cpus {
-    /// Binds the process `pid` (and the threads it starts afterwards) to the CPUs of `class`.
+    /// Binds every thread of the process `pid` (and those they start afterwards) to the CPUs
+    /// of `class`.
+    fn bind_all(self, pid: u32, class: Class) -> anyhow::Result<()> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .with_context(|| format!("cannot list the threads of process {pid}"))?;
+        for t in tasks.flatten() {
+            if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
+                self.bind(tid, class)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds the process (or thread) `pid` and the threads it starts afterwards to the CPUs of
+    /// `class`.
     fn bind(self, pid: u32, class: Class) -> anyhow::Result<()> {
         use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
         use nix::unistd::Pid;
@@ -238,12 +253,12 @@ impl Bench {
             for c in &spec.idle_containers {
                 self.set(dir, c, &["--class".into(), "opportunistic".into()])?;
             }
-            daemon = Some(Daemon::start_with(
-                &self.sharectl,
-                dir,
-                policy,
-                &spec.daemon_args,
-            )?);
+            let d = Daemon::start_with(&self.sharectl, dir, policy, &spec.daemon_args)?;
+            // A node service runs in the shared pool, off the CPUs a node gives production
+            // containers for their own (Kubernetes' static CPU manager): by class, with the
+            // opportunistic jobs.
+            spec.cpus.bind_all(d.pid(), Class::Opportunistic)?;
+            daemon = Some(d);
             if spec.sample_gates {
                 let mut names: Vec<String> =
                     spec.jobs.iter().map(|j| j.container.clone()).collect();

@@ -60,8 +60,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub python: Option<PathBuf>,
 
-    /// S8's CPU layout: `by-class` (production on a CPU of its own, the others on the rest, as
-    /// containers on a GPU node), `shared` (anywhere: CPU contention on top of the GPU's), or
+    /// S8's CPU layout: `by-class` (production on a CPU of its own, the others and the daemon
+    /// on the rest, as containers on a GPU node), `shared` (anywhere: CPU contention on top of the GPU's), or
     /// `both` (`shared` as a control for `native` and `libshare`).
     #[arg(long, value_enum, default_value = "both")]
     pub cpus: CpuLayout,
