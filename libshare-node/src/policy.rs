@@ -74,6 +74,9 @@ pub const SAMPLES: usize = 16;
 pub const MIN_SAMPLES: usize = 4;
 /// Arrivals the clock of a production job is read from (see [`Ring::next_on_clock`]).
 const CLOCK_ARRIVALS: usize = 4;
+/// How closely the newest samples must agree for a change of pattern (basis points of their
+/// median; see [`Ring::push`]).
+const CHANGE_BP: u64 = 1_000;
 /// Basis points of the whole device.
 pub const FULL_BP: u32 = 10_000;
 
@@ -211,10 +214,37 @@ struct Ring {
 }
 
 impl Ring {
+    /// Adds a sample. When the newest [`MIN_SAMPLES`] agree (within [`CHANGE_BP`] of their
+    /// median) and the ring's median is not near them, the pattern changed: the ring restarts
+    /// from them. Without this the median would hold the old pattern for half a ring more and,
+    /// while old and new samples are mixed, their deviation would make the job unpredictable.
     fn push(&mut self, x: u64) {
         self.v[self.pos] = x;
         self.pos = (self.pos + 1) % SAMPLES;
         self.len = (self.len + 1).min(SAMPLES);
+        if self.len <= MIN_SAMPLES {
+            return;
+        }
+        let mut newest = [0u64; MIN_SAMPLES];
+        for (m, n) in newest.iter_mut().enumerate() {
+            *n = self.v[(self.pos + SAMPLES - 1 - m) % SAMPLES];
+        }
+        let mut sorted = newest;
+        sorted.sort_unstable();
+        let mid = sorted[MIN_SAMPLES / 2];
+        let tol = mid * CHANGE_BP / FULL_BP as u64;
+        let agree = sorted[MIN_SAMPLES - 1] - sorted[0] <= tol;
+        let Some((med, _)) = self.median_mad() else {
+            return;
+        };
+        if agree && med.abs_diff(mid) > tol {
+            // Oldest first, as pushed.
+            for (m, n) in newest.iter().rev().enumerate() {
+                self.v[m] = *n;
+            }
+            self.len = MIN_SAMPLES;
+            self.pos = MIN_SAMPLES;
+        }
     }
 
     /// (median, median absolute deviation), None when empty.
