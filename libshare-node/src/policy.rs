@@ -214,9 +214,9 @@ struct Ring {
 }
 
 impl Ring {
-    /// Adds a sample. When the newest [`MIN_SAMPLES`] agree (within [`CHANGE_BP`] of their
-    /// median) and the ring's median is not near them, the pattern changed: the ring restarts
-    /// from them. Without this the median would hold the old pattern for half a ring more and,
+    /// Adds a sample. When all but one of the newest [`MIN_SAMPLES`] agree (within
+    /// [`CHANGE_BP`] of their median: one request that started late is allowed for) and the
+    /// ring's median is not near them, the pattern changed: the ring restarts from them. Without this the median would hold the old pattern for half a ring more and,
     /// while old and new samples are mixed, their deviation would make the job unpredictable.
     fn push(&mut self, x: u64) {
         self.v[self.pos] = x;
@@ -233,7 +233,7 @@ impl Ring {
         sorted.sort_unstable();
         let mid = sorted[MIN_SAMPLES / 2];
         let tol = mid * CHANGE_BP / FULL_BP as u64;
-        let agree = sorted[MIN_SAMPLES - 1] - sorted[0] <= tol;
+        let agree = newest.iter().filter(|n| n.abs_diff(mid) <= tol).count() + 1 >= MIN_SAMPLES;
         let Some((med, _)) = self.median_mad() else {
             return;
         };
@@ -280,9 +280,11 @@ impl Ring {
 
     /// For a ring of intervals between arrivals, the last at `last`: the next arrival on the
     /// clock, the earliest of `last` + [`Ring::lower`] and each of the [`CLOCK_ARRIVALS`] − 1
-    /// arrivals before it (rebuilt from the newest samples) + whole median periods. A request
-    /// that started late (its process was not scheduled) moves the last arrival, not the
-    /// clock, so the next window still ends before the clock's next tick.
+    /// arrivals before it (rebuilt from the newest samples) projected by whole median periods
+    /// to the first tick after `last` (as many as it is periods away, rounded, + 1: an arrival
+    /// the daemon did not see, or one seen twice, does not shift it). A request that started
+    /// late (its process was not scheduled) moves the last arrival, not the clock, so the next
+    /// window still ends before the clock's next tick.
     fn next_on_clock(&self, last: u64) -> Option<u64> {
         let (lower, _) = self.lower()?;
         let (med, _) = self.median_mad()?;
@@ -290,7 +292,8 @@ impl Ring {
         let mut arrival = last;
         for m in 1..CLOCK_ARRIVALS.min(self.len + 1) {
             arrival = arrival.saturating_sub(self.v[(self.pos + SAMPLES - m) % SAMPLES]);
-            best = best.min(arrival + (m as u64 + 1) * med);
+            let periods = (last - arrival + med / 2) / med.max(1) + 1;
+            best = best.min(arrival + periods * med);
         }
         Some(best)
     }
@@ -351,21 +354,32 @@ impl Track {
                 gaps.push(c.busy_since - c.drained_at);
                 self.gap = gaps.lower();
             }
-            if self.last_arrival != 0 && c.busy_since > self.last_arrival {
-                let intervals = &mut self.rings.intervals;
-                intervals.push(c.busy_since - self.last_arrival);
-                self.period = intervals.lower();
-                self.clock = intervals.next_on_clock(c.busy_since).unwrap_or(0);
-            }
-            self.last_arrival = c.busy_since;
+            self.arrived(c.busy_since);
         }
         self.busy_since = c.busy_since;
         if c.drained_at != self.drained_at {
+            if c.busy_since == 0 && self.drained_at > self.last_arrival && self.last_arrival != 0 {
+                // A second drain since the last arrival: a whole phase began and ended between
+                // two looks. Its start is unknown; its end stands for it (late by less than
+                // the phase), so the clock still counts it.
+                self.arrived(c.drained_at);
+            }
             if c.drained_at > self.last_arrival && self.last_arrival != 0 {
                 self.rings.durations.push(c.drained_at - self.last_arrival);
             }
             self.drained_at = c.drained_at;
         }
+    }
+
+    /// A phase began at `at`: the interval since the last one, and the clock.
+    fn arrived(&mut self, at: u64) {
+        if self.last_arrival != 0 && at > self.last_arrival {
+            let intervals = &mut self.rings.intervals;
+            intervals.push(at - self.last_arrival);
+            self.period = intervals.lower();
+            self.clock = intervals.next_on_clock(at).unwrap_or(0);
+        }
+        self.last_arrival = at;
     }
 
     fn launched_within(&self, now: u64, ns: u64) -> bool {
@@ -549,11 +563,11 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
         // gap (the drain + the gap: a loop that sleeps or works on the host after each
         // synchronisation, whose GPU phase varies).
         let steady = |(m, jitter): (u64, u64)| jitter * FULL_BP as u64 <= m * t.max_jitter_bp;
+        let drained = e.c.busy_since == 0 && e.c.drained_at > f.last_arrival;
         let by_period = f
             .period
             .filter(|&p| steady(p) && now.saturating_sub(idle_since) < 2 * p.0 + 10_000_000)
             .map(|(_, jitter)| (f.clock, jitter));
-        let drained = e.c.busy_since == 0 && e.c.drained_at > f.last_arrival;
         let by_gap = f
             .gap
             .filter(|&g| {

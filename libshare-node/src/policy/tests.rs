@@ -198,7 +198,7 @@ impl Phases {
 
     /// Steps the policy every 250 µs from the first arrival to the last, and asserts that every
     /// window written from arrival `from` on ends before production's next arrival. Returns,
-    /// per arrival, whether a window came before it.
+    /// per arrival, whether a window that was still open came before it.
     fn assert_windows_end_before_arrivals(&self, from: usize) -> Vec<bool> {
         let mut ps = PolicyState::new(PolicyKind::Libshare);
         let mut windows = vec![false; self.arrivals.len()];
@@ -211,7 +211,7 @@ impl Phases {
             let d = find(&step(&mut ps, &s, now), OPP).unwrap();
             let next = self.arrivals.iter().position(|&a| a > now).unwrap();
             if let Gate::Run { window: true, .. } = d.gate {
-                windows[next] = true;
+                windows[next] |= d.window_end > now;
                 if next > from {
                     assert!(
                         d.window_end < self.arrivals[next],
@@ -260,6 +260,28 @@ fn a_request_that_started_late_does_not_move_the_clock() {
         windows[10..].iter().all(|&w| w),
         "a window before every arrival"
     );
+}
+
+#[test]
+fn an_arrival_the_daemon_did_not_see_does_not_shift_the_clock() {
+    // Requests on a 25 ms clock, 3.4 ms each, but every 7th is served in 100 µs, between two
+    // of the daemon's ticks: it sees no arrival there, and one interval of two periods. The
+    // clock's next tick stays where it is: every gap still gets a window that ends before it.
+    let n = 60;
+    let p = Phases {
+        // (Ticks fall on the clock; the short ones begin 100 µs after one.)
+        arrivals: (0..n)
+            .map(|k| T0 + k * 25 * MS + if k % 7 == 3 { 100 * US } else { 0 })
+            .collect(),
+        busy: (0..n)
+            .map(|k| if k % 7 == 3 { 100 * US } else { 3_400 * US })
+            .collect(),
+    };
+    let windows = p.assert_windows_end_before_arrivals(0);
+    let missing: Vec<usize> = (10..n as usize)
+        .filter(|&k| !windows[k] && k % 7 != 3)
+        .collect();
+    assert!(missing.is_empty(), "no window before arrivals {missing:?}");
 }
 
 #[test]
