@@ -21,6 +21,7 @@ pub mod export_tables;
 pub mod image;
 pub mod integrity;
 pub mod log;
+pub mod model;
 pub mod nvml;
 pub mod sched;
 pub mod shared;

@@ -23,9 +23,9 @@ pub struct Sim {
     pub contexts: Registry<Context>,
     pub streams: Registry<Stream>,
     pub events: Registry<Event>,
-    pub modules: Registry<crate::driver::module::Module>,
-    pub functions: Registry<crate::driver::module::Function>,
-    pub mem: Mutex<crate::driver::memory::MemTable>,
+    pub modules: Registry<crate::model::module::Module>,
+    pub functions: Registry<crate::model::module::Function>,
+    pub mem: Mutex<crate::model::memory::MemTable>,
     /// Per-process counters (also used by fault injection).
     pub alloc_count: AtomicU64,
     pub launch_count: AtomicU64,
