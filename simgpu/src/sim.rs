@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::config::SimConfig;
 use crate::engine::{Engine, Machine, StreamId};
+pub use crate::model::Registry;
 use crate::shared::Shared;
 use crate::types::*;
 
@@ -246,37 +247,6 @@ impl Sim {
     /// The physical device (index into the configuration and the shared state) of an ordinal.
     pub fn device(&self, dev: CUdevice) -> Result<usize, CUresult> {
         Ok(self.visible[self.check_ordinal(dev)?])
-    }
-}
-
-/// Live objects by handle value, so a stale or made-up handle is an error, not a crash.
-pub struct Registry<T> {
-    map: Mutex<HashMap<usize, Arc<T>>>,
-}
-
-impl<T> Default for Registry<T> {
-    fn default() -> Self {
-        Registry {
-            map: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl<T> Registry<T> {
-    /// Registers `obj`; its handle is its address.
-    pub fn insert(&self, obj: Arc<T>) -> usize {
-        let h = Arc::as_ptr(&obj) as usize;
-        self.map.lock().insert(h, obj);
-        h
-    }
-    pub fn get(&self, h: usize) -> Option<Arc<T>> {
-        self.map.lock().get(&h).cloned()
-    }
-    pub fn remove(&self, h: usize) -> Option<Arc<T>> {
-        self.map.lock().remove(&h)
-    }
-    pub fn values(&self) -> Vec<Arc<T>> {
-        self.map.lock().values().cloned().collect()
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::*;
 
 use super::{current_ctx, out, stream_ref, submit_or_capture, submit_sync, R};
 use crate::engine::{Op, Resource};
-pub use crate::model::memory::{map_anon, unmap, Alloc, Kind, MemTable};
+pub use crate::model::memory::{map_anon, unmap, Alloc, Copy3D, Kind, MemTable};
 use crate::sim::{sim, Sim};
 use crate::types::*;
 use crate::{driver, driver_ptds};
@@ -371,47 +371,6 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
         }
     }
     Ok(())
-}
-
-/// A 3D copy descriptor that graph builders may keep (its pointers are the application's).
-#[derive(Clone, Copy)]
-pub struct Copy3D(pub Memcpy3D);
-// SAFETY: the raw pointers are only addresses, not owned data; the CUDA contract makes the
-// application keep them valid while the copy can run, from whichever thread runs it.
-unsafe impl Send for Copy3D {}
-// SAFETY: as for Send: shared access only reads the addresses, it never dereferences them.
-unsafe impl Sync for Copy3D {}
-
-impl Copy3D {
-    pub fn from_2d(p: &Memcpy2D) -> Copy3D {
-        Copy3D(Memcpy3D {
-            src_x_in_bytes: p.src_x_in_bytes,
-            src_y: p.src_y,
-            src_z: 0,
-            src_lod: 0,
-            src_memory_type: p.src_memory_type,
-            src_host: p.src_host,
-            src_device: p.src_device,
-            src_array: p.src_array,
-            reserved0: std::ptr::null_mut(),
-            src_pitch: p.src_pitch,
-            src_height: p.height,
-            dst_x_in_bytes: p.dst_x_in_bytes,
-            dst_y: p.dst_y,
-            dst_z: 0,
-            dst_lod: 0,
-            dst_memory_type: p.dst_memory_type,
-            dst_host: p.dst_host,
-            dst_device: p.dst_device,
-            dst_array: p.dst_array,
-            reserved1: std::ptr::null_mut(),
-            dst_pitch: p.dst_pitch,
-            dst_height: p.height,
-            width_in_bytes: p.width_in_bytes,
-            height: p.height,
-            depth: 1,
-        })
-    }
 }
 
 /// One side of a 3D copy: address of its first byte, row pitch, bytes between slices.
