@@ -143,14 +143,16 @@ unsafe fn launch(
     // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
     let build = unsafe { kernel_op_on(r.ctx.device, f, grid, block, params)? };
     injected_fault(s)?;
-    let node = super::graph::Params::Kernel(super::graph::KernelNode {
+    let node = crate::model::capture::Params::Kernel(crate::model::capture::KernelNode {
         func: f as usize,
         is_kernel: false,
         grid,
         block,
         shared_mem: smem,
     });
-    super::submit_or_capture_params(s, &r, super::graph::NODE_KERNEL, node, move || build())
+    super::submit_or_capture_params(s, &r, crate::model::capture::NODE_KERNEL, node, move || {
+        build()
+    })
 }
 
 /// Counts a launch; the configured fault (`faults.launch_error`) fails the n-th.
@@ -275,7 +277,7 @@ unsafe fn launch_multi_device(list: *const LaunchParams, n: u32, flags: u32) -> 
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if super::graph::capturing(r.id).is_some() {
+        if crate::model::capture::capturing(r.id).is_some() {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
         // SAFETY: the entry's kernelParams array (this fn's contract).

@@ -353,7 +353,7 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
         }
         Some((h, ptds)) => {
             let sr = stream_ref(h, ptds)?;
-            let capturing = crate::driver::graph::capturing(sr.id).is_some();
+            let capturing = crate::model::capture::capturing(sr.id).is_some();
             // Device to pageable host memory is synchronous in CUDA: the call returns once the
             // bytes are there (applications rely on it).
             if !capturing
@@ -366,7 +366,7 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
                 return Ok(());
             }
             // A captured copy reads its source when the graph runs, so it is not staged.
-            let node = crate::driver::graph::NODE_MEMCPY;
+            let node = crate::model::capture::NODE_MEMCPY;
             submit_or_capture(s, &sr, node, move || copy_op(s, dst, src, len, !capturing))?;
         }
     }
@@ -482,7 +482,7 @@ unsafe fn memcpy3d(c: Copy3D, stream: Option<(CUstream, bool)>, ptds: bool) -> R
         Some((h, pt)) => submit_or_capture(
             s,
             &stream_ref(h, pt)?,
-            crate::driver::graph::NODE_MEMCPY,
+            crate::model::capture::NODE_MEMCPY,
             move || copy3d_op(s, c),
         )?,
     }
@@ -550,7 +550,7 @@ unsafe fn memset(
         Some((h, pt)) => submit_or_capture(
             s,
             &stream_ref(h, pt)?,
-            crate::driver::graph::NODE_MEMSET,
+            crate::model::capture::NODE_MEMSET,
             move || memset_op(s, dst, pitch, value, elem, count, rows),
         )?,
     }
@@ -596,7 +596,7 @@ driver! {
     }
 
     fn cuMemFree_v2(p: CUdeviceptr) {
-        if let Some(r) = super::graph::free_graph_alloc(p) {
+        if let Some(r) = crate::model::capture::free_graph_alloc(p) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
         }
         if let Some(r) = super::ipc::free_pool_import(p) {

@@ -5,6 +5,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub mod capture;
 pub mod memory;
 pub mod module;
 
