@@ -17,7 +17,6 @@ pub mod cglimits;
 pub mod config;
 pub mod driver;
 pub mod engine;
-pub mod export_tables;
 pub mod image;
 pub mod integrity;
 pub mod log;

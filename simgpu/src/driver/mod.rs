@@ -13,6 +13,7 @@ pub mod array;
 pub mod context;
 pub mod device;
 pub mod event;
+pub mod export_tables;
 pub mod graph;
 pub mod init;
 pub mod ipc;
@@ -27,7 +28,7 @@ pub mod stats;
 pub mod stream;
 pub mod vmm;
 
-pub use crate::export_tables::cuGetExportTable;
+pub use export_tables::cuGetExportTable;
 pub use array::*;
 pub use context::*;
 pub use device::*;
