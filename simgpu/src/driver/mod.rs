@@ -28,11 +28,11 @@ pub mod stats;
 pub mod stream;
 pub mod vmm;
 
-pub use export_tables::cuGetExportTable;
 pub use array::*;
 pub use context::*;
 pub use device::*;
 pub use event::*;
+pub use export_tables::cuGetExportTable;
 pub use graph::*;
 pub use init::*;
 pub use ipc::*;

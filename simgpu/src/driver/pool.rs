@@ -182,7 +182,7 @@ unsafe fn alloc_async(
     if let Some(g) = crate::model::capture::capturing(r.id) {
         // Captured: the graph owns the allocation (address fixed now, freed with the graph).
         let ptr = alloc_device(size as u64, 0)?;
-        crate::driver::graph::add_captured_alloc(&g, ptr, size, p.dev);
+        crate::model::capture::add_captured_alloc(&g, ptr, size, p.dev);
         // SAFETY: not NULL (checked above), so writable (this fn's contract).
         unsafe { *dptr = ptr };
         return Ok(());
@@ -378,7 +378,7 @@ driver_ptds! {
         if let Some(g) = crate::model::capture::capturing(r.id) {
             // Captured: a free node; the memory goes when the graph no longer needs it.
             s.mem.lock().map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            crate::driver::graph::add_captured_free(&g, ptr);
+            crate::model::capture::add_captured_free(&g, ptr);
             return Ok(());
         }
         if let Some(r) = crate::model::capture::free_graph_alloc(ptr) {

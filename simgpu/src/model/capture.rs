@@ -312,3 +312,34 @@ pub fn join_if_captured(stream: StreamId, ev: &Arc<EventState>) -> bool {
         },
     )
 }
+
+/// A cuMemAllocAsync captured into `g`: an allocation node that owns `ptr`.
+pub fn add_captured_alloc(g: &Graph, ptr: u64, size: usize, dev: usize) {
+    let mut bytes = [0u8; MEM_ALLOC_PARAMS_SIZE];
+    // CUDA_MEM_ALLOC_NODE_PARAMS: pinned allocation on the device; bytesize at 104, dptr at 112.
+    bytes[0] = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
+    bytes[8] = CU_MEM_LOCATION_TYPE_DEVICE as u8;
+    bytes[12..16].copy_from_slice(&(dev as i32).to_ne_bytes());
+    bytes[104..112].copy_from_slice(&(size as u64).to_ne_bytes());
+    bytes[112..120].copy_from_slice(&ptr.to_ne_bytes());
+    let mem = GraphMem::new(ptr);
+    let keep = mem.clone();
+    let build: Builder = Arc::new(move || {
+        let _ = &keep;
+        Ok(Op::marker())
+    });
+    g.add(NODE_MEM_ALLOC, build, Params::MemAlloc(mem, bytes));
+}
+
+/// A cuMemFreeAsync captured into `g`.
+pub fn add_captured_free(g: &Graph, ptr: u64) {
+    let (b, p) = mem_free_params(ptr);
+    g.add(NODE_MEM_FREE, b, p);
+}
+
+pub fn mem_free_params(ptr: u64) -> (Builder, Params) {
+    if let Some(st) = graph_mems().lock().get_mut(&ptr) {
+        st.freed_somewhere = true;
+    }
+    (Arc::new(|| Ok(Op::marker())), Params::MemFree(ptr))
+}
