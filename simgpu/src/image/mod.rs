@@ -1601,16 +1601,16 @@ fn ptx_globals(toks: &[Tok<'_>], i: usize, external: bool, c: &mut Collector) ->
 mod tests {
     use super::*;
 
-    const K_CUBIN_SM80: &[u8] = include_bytes!("../tests/fixtures/k_sm80.cubin");
-    const K_CUBIN_SM100: &[u8] = include_bytes!("../tests/fixtures/k_sm100.cubin");
-    const K_PTX: &[u8] = include_bytes!("../tests/fixtures/k.ptx");
-    const K_FATBIN: &[u8] = include_bytes!("../tests/fixtures/k.fatbin");
-    const K_FATBIN_ZSTD: &[u8] = include_bytes!("../tests/fixtures/k_zstd.fatbin");
-    const K_FATBIN_LZ4: &[u8] = include_bytes!("../tests/fixtures/k_lz4.fatbin");
-    const K_FATBIN_NONE: &[u8] = include_bytes!("../tests/fixtures/k_none.fatbin");
-    const K_FATBIN_CONCAT: &[u8] = include_bytes!("../tests/fixtures/k_concat.fatbin");
-    const RDC_CUBIN: &[u8] = include_bytes!("../tests/fixtures/rdc_sm80.cubin");
-    const ALIGN_FATBIN: &[u8] = include_bytes!("../tests/fixtures/align.fatbin");
+    const K_CUBIN_SM80: &[u8] = include_bytes!("../../tests/fixtures/k_sm80.cubin");
+    const K_CUBIN_SM100: &[u8] = include_bytes!("../../tests/fixtures/k_sm100.cubin");
+    const K_PTX: &[u8] = include_bytes!("../../tests/fixtures/k.ptx");
+    const K_FATBIN: &[u8] = include_bytes!("../../tests/fixtures/k.fatbin");
+    const K_FATBIN_ZSTD: &[u8] = include_bytes!("../../tests/fixtures/k_zstd.fatbin");
+    const K_FATBIN_LZ4: &[u8] = include_bytes!("../../tests/fixtures/k_lz4.fatbin");
+    const K_FATBIN_NONE: &[u8] = include_bytes!("../../tests/fixtures/k_none.fatbin");
+    const K_FATBIN_CONCAT: &[u8] = include_bytes!("../../tests/fixtures/k_concat.fatbin");
+    const RDC_CUBIN: &[u8] = include_bytes!("../../tests/fixtures/rdc_sm80.cubin");
+    const ALIGN_FATBIN: &[u8] = include_bytes!("../../tests/fixtures/align.fatbin");
 
     fn p(offset: u32, size: u32) -> ParamInfo {
         ParamInfo { offset, size }
