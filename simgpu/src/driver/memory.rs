@@ -33,7 +33,7 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
         p.mem_used.fetch_add(bytes, AcqRel);
         let over = capped
             .iter()
-            .find(|(ns, hard)| crate::cglimits::used_in(&s.shared, ns, dev) > *hard);
+            .find(|(ns, hard)| crate::cglimits::used_in(s.shared, ns, dev) > *hard);
         if let Some((ns, hard)) = over {
             crate::shared::sub_saturating(&p.mem_used, bytes);
             crate::debug!("allocation of {bytes} B refused: cgroup {ns}'s hard limit is {hard} B");
