@@ -126,60 +126,72 @@ pub(super) fn line_column(text: &str, offset: usize) -> (usize, usize) {
     )
 }
 
-pub(super) const TOP_KEYS: &[&str] = &[
-    "driver_version",
-    "state_dir",
-    "log",
-    "device",
-    "cost",
-    "faults",
-];
-pub(super) const DEVICE_KEYS: &[&str] = &[
-    "name",
-    "memory",
-    "sms",
-    "compute_capability",
-    "uuid",
-    "pci_domain",
-    "pci_bus",
-    "pci_device",
-];
-pub(super) const COST_KEYS: &[&str] = &[
-    "kernel_base",
-    "wave",
-    "pcie_bandwidth",
-    "hbm_bandwidth",
-    "copy_base",
-    "fault",
-    "fault_bandwidth",
-    "timeslice",
-    "ctx_switch",
-    "kernels",
-];
-pub(super) const FAULT_KEYS: &[&str] = &["fail_alloc_nth", "launch_error", "stall_stream_after"];
+/// The tables of the file's top level (besides the machine rows' plain keys).
+const TABLES: &[&str] = &["device", "cost", "faults"];
+/// The one key of `[cost]` that is a table of its own.
+const KERNELS_KEY: &str = "kernels";
+
+/// The keys a table of the file knows ("" for the top level), in the rows' order.
+pub(super) fn known_keys(table: &str) -> Vec<&'static str> {
+    if table == "device" {
+        return DEVICE_ROWS.iter().map(|r| r.1).collect();
+    }
+    let mut keys: Vec<&'static str> = MACHINE_ROWS
+        .iter()
+        .filter_map(|r| r.1)
+        .filter_map(|k| match k.split_once('.') {
+            Some((t, key)) => (t == table).then_some(key),
+            None => table.is_empty().then_some(k),
+        })
+        .collect();
+    match table {
+        "" => keys.extend(TABLES),
+        "cost" => keys.push(KERNELS_KEY),
+        _ => {}
+    }
+    keys
+}
 
 /// Applies a parsed TOML file; errors name `path:key`.
 pub(super) struct TomlFile<'a> {
-    path: &'a str,
+    pub(super) path: &'a str,
 }
 
 impl TomlFile<'_> {
-    fn apply(&self, cfg: &mut SimConfig, root: &Node) -> Result<(), ConfigError> {
+    pub(super) fn apply(&self, cfg: &mut SimConfig, root: &Node) -> Result<(), ConfigError> {
         let Node::Table(entries) = root else {
             return Err(invalid(self.path, &root.shown(), "expected a TOML table"));
         };
         for (key, node) in entries {
             match key.as_str() {
-                "driver_version" => cfg.driver_version = self.value(key, node, &DRIVER_VERSION)?,
-                "state_dir" => cfg.state_dir = self.value(key, node, &STATE_DIR)?,
-                "log" => cfg.log_level = self.value(key, node, &LOG)?,
                 "device" => cfg.devices = self.devices(node)?,
-                "cost" => self.cost(&mut cfg.cost, node)?,
-                "faults" => self.faults(&mut cfg.faults, node)?,
-                _ => return Err(self.unknown(key, TOP_KEYS)),
+                "cost" | "faults" => {
+                    for (k, n) in self.table(key, node)? {
+                        if key == "cost" && k == KERNELS_KEY {
+                            self.kernels(cfg, n)?;
+                        } else {
+                            self.setting(cfg, key, &format!("{key}.{k}"), n)?;
+                        }
+                    }
+                }
+                _ => self.setting(cfg, "", key, node)?,
             }
         }
         Ok(())
+    }
+
+    /// The machine row of `key_path` (in `table`) takes `node`'s value.
+    fn setting(
+        &self,
+        cfg: &mut SimConfig,
+        table: &str,
+        key_path: &str,
+        node: &Node,
+    ) -> Result<(), ConfigError> {
+        let Some((_, _, set)) = MACHINE_ROWS.iter().find(|r| r.1 == Some(key_path)) else {
+            return Err(self.unknown(key_path, &known_keys(table)));
+        };
+        set(cfg, node.scalar().map(str::trim)).map_err(|e| self.invalid(key_path, node, e))
     }
 
     fn devices(&self, node: &Node) -> Result<Vec<DeviceConfig>, ConfigError> {
@@ -198,26 +210,16 @@ impl TomlFile<'_> {
             for (key, node) in entries {
                 let key_path = format!("{path}.{key}");
                 let key_path = key_path.as_str();
-                match key.as_str() {
-                    "name" => device.name = self.value(key_path, node, &DEVICE_NAME)?,
-                    "memory" => device.memory = self.value(key_path, node, &MEMORY)?,
-                    "sms" => device.sm_count = self.value(key_path, node, &SMS)?,
-                    "compute_capability" => {
-                        device.compute_capability =
-                            self.value(key_path, node, &COMPUTE_CAPABILITY)?
+                let Some((_, _, set)) = DEVICE_ROWS.iter().find(|r| r.1 == key) else {
+                    return Err(self.unknown(key_path, &known_keys("device")));
+                };
+                set(&mut device, node.scalar().map(str::trim))
+                    .map_err(|e| self.invalid(key_path, node, e))?;
+                if key == "uuid" {
+                    if let Some(other) = devices.iter().position(|d| d.uuid == device.uuid) {
+                        let expected = format!("expected a UUID different from device[{other}]'s");
+                        return Err(self.invalid(key_path, node, &expected));
                     }
-                    "uuid" => {
-                        device.uuid = self.value(key_path, node, &UUID)?;
-                        if let Some(other) = devices.iter().position(|d| d.uuid == device.uuid) {
-                            let expected =
-                                format!("expected a UUID different from device[{other}]'s");
-                            return Err(self.invalid(key_path, node, &expected));
-                        }
-                    }
-                    "pci_domain" => device.pci_domain = self.value(key_path, node, &PCI_DOMAIN)?,
-                    "pci_bus" => device.pci_bus = self.value(key_path, node, &PCI_BUS)?,
-                    "pci_device" => device.pci_device = self.value(key_path, node, &PCI_DEVICE)?,
-                    _ => return Err(self.unknown(key_path, DEVICE_KEYS)),
                 }
             }
             devices.push(device);
@@ -225,63 +227,17 @@ impl TomlFile<'_> {
         Ok(devices)
     }
 
-    fn cost(&self, cost: &mut CostModel, node: &Node) -> Result<(), ConfigError> {
-        for (key, node) in self.table("cost", node)? {
-            let key_path = format!("cost.{key}");
-            let key_path = key_path.as_str();
-            match key.as_str() {
-                "kernel_base" => cost.kernel_base_ns = self.value(key_path, node, &DURATION)?,
-                "wave" => cost.wave_ns = self.value(key_path, node, &DURATION)?,
-                "pcie_bandwidth" => {
-                    cost.pcie_bytes_per_s = self.value(key_path, node, &BANDWIDTH)?
-                }
-                "hbm_bandwidth" => cost.hbm_bytes_per_s = self.value(key_path, node, &BANDWIDTH)?,
-                "copy_base" => cost.copy_base_ns = self.value(key_path, node, &DURATION)?,
-                "fault" => cost.fault_ns = self.value(key_path, node, &DURATION)?,
-                "fault_bandwidth" => {
-                    cost.fault_bytes_per_s = self.value(key_path, node, &BANDWIDTH)?
-                }
-                "timeslice" => cost.timeslice_ns = self.value(key_path, node, &DURATION)?,
-                "ctx_switch" => cost.ctx_switch_ns = self.value(key_path, node, &DURATION)?,
-                "kernels" => {
-                    let mut times = Vec::new();
-                    for (name, node) in self.table(key_path, node)? {
-                        let name_path = format!("cost.kernels.{name:?}");
-                        if name.is_empty() {
-                            return Err(self.invalid(
-                                &name_path,
-                                node,
-                                "expected a non-empty kernel name",
-                            ));
-                        }
-                        times.push((name.clone(), self.value(&name_path, node, &DURATION)?));
-                    }
-                    add_kernel_overrides(&mut cost.kernel_overrides, times);
-                }
-                _ => return Err(self.unknown(key_path, COST_KEYS)),
+    /// `[cost.kernels]`: kernel name = duration, in the file's order.
+    fn kernels(&self, cfg: &mut SimConfig, node: &Node) -> Result<(), ConfigError> {
+        let mut times = Vec::new();
+        for (name, node) in self.table("cost.kernels", node)? {
+            let name_path = format!("cost.kernels.{name:?}");
+            if name.is_empty() {
+                return Err(self.invalid(&name_path, node, "expected a non-empty kernel name"));
             }
+            times.push((name.clone(), self.value(&name_path, node, &DURATION)?));
         }
-        Ok(())
-    }
-
-    fn faults(&self, faults: &mut Faults, node: &Node) -> Result<(), ConfigError> {
-        for (key, node) in self.table("faults", node)? {
-            let key_path = format!("faults.{key}");
-            let key_path = key_path.as_str();
-            match key.as_str() {
-                "fail_alloc_nth" => {
-                    faults.fail_alloc_nth = Some(self.value(key_path, node, &FAIL_ALLOC_NTH)?)
-                }
-                "launch_error" => {
-                    faults.launch_error = Some(self.value(key_path, node, &LAUNCH_ERROR)?)
-                }
-                "stall_stream_after" => {
-                    faults.stall_stream_after =
-                        Some(self.value(key_path, node, &STALL_STREAM_AFTER)?)
-                }
-                _ => return Err(self.unknown(key_path, FAULT_KEYS)),
-            }
-        }
+        add_kernel_overrides(&mut cfg.cost.kernel_overrides, times);
         Ok(())
     }
 

@@ -96,33 +96,6 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Every `SIMGPU_*` variable simgpu knows; any other one is an error (typos must not pass).
-pub const KNOWN_VARS: &[&str] = &[
-    "SIMGPU_CONFIG",
-    "SIMGPU_DEVICES",
-    "SIMGPU_DEVICE_NAME",
-    "SIMGPU_MEMORY",
-    "SIMGPU_SMS",
-    "SIMGPU_CC",
-    "SIMGPU_DRIVER_VERSION",
-    "SIMGPU_STATE_DIR",
-    "SIMGPU_LOG",
-    "SIMGPU_KERNEL_BASE",
-    "SIMGPU_WAVE",
-    "SIMGPU_KERNEL_TIME",
-    "SIMGPU_PCIE_BW",
-    "SIMGPU_HBM_BW",
-    "SIMGPU_FAULT_BW",
-    "SIMGPU_TIMESLICE",
-    "SIMGPU_CTX_SWITCH",
-    "SIMGPU_KERNEL_TRACE",
-    "SIMGPU_FAIL_ALLOC_NTH",
-    "SIMGPU_LAUNCH_ERROR",
-    "SIMGPU_STALL_STREAM_AFTER",
-    "SIMGPU_STATS_FILE",
-    "SIMGPU_TRACE_FILE",
-];
-
 /// Most devices a simulated machine can have.
 pub const MAX_DEVICES: usize = 16;
 
@@ -408,6 +381,156 @@ fn add_kernel_overrides(overrides: &mut Vec<(String, u64)>, new: Vec<(String, u6
 /// `simgpu: invalid NAME=VALUE: EXPECTED`
 fn invalid(name: &str, shown_value: &str, expected: &str) -> ConfigError {
     ConfigError(format!("simgpu: invalid {name}={shown_value}: {expected}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table: one row per setting.
+
+/// Puts the value a setting row reads into its place, or says what is accepted. `None`: the
+/// file gave something that is not text or a number.
+type Set<C> = fn(&mut C, Option<&str>) -> Result<(), &'static str>;
+
+/// Parses `text` with `setting` into `to`.
+fn put<T>(setting: &Setting<T>, text: Option<&str>, to: &mut T) -> Result<(), &'static str> {
+    *to = text.and_then(setting.parse).ok_or(setting.expected)?;
+    Ok(())
+}
+
+/// Parses `text` with `setting` into `to`, as set.
+fn put_some<T>(
+    setting: &Setting<T>,
+    text: Option<&str>,
+    to: &mut Option<T>,
+) -> Result<(), &'static str> {
+    *to = Some(text.and_then(setting.parse).ok_or(setting.expected)?);
+    Ok(())
+}
+
+/// A variable read elsewhere (its row only makes it known).
+fn read_elsewhere(_: &mut SimConfig, _: Option<&str>) -> Result<(), &'static str> {
+    Ok(())
+}
+
+/// Every `SIMGPU_*` variable before the rows': the file, and the number of devices (which the
+/// device rows' variables then apply to).
+const CONFIG_VAR: &str = "SIMGPU_CONFIG";
+const DEVICES_VAR: &str = "SIMGPU_DEVICES";
+/// `SIMGPU_MEMORY` also takes a per-device list (`0:40GiB,1:16GiB`).
+const MEMORY_VAR: &str = "SIMGPU_MEMORY";
+
+/// A device's settings: its variable (applied to every device; None: file only), its key in a
+/// `[[device]]` table, and where the value goes. Variables apply in this order.
+const DEVICE_ROWS: &[(Option<&str>, &str, Set<DeviceConfig>)] = &[
+    (Some("SIMGPU_DEVICE_NAME"), "name", |d, s| {
+        put(&DEVICE_NAME, s, &mut d.name)
+    }),
+    (Some(MEMORY_VAR), "memory", |d, s| {
+        put(&MEMORY, s, &mut d.memory)
+    }),
+    (Some("SIMGPU_SMS"), "sms", |d, s| {
+        put(&SMS, s, &mut d.sm_count)
+    }),
+    (Some("SIMGPU_CC"), "compute_capability", |d, s| {
+        put(&COMPUTE_CAPABILITY, s, &mut d.compute_capability)
+    }),
+    (None, "uuid", |d, s| put(&UUID, s, &mut d.uuid)),
+    (None, "pci_domain", |d, s| {
+        put(&PCI_DOMAIN, s, &mut d.pci_domain)
+    }),
+    (None, "pci_bus", |d, s| put(&PCI_BUS, s, &mut d.pci_bus)),
+    (None, "pci_device", |d, s| {
+        put(&PCI_DEVICE, s, &mut d.pci_device)
+    }),
+];
+
+/// The machine's settings: its variable (None: file only), its key in the file (`table.key`;
+/// None: variable only), and where the value goes. Variables apply in this order, after the
+/// devices'; the file's `[cost.kernels]` table is `file.rs`'s.
+const MACHINE_ROWS: &[(Option<&str>, Option<&str>, Set<SimConfig>)] = &[
+    (
+        Some("SIMGPU_DRIVER_VERSION"),
+        Some("driver_version"),
+        |c, s| put(&DRIVER_VERSION, s, &mut c.driver_version),
+    ),
+    (Some("SIMGPU_STATE_DIR"), Some("state_dir"), |c, s| {
+        put(&STATE_DIR, s, &mut c.state_dir)
+    }),
+    (Some("SIMGPU_LOG"), Some("log"), |c, s| {
+        put(&LOG, s, &mut c.log_level)
+    }),
+    (
+        Some("SIMGPU_KERNEL_BASE"),
+        Some("cost.kernel_base"),
+        |c, s| put(&DURATION, s, &mut c.cost.kernel_base_ns),
+    ),
+    (Some("SIMGPU_WAVE"), Some("cost.wave"), |c, s| {
+        put(&DURATION, s, &mut c.cost.wave_ns)
+    }),
+    (Some("SIMGPU_KERNEL_TIME"), None, |c, s| {
+        let times = s
+            .and_then(KERNEL_TIMES.parse)
+            .ok_or(KERNEL_TIMES.expected)?;
+        add_kernel_overrides(&mut c.cost.kernel_overrides, times);
+        Ok(())
+    }),
+    (
+        Some("SIMGPU_PCIE_BW"),
+        Some("cost.pcie_bandwidth"),
+        |c, s| put(&BANDWIDTH, s, &mut c.cost.pcie_bytes_per_s),
+    ),
+    (Some("SIMGPU_HBM_BW"), Some("cost.hbm_bandwidth"), |c, s| {
+        put(&BANDWIDTH, s, &mut c.cost.hbm_bytes_per_s)
+    }),
+    (None, Some("cost.copy_base"), |c, s| {
+        put(&DURATION, s, &mut c.cost.copy_base_ns)
+    }),
+    (None, Some("cost.fault"), |c, s| {
+        put(&DURATION, s, &mut c.cost.fault_ns)
+    }),
+    (
+        Some("SIMGPU_FAULT_BW"),
+        Some("cost.fault_bandwidth"),
+        |c, s| put(&BANDWIDTH, s, &mut c.cost.fault_bytes_per_s),
+    ),
+    (Some("SIMGPU_TIMESLICE"), Some("cost.timeslice"), |c, s| {
+        put(&DURATION, s, &mut c.cost.timeslice_ns)
+    }),
+    (
+        Some("SIMGPU_CTX_SWITCH"),
+        Some("cost.ctx_switch"),
+        |c, s| put(&DURATION, s, &mut c.cost.ctx_switch_ns),
+    ),
+    // Read by engine.rs when a kernel completes.
+    (Some("SIMGPU_KERNEL_TRACE"), None, read_elsewhere),
+    (
+        Some("SIMGPU_FAIL_ALLOC_NTH"),
+        Some("faults.fail_alloc_nth"),
+        |c, s| put_some(&FAIL_ALLOC_NTH, s, &mut c.faults.fail_alloc_nth),
+    ),
+    (
+        Some("SIMGPU_LAUNCH_ERROR"),
+        Some("faults.launch_error"),
+        |c, s| put_some(&LAUNCH_ERROR, s, &mut c.faults.launch_error),
+    ),
+    (
+        Some("SIMGPU_STALL_STREAM_AFTER"),
+        Some("faults.stall_stream_after"),
+        |c, s| put_some(&STALL_STREAM_AFTER, s, &mut c.faults.stall_stream_after),
+    ),
+    // Read at exit (driver/stats.rs) and by the trace writer (log.rs).
+    (Some("SIMGPU_STATS_FILE"), None, read_elsewhere),
+    (Some("SIMGPU_TRACE_FILE"), None, read_elsewhere),
+];
+
+/// Every `SIMGPU_*` variable simgpu knows; any other one is an error (typos must not pass).
+pub fn known_vars() -> Vec<&'static str> {
+    let devices = DEVICE_ROWS.iter().filter_map(|r| r.0);
+    let machine = MACHINE_ROWS.iter().filter_map(|r| r.0);
+    [CONFIG_VAR, DEVICES_VAR]
+        .into_iter()
+        .chain(devices)
+        .chain(machine)
+        .collect()
 }
 
 #[cfg(test)]

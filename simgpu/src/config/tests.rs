@@ -519,3 +519,82 @@ fn file_errors_are_reported_even_if_env_overrides_the_key() {
         "{e}"
     );
 }
+
+#[test]
+fn the_table_names_each_variable_and_key_once_in_the_documented_order() {
+    // What `unknown variable`/`unknown key` errors list, as before the table.
+    assert_eq!(
+        known_vars(),
+        [
+            "SIMGPU_CONFIG",
+            "SIMGPU_DEVICES",
+            "SIMGPU_DEVICE_NAME",
+            "SIMGPU_MEMORY",
+            "SIMGPU_SMS",
+            "SIMGPU_CC",
+            "SIMGPU_DRIVER_VERSION",
+            "SIMGPU_STATE_DIR",
+            "SIMGPU_LOG",
+            "SIMGPU_KERNEL_BASE",
+            "SIMGPU_WAVE",
+            "SIMGPU_KERNEL_TIME",
+            "SIMGPU_PCIE_BW",
+            "SIMGPU_HBM_BW",
+            "SIMGPU_FAULT_BW",
+            "SIMGPU_TIMESLICE",
+            "SIMGPU_CTX_SWITCH",
+            "SIMGPU_KERNEL_TRACE",
+            "SIMGPU_FAIL_ALLOC_NTH",
+            "SIMGPU_LAUNCH_ERROR",
+            "SIMGPU_STALL_STREAM_AFTER",
+            "SIMGPU_STATS_FILE",
+            "SIMGPU_TRACE_FILE",
+        ]
+    );
+    assert_eq!(
+        known_keys(""),
+        [
+            "driver_version",
+            "state_dir",
+            "log",
+            "device",
+            "cost",
+            "faults"
+        ]
+    );
+    assert_eq!(
+        known_keys("device"),
+        [
+            "name",
+            "memory",
+            "sms",
+            "compute_capability",
+            "uuid",
+            "pci_domain",
+            "pci_bus",
+            "pci_device"
+        ]
+    );
+    assert_eq!(
+        known_keys("cost"),
+        [
+            "kernel_base",
+            "wave",
+            "pcie_bandwidth",
+            "hbm_bandwidth",
+            "copy_base",
+            "fault",
+            "fault_bandwidth",
+            "timeslice",
+            "ctx_switch",
+            "kernels"
+        ]
+    );
+    assert_eq!(
+        known_keys("faults"),
+        ["fail_alloc_nth", "launch_error", "stall_stream_after"]
+    );
+    let vars = known_vars();
+    let unique: std::collections::BTreeSet<_> = vars.iter().collect();
+    assert_eq!(unique.len(), vars.len(), "a variable in two rows");
+}
