@@ -240,3 +240,122 @@ pub(super) fn exec_update(e: *mut c_void, g: *mut c_void) -> Result<(), (CUresul
     take_update(&exec.nodes, &new);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker() -> Builder {
+        Arc::new(|| Ok(Op::marker()))
+    }
+
+    fn origins(list: &[Arc<ExecNode>]) -> Vec<usize> {
+        list.iter().map(|n| n.origin.lock()[0]).collect()
+    }
+
+    #[test]
+    fn flatten_runs_dependencies_first_and_inlines_child_graphs() {
+        let g = Graph::default();
+        let x = g.add(NODE_EMPTY, marker(), Params::None);
+        let y = g.add(NODE_EMPTY, marker(), Params::None);
+        nodes().get(x).unwrap().deps.lock().push(y); // x after y, though made first
+        let child = Arc::new(Graph::default());
+        let inner = child.add(NODE_HOST, marker(), Params::None);
+        let c = g.add_after(NODE_GRAPH, marker(), Params::Child(child), vec![x]);
+        let list = flatten(&g).unwrap();
+        assert_eq!(
+            origins(&list),
+            [y, x, inner],
+            "child node {c} is replaced by its body"
+        );
+        assert_eq!(list[1].deps, [0], "x depends on y, by position");
+        assert_eq!(list[2].node_type, NODE_HOST);
+    }
+
+    #[test]
+    fn a_dependency_cycle_cannot_be_instantiated() {
+        let g = Graph::default();
+        let a = g.add(NODE_EMPTY, marker(), Params::None);
+        let b = g.add_after(NODE_EMPTY, marker(), Params::None, vec![a]);
+        nodes().get(a).unwrap().deps.lock().push(b);
+        assert!(matches!(flatten(&g), Err(CUDA_ERROR_INVALID_VALUE)));
+    }
+
+    #[test]
+    fn an_update_needs_the_same_shape_and_then_takes_the_new_parameters() {
+        let (old, new, longer, retyped) = (
+            Graph::default(),
+            Graph::default(),
+            Graph::default(),
+            Graph::default(),
+        );
+        old.add(NODE_MEM_FREE, marker(), Params::MemFree(0x1000));
+        let n = new.add(NODE_MEM_FREE, marker(), Params::MemFree(0x1000));
+        longer.add(NODE_MEM_FREE, marker(), Params::MemFree(0x1000));
+        let extra = longer.add(NODE_EMPTY, marker(), Params::None);
+        let r = retyped.add(NODE_EMPTY, marker(), Params::None);
+        let (old, new) = (flatten(&old).unwrap(), flatten(&new).unwrap());
+        assert_eq!(
+            same_shape(&old, &flatten(&longer).unwrap()),
+            Err((2, extra)),
+            "topology changed, at the new graph's extra node"
+        );
+        assert_eq!(
+            same_shape(&old, &flatten(&retyped).unwrap()),
+            Err((3, r)),
+            "node type changed"
+        );
+        let moved = Graph::default();
+        let m = moved.add(NODE_MEM_FREE, marker(), Params::MemFree(0x2000));
+        assert_eq!(
+            same_shape(&old, &flatten(&moved).unwrap()),
+            Err((5, m)),
+            "a free node must free the same pointer"
+        );
+        assert_eq!(same_shape(&old, &new), Ok(()));
+        take_update(&old, &new);
+        assert_eq!(
+            old[0].origin.lock().last(),
+            Some(&n),
+            "remembers the new graph's node"
+        );
+    }
+
+    #[test]
+    fn a_graph_allocation_is_allocated_once_per_launch_unless_freed_or_auto_freed() {
+        let ptr = 0x7e57_0000_0000;
+        let mem = GraphMem::new(ptr);
+        let list = vec![Arc::new(ExecNode {
+            origin: Mutex::new(vec![1]),
+            node_type: NODE_MEM_ALLOC,
+            build: Mutex::new(marker()),
+            params: Mutex::new(Params::MemAlloc(mem, [0; MEM_ALLOC_PARAMS_SIZE])),
+            enabled: std::sync::atomic::AtomicBool::new(true),
+            deps: Vec::new(),
+            bodies: Vec::new(),
+        })];
+        assert_eq!(launch_allocs(&list, false), Ok(()));
+        assert_eq!(
+            launch_allocs(&list, false),
+            Err(CUDA_ERROR_INVALID_VALUE),
+            "still live from the last launch"
+        );
+        assert_eq!(launch_allocs(&list, true), Ok(()), "AUTO_FREE_ON_LAUNCH");
+        assert_eq!(free_graph_alloc(ptr), Some(Ok(())));
+        assert_eq!(
+            free_graph_alloc(ptr),
+            Some(Err(CUDA_ERROR_INVALID_VALUE)),
+            "not live"
+        );
+        assert_eq!(
+            launch_allocs(&list, false),
+            Ok(()),
+            "freed by the application"
+        );
+        assert_eq!(
+            free_graph_alloc(0x7e58_0000_0000),
+            None,
+            "not a graph allocation"
+        );
+    }
+}
