@@ -238,7 +238,9 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
     let (state, container, env_applies) = match crate::register::register(
         &cfg,
         crate::register::Patience::Wait(cfg.register_timeout),
-    )? {
+    )
+    .map_err(|e| e.to_string())?
+    {
         crate::register::Outcome::Registered {
             state,
             container,

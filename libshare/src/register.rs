@@ -26,7 +26,7 @@ use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::wire::WireError;
 use libshare_abi::State;
 use std::io::ErrorKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// What registration gave.
@@ -39,6 +39,38 @@ pub enum Outcome {
         /// The daemon trusts the environment (`--trust-env`): its limits and class apply where
         /// the daemon has no settings.
         env_trusted: bool,
+    },
+}
+
+/// Why this process could not register: each the one line for stderr, saying what to do. The
+/// process must not run on its environment's word.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("libshare: the daemon at {} refused to register this process: {reason}; {then}", sock.display())]
+    Refused {
+        sock: PathBuf,
+        reason: String,
+        then: &'static str,
+    },
+    #[error(
+        "libshare: registration with the daemon at {} failed ({error}); {then}. Check that this \
+         process can reach the socket and that the daemon and the shim are the same version",
+        sock.display()
+    )]
+    Failed {
+        sock: PathBuf,
+        error: String,
+        then: &'static str,
+    },
+    /// Asked again until the deadline (`within`: " within 10s", or nothing when asked once).
+    #[error("libshare: the daemon at {} did not register this process{within} ({why}); {then}. {todo}{raise}", sock.display())]
+    NotRegistered {
+        sock: PathBuf,
+        within: String,
+        why: String,
+        then: &'static str,
+        todo: &'static str,
+        raise: &'static str,
     },
 }
 
@@ -120,7 +152,7 @@ fn consequence(patience: Patience) -> &'static str {
 /// Registers this process with the daemon at the configured socket. Err: the one line for
 /// stderr (the daemon refused, did not register the process in time, or answered nonsense):
 /// the process must not run on its environment's word.
-pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, String> {
+pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, RegisterError> {
     let Some(sock) = &cfg.socket else {
         return Ok(Outcome::NoDaemon);
     };
@@ -165,18 +197,18 @@ pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, String> {
                 return Ok(outcome);
             }
             Attempt::Refused(reason) => {
-                return Err(format!(
-                    "libshare: the daemon at {} refused to register this process: {reason}; {then}",
-                    sock.display()
-                ))
+                return Err(RegisterError::Refused {
+                    sock: sock.clone(),
+                    reason,
+                    then,
+                })
             }
-            Attempt::Failed(e) => {
-                return Err(format!(
-                    "libshare: registration with the daemon at {} failed ({e}); {then}. Check \
-                     that this process can reach the socket and that the daemon and the shim \
-                     are the same version",
-                    sock.display()
-                ))
+            Attempt::Failed(error) => {
+                return Err(RegisterError::Failed {
+                    sock: sock.clone(),
+                    error,
+                    then,
+                })
             }
             Attempt::Again(why) => why,
         };
@@ -195,11 +227,14 @@ pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, String> {
             } else {
                 "Start the daemon (or remove the stale socket if it is gone for good)"
             };
-            return Err(format!(
-                "libshare: the daemon at {} did not register this process{within} ({why}); \
-                 {then}. {todo}{raise}",
-                sock.display(),
-            ));
+            return Err(RegisterError::NotRegistered {
+                sock: sock.clone(),
+                within,
+                why,
+                then,
+                todo,
+                raise,
+            });
         };
         if !announced && t0.elapsed() + wait >= ANNOUNCE_AFTER {
             announced = true;

@@ -154,17 +154,29 @@ enum Step {
     Idle(usize, u64),
 }
 
+/// What the engine needs of the machine, handed to it when it is built: the shared state, this
+/// process's slot in it and the compute schedulers' parameters.
+pub struct Machine {
+    pub shared: &'static Shared,
+    pub slot: usize,
+    pub sched: crate::sched::Params,
+    /// The process the slot belongs to: a forked child does not use its parent's slot.
+    pub pid: u32,
+}
+
 pub struct Engine {
     st: Mutex<State>,
     done: Condvar,
     stall_after: Option<u64>,
     /// Wake word when no shared state is mapped (the process's slot word otherwise).
     local_wake: std::sync::atomic::AtomicU32,
+    machine: Option<Machine>,
 }
 
 impl Engine {
-    pub fn new(stall_after: Option<u64>) -> Engine {
+    pub fn new(stall_after: Option<u64>, machine: Option<Machine>) -> Engine {
         Engine {
+            machine,
             st: Mutex::new(State {
                 streams: HashMap::new(),
                 next_id: 1,
@@ -178,9 +190,16 @@ impl Engine {
         }
     }
 
+    /// The machine, in the process that built the engine.
+    fn machine(&self) -> Option<&Machine> {
+        self.machine
+            .as_ref()
+            .filter(|m| m.pid == std::process::id())
+    }
+
     /// The futex word the engine thread sleeps on.
     fn wake_word(&'static self) -> &'static std::sync::atomic::AtomicU32 {
-        match crate::sim::get() {
+        match self.machine() {
             Some(s) => &s.shared.slot(s.slot).wake,
             None => &self.local_wake,
         }
@@ -225,7 +244,7 @@ impl Engine {
         let Some(q) = st.streams.get_mut(&id) else {
             return 0;
         };
-        if let (Resource::Compute(d), Some(s)) = (op.resource, crate::sim::get()) {
+        if let (Resource::Compute(d), Some(s)) = (op.resource, self.machine()) {
             // Before the operation is queued: a slice-end decision seeing 0 may not wait for us.
             s.shared.slot(s.slot).dev[d].queued.fetch_add(1, SeqCst);
         }
@@ -305,7 +324,7 @@ impl Engine {
     /// The engine thread.
     fn run(&'static self) {
         ON_ENGINE.with(|e| e.set(true));
-        let sim = crate::sim::get();
+        let sim = self.machine();
         let wake = self.wake_word();
         let mut st = self.st.lock();
         loop {
@@ -537,7 +556,7 @@ impl Engine {
                     Step::Idle(d, end) => {
                         if let Some(s) = sim {
                             let mut g = s.shared.lock_sched(d);
-                            crate::sched::idle(&mut g, params(s), s.slot, end, now_ns());
+                            crate::sched::idle(&mut g, s.sched, s.slot, end, now_ns());
                         }
                     }
                 }
@@ -584,20 +603,20 @@ fn placeholder() -> Service {
 /// is seen (`crate::sched::Params::decide_after`).
 const DECIDE_AFTER_NS: u64 = 250_000;
 
-fn params(s: &crate::sim::Sim) -> crate::sched::Params {
+pub fn sched_params(cost: &crate::config::CostModel) -> crate::sched::Params {
     crate::sched::Params {
-        slice: s.cfg.cost.timeslice_ns,
-        switch: s.cfg.cost.ctx_switch_ns,
+        slice: cost.timeslice_ns,
+        switch: cost.ctx_switch_ns,
         decide_after: DECIDE_AFTER_NS,
-        lease: s.cfg.cost.timeslice_ns,
+        lease: cost.timeslice_ns,
     }
 }
 
 /// Asks device `d`'s scheduler for the engine for `sv`; on a grant, accounts the busy time.
-fn serve(s: &crate::sim::Sim, d: usize, mut sv: Service) -> Service {
+fn serve(s: &Machine, d: usize, mut sv: Service) -> Service {
     let decision = {
         let mut g = s.shared.lock_sched(d);
-        crate::sched::request(&mut g, params(s), s.slot, sv.ready, sv.remaining, now_ns())
+        crate::sched::request(&mut g, s.sched, s.slot, sv.ready, sv.remaining, now_ns())
     };
     match decision {
         crate::sched::Decision::Wait { until } => {

@@ -4,10 +4,12 @@
 //! bytes); kernels do not compute but occupy a device timeline shared by every process that uses the
 //! same state directory, so processes contend as on a real GPU. See `simgpu/README.md`.
 //!
-//! Layout: `driver/` holds the exported driver functions, one module per API group; `engine`
-//! executes stream work against the modelled clock; `shared` is the cross-process state file;
-//! `image` parses fatbins/cubins/PTX; `export_tables` and `integrity` are the undocumented
-//! interfaces cudart needs; `nvml` is the NVML subset.
+//! Layout, on floors (ARCHITECTURE.md; `tests/layers.rs` checks them): `driver/` holds the
+//! exported driver functions, one module per API group (with `driver/export_tables.rs`, the
+//! undocumented interfaces cudart needs), and `nvml/` the NVML subset; `sim` is the process's
+//! simulator; `model/` the objects it holds (memory, modules, graphs and capture) and `engine`
+//! executes stream work against the modelled clock; `shared` is the cross-process state file and
+//! `config/` the settings; `image/` parses fatbins/cubins/PTX.
 
 #![allow(non_snake_case)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -17,10 +19,10 @@ pub mod cglimits;
 pub mod config;
 pub mod driver;
 pub mod engine;
-pub mod export_tables;
 pub mod image;
 pub mod integrity;
 pub mod log;
+pub mod model;
 pub mod nvml;
 pub mod sched;
 pub mod shared;

@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 use crate::config::SimConfig;
-use crate::engine::{Engine, StreamId};
+use crate::engine::{Engine, Machine, StreamId};
+pub use crate::model::Registry;
 use crate::shared::Shared;
 use crate::types::*;
 
 pub struct Sim {
     pub cfg: SimConfig,
-    pub shared: Shared,
+    /// The machine-wide state (leaked with the `Sim`; the engine holds it too).
+    pub shared: &'static Shared,
     pub slot: usize,
     pub generation: u32,
     pub pid: u32,
@@ -22,9 +24,9 @@ pub struct Sim {
     pub contexts: Registry<Context>,
     pub streams: Registry<Stream>,
     pub events: Registry<Event>,
-    pub modules: Registry<crate::driver::module::Module>,
-    pub functions: Registry<crate::driver::module::Function>,
-    pub mem: Mutex<crate::driver::memory::MemTable>,
+    pub modules: Registry<crate::model::module::Module>,
+    pub functions: Registry<crate::model::module::Function>,
+    pub mem: Mutex<crate::model::memory::MemTable>,
     /// Per-process counters (also used by fault injection).
     pub alloc_count: AtomicU64,
     pub launch_count: AtomicU64,
@@ -59,8 +61,20 @@ pub fn sim() -> Result<&'static Sim, CUresult> {
     get().ok_or(CUDA_ERROR_NOT_INITIALIZED)
 }
 
+/// What the exports do at the two edges of a process's simulator. `cuInit` hands them in, so
+/// the simulator never names an export module.
+pub struct Edges {
+    /// A forked child's first `cuInit`: forget what the parent had in flight.
+    pub forked: fn(),
+    /// At exit, before the process's slot is released.
+    pub exit: fn(&Sim),
+}
+
+/// `Edges::exit`, for the `atexit` handler.
+static EXIT: OnceLock<fn(&Sim)> = OnceLock::new();
+
 /// cuInit: loads the configuration and maps the shared state (once per process).
-pub fn init() -> CUresult {
+pub fn init(edges: &Edges) -> CUresult {
     let _g = INIT.lock();
     if let Some(s) = get() {
         s.ensure_primaries();
@@ -74,11 +88,11 @@ pub fn init() -> CUresult {
     if FAILED_PID.load(Acquire) == pid {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    match build(pid) {
+    match build(pid, edges) {
         Ok(sim) => {
             if !SIM.load(Acquire).is_null() {
                 // A forked child: what the parent had in flight is not ours.
-                crate::driver::managed::forget_all();
+                (edges.forked)();
             }
             SIM.store(Box::into_raw(Box::new(sim)), Release);
             let s = get().expect("just stored");
@@ -95,7 +109,7 @@ pub fn init() -> CUresult {
     }
 }
 
-fn build(pid: u32) -> Result<Sim, ()> {
+fn build(pid: u32, edges: &Edges) -> Result<Sim, ()> {
     let cfg = SimConfig::from_env().map_err(|e| eprintln!("{e}"))?;
     crate::log::LEVEL.store(cfg.log_level, Relaxed);
     let mem: Vec<u64> = cfg.devices.iter().map(|d| d.memory).collect();
@@ -112,11 +126,21 @@ fn build(pid: u32) -> Result<Sim, ()> {
         std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
         &cfg.devices[..ndev],
     );
-    let engine = Engine::new(cfg.faults.stall_stream_after);
+    let shared: &'static Shared = Box::leak(Box::new(shared));
+    let machine = Machine {
+        shared,
+        slot,
+        sched: crate::engine::sched_params(&cfg.cost),
+        pid,
+    };
+    let engine = Engine::new(cfg.faults.stall_stream_after, Some(machine));
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registering a plain extern "C" function (once: it serves forked children too).
-    AT_EXIT.call_once(|| unsafe {
-        libc::atexit(at_exit);
+    AT_EXIT.call_once(|| {
+        EXIT.get_or_init(|| edges.exit);
+        // SAFETY: registering a plain extern "C" function (once: it serves forked children too).
+        unsafe {
+            libc::atexit(at_exit);
+        }
     });
     Ok(Sim {
         primary: OnceLock::new(),
@@ -176,7 +200,9 @@ extern "C" fn at_exit() {
         return;
     }
     if let Some(s) = get() {
-        crate::driver::stats::write_stats_file(s);
+        if let Some(exit) = EXIT.get() {
+            exit(s);
+        }
         s.shared.release_slot(s.slot, s.pid);
     }
 }
@@ -221,37 +247,6 @@ impl Sim {
     /// The physical device (index into the configuration and the shared state) of an ordinal.
     pub fn device(&self, dev: CUdevice) -> Result<usize, CUresult> {
         Ok(self.visible[self.check_ordinal(dev)?])
-    }
-}
-
-/// Live objects by handle value, so a stale or made-up handle is an error, not a crash.
-pub struct Registry<T> {
-    map: Mutex<HashMap<usize, Arc<T>>>,
-}
-
-impl<T> Default for Registry<T> {
-    fn default() -> Self {
-        Registry {
-            map: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl<T> Registry<T> {
-    /// Registers `obj`; its handle is its address.
-    pub fn insert(&self, obj: Arc<T>) -> usize {
-        let h = Arc::as_ptr(&obj) as usize;
-        self.map.lock().insert(h, obj);
-        h
-    }
-    pub fn get(&self, h: usize) -> Option<Arc<T>> {
-        self.map.lock().get(&h).cloned()
-    }
-    pub fn remove(&self, h: usize) -> Option<Arc<T>> {
-        self.map.lock().remove(&h)
-    }
-    pub fn values(&self) -> Vec<Arc<T>> {
-        self.map.lock().values().cloned().collect()
     }
 }
 

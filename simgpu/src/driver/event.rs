@@ -25,7 +25,7 @@ unsafe fn record(ev: CUevent, h: CUstream, ptds: bool) -> R {
     let s = sim()?;
     let e = get(ev)?;
     let r = stream_ref(h, ptds)?;
-    if crate::driver::graph::note_event_record(r.id, &e.state) {
+    if crate::model::capture::note_event_record(r.id, &e.state) {
         return Ok(()); // inside a capture: only marks a fork/join point
     }
     let mut op = Op::marker();

@@ -132,7 +132,11 @@ driver! {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        match crate::sim::init() {
+        let edges = crate::sim::Edges {
+            forked: super::managed::forget_all,
+            exit: super::stats::write_stats_file,
+        };
+        match crate::sim::init(&edges) {
             CUDA_SUCCESS => Ok(()),
             e => Err(e),
         }

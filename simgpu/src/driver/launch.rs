@@ -9,7 +9,8 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-use super::module::{blocks_per_sm, function, Function};
+use super::module::{blocks_per_sm, function};
+use crate::model::module::{Function, PARAM_SPACE};
 use std::sync::Arc;
 
 use super::{stream_ref, Builder, R};
@@ -142,14 +143,16 @@ unsafe fn launch(
     // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
     let build = unsafe { kernel_op_on(r.ctx.device, f, grid, block, params)? };
     injected_fault(s)?;
-    let node = super::graph::Params::Kernel(super::graph::KernelNode {
+    let node = crate::model::capture::Params::Kernel(crate::model::capture::KernelNode {
         func: f as usize,
         is_kernel: false,
         grid,
         block,
         shared_mem: smem,
     });
-    super::submit_or_capture_params(s, &r, super::graph::NODE_KERNEL, node, move || build())
+    super::submit_or_capture_params(s, &r, crate::model::capture::NODE_KERNEL, node, move || {
+        build()
+    })
 }
 
 /// Counts a launch; the configured fault (`faults.launch_error`) fails the n-th.
@@ -184,40 +187,6 @@ unsafe fn launch_ex(
             params,
             ptds,
         )
-    }
-}
-
-/// The parameter space of the deprecated execution-control API, bytes (CUDA's 4 KiB of kernel
-/// parameters).
-const PARAM_SPACE: usize = 4096;
-
-/// What the deprecated execution-control API (CUDA 2.x/3.x) sets on a function for its next
-/// `cuLaunch` / `cuLaunchGrid` / `cuLaunchGridAsync`: the block shape (`cuFuncSetBlockShape`;
-/// none set is an invalid launch), the dynamic shared memory (`cuFuncSetSharedSize`) and the
-/// parameter buffer (`cuParamSet*` write at byte offsets; `cuParamSetSize` says how many of its
-/// bytes are the parameters: the kernel sees zeros after them).
-#[derive(Default)]
-pub struct Legacy {
-    block: [u32; 3],
-    shared: u32,
-    size: usize,
-    /// `PARAM_SPACE` bytes once anything was written (zero-filled), else empty.
-    buf: Vec<u8>,
-}
-
-impl Legacy {
-    /// Copies `bytes` into the parameter buffer at `offset`.
-    fn write(&mut self, offset: i32, bytes: &[u8]) -> R {
-        let at = usize::try_from(offset).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        if at
-            .checked_add(bytes.len())
-            .is_none_or(|end| end > PARAM_SPACE)
-        {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        self.buf.resize(PARAM_SPACE, 0);
-        self.buf[at..at + bytes.len()].copy_from_slice(bytes);
-        Ok(())
     }
 }
 
@@ -308,7 +277,7 @@ unsafe fn launch_multi_device(list: *const LaunchParams, n: u32, flags: u32) -> 
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if super::graph::capturing(r.id).is_some() {
+        if crate::model::capture::capturing(r.id).is_some() {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
         // SAFETY: the entry's kernelParams array (this fn's contract).

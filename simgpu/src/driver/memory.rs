@@ -3,90 +3,15 @@
 //! Usage is accounted per device in the shared state, across processes.
 
 use libshare_abi::SlotTable;
-use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
 use super::{current_ctx, out, stream_ref, submit_or_capture, submit_sync, R};
 use crate::engine::{Op, Resource};
+pub use crate::model::memory::{map_anon, unmap, Alloc, Copy3D, Kind, MemTable};
 use crate::sim::{sim, Sim};
 use crate::types::*;
 use crate::{driver, driver_ptds};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Device,
-    /// Page-locked host memory from cuMemHostAlloc / cuMemAllocHost.
-    Host,
-    /// Host memory registered with cuMemHostRegister (not owned).
-    Registered,
-    Managed,
-    /// A VMM reservation (cuMemAddressReserve); mapped ranges are accounted by their handle.
-    Reserved,
-    /// The storage of a CUDA array (see `array.rs`): device memory reached through its handle.
-    Array,
-}
-
-#[derive(Clone, Debug)]
-pub struct Alloc {
-    pub size: u64,
-    pub kind: Kind,
-    pub device: usize,
-    /// Bytes charged to the device for this allocation.
-    pub charged: u64,
-    pub ctx: usize,
-    /// Memory pool the allocation came from (stream-ordered allocations).
-    pub pool: usize,
-    pub id: u64,
-    /// Host memory: the flags it was allocated (CU_MEMHOSTALLOC_*) or registered
-    /// (CU_MEMHOSTREGISTER_*) with.
-    pub host_flags: u32,
-}
-
-#[derive(Default)]
-pub struct MemTable {
-    pub map: BTreeMap<u64, Alloc>,
-    next_id: u64,
-}
-
-impl MemTable {
-    /// The allocation containing `p`, as (base, alloc).
-    pub fn find(&self, p: u64) -> Option<(u64, &Alloc)> {
-        let (b, a) = self.map.range(..=p).next_back()?;
-        (p < b + a.size.max(1)).then_some((*b, a))
-    }
-    pub fn insert(&mut self, base: u64, mut a: Alloc) -> u64 {
-        self.next_id += 1;
-        a.id = self.next_id;
-        self.map.insert(base, a);
-        self.next_id
-    }
-}
-
-/// Maps `size` bytes of zeroed memory (address-space only until touched).
-pub fn map_anon(size: u64) -> Result<u64, CUresult> {
-    // SAFETY: anonymous private mapping; the caller owns it until unmap().
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size.max(1) as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        Err(CUDA_ERROR_OUT_OF_MEMORY)
-    } else {
-        Ok(p as u64)
-    }
-}
-
-pub fn unmap(base: u64, size: u64) {
-    // SAFETY: base/size came from map_anon.
-    unsafe { libc::munmap(base as *mut c_void, size.max(1) as usize) };
-}
 
 /// Charges `bytes` of device memory to this process on `dev`, or CUDA_ERROR_OUT_OF_MEMORY.
 /// Managed chunks resident on the device are evicted to make room (as the driver does).
@@ -108,7 +33,7 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
         p.mem_used.fetch_add(bytes, AcqRel);
         let over = capped
             .iter()
-            .find(|(ns, hard)| crate::cglimits::used_in(&s.shared, ns, dev) > *hard);
+            .find(|(ns, hard)| crate::cglimits::used_in(s.shared, ns, dev) > *hard);
         if let Some((ns, hard)) = over {
             crate::shared::sub_saturating(&p.mem_used, bytes);
             crate::debug!("allocation of {bytes} B refused: cgroup {ns}'s hard limit is {hard} B");
@@ -428,7 +353,7 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
         }
         Some((h, ptds)) => {
             let sr = stream_ref(h, ptds)?;
-            let capturing = crate::driver::graph::capturing(sr.id).is_some();
+            let capturing = crate::model::capture::capturing(sr.id).is_some();
             // Device to pageable host memory is synchronous in CUDA: the call returns once the
             // bytes are there (applications rely on it).
             if !capturing
@@ -441,52 +366,11 @@ unsafe fn memcpy(dst: u64, src: u64, len: u64, stream: Option<(CUstream, bool)>,
                 return Ok(());
             }
             // A captured copy reads its source when the graph runs, so it is not staged.
-            let node = crate::driver::graph::NODE_MEMCPY;
+            let node = crate::model::capture::NODE_MEMCPY;
             submit_or_capture(s, &sr, node, move || copy_op(s, dst, src, len, !capturing))?;
         }
     }
     Ok(())
-}
-
-/// A 3D copy descriptor that graph builders may keep (its pointers are the application's).
-#[derive(Clone, Copy)]
-pub struct Copy3D(pub Memcpy3D);
-// SAFETY: the raw pointers are only addresses, not owned data; the CUDA contract makes the
-// application keep them valid while the copy can run, from whichever thread runs it.
-unsafe impl Send for Copy3D {}
-// SAFETY: as for Send: shared access only reads the addresses, it never dereferences them.
-unsafe impl Sync for Copy3D {}
-
-impl Copy3D {
-    pub fn from_2d(p: &Memcpy2D) -> Copy3D {
-        Copy3D(Memcpy3D {
-            src_x_in_bytes: p.src_x_in_bytes,
-            src_y: p.src_y,
-            src_z: 0,
-            src_lod: 0,
-            src_memory_type: p.src_memory_type,
-            src_host: p.src_host,
-            src_device: p.src_device,
-            src_array: p.src_array,
-            reserved0: std::ptr::null_mut(),
-            src_pitch: p.src_pitch,
-            src_height: p.height,
-            dst_x_in_bytes: p.dst_x_in_bytes,
-            dst_y: p.dst_y,
-            dst_z: 0,
-            dst_lod: 0,
-            dst_memory_type: p.dst_memory_type,
-            dst_host: p.dst_host,
-            dst_device: p.dst_device,
-            dst_array: p.dst_array,
-            reserved1: std::ptr::null_mut(),
-            dst_pitch: p.dst_pitch,
-            dst_height: p.height,
-            width_in_bytes: p.width_in_bytes,
-            height: p.height,
-            depth: 1,
-        })
-    }
 }
 
 /// One side of a 3D copy: address of its first byte, row pitch, bytes between slices.
@@ -598,7 +482,7 @@ unsafe fn memcpy3d(c: Copy3D, stream: Option<(CUstream, bool)>, ptds: bool) -> R
         Some((h, pt)) => submit_or_capture(
             s,
             &stream_ref(h, pt)?,
-            crate::driver::graph::NODE_MEMCPY,
+            crate::model::capture::NODE_MEMCPY,
             move || copy3d_op(s, c),
         )?,
     }
@@ -666,7 +550,7 @@ unsafe fn memset(
         Some((h, pt)) => submit_or_capture(
             s,
             &stream_ref(h, pt)?,
-            crate::driver::graph::NODE_MEMSET,
+            crate::model::capture::NODE_MEMSET,
             move || memset_op(s, dst, pitch, value, elem, count, rows),
         )?,
     }
@@ -712,7 +596,7 @@ driver! {
     }
 
     fn cuMemFree_v2(p: CUdeviceptr) {
-        if let Some(r) = super::graph::free_graph_alloc(p) {
+        if let Some(r) = crate::model::capture::free_graph_alloc(p) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
         }
         if let Some(r) = super::ipc::free_pool_import(p) {

@@ -13,6 +13,7 @@ pub mod array;
 pub mod context;
 pub mod device;
 pub mod event;
+pub mod export_tables;
 pub mod graph;
 pub mod init;
 pub mod ipc;
@@ -27,11 +28,11 @@ pub mod stats;
 pub mod stream;
 pub mod vmm;
 
-pub use crate::export_tables::cuGetExportTable;
 pub use array::*;
 pub use context::*;
 pub use device::*;
 pub use event::*;
+pub use export_tables::cuGetExportTable;
 pub use graph::*;
 pub use init::*;
 pub use ipc::*;
@@ -258,7 +259,7 @@ pub fn submit(sim: &'static Sim, s: &StreamRef, mut op: Op) -> u64 {
 }
 
 /// Builds a stream operation; called again at every launch of a graph that captured it.
-pub type Builder = std::sync::Arc<dyn Fn() -> Result<Op, CUresult> + Send + Sync>;
+pub use crate::model::capture::Builder;
 
 /// Submits the operation `build` makes, or, if the stream is capturing, records it as a node of
 /// type `node_type` (a `CUgraphNodeType`) of the graph being captured.
@@ -268,7 +269,13 @@ pub fn submit_or_capture(
     node_type: u32,
     build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
 ) -> R {
-    submit_or_capture_params(sim, s, node_type, graph::Params::None, build)
+    submit_or_capture_params(
+        sim,
+        s,
+        node_type,
+        crate::model::capture::Params::None,
+        build,
+    )
 }
 
 /// `submit_or_capture`, recording `params` with a captured node (what the node Get functions
@@ -277,10 +284,10 @@ pub fn submit_or_capture_params(
     sim: &'static Sim,
     s: &StreamRef,
     node_type: u32,
-    params: graph::Params,
+    params: crate::model::capture::Params,
     build: impl Fn() -> Result<Op, CUresult> + Send + Sync + 'static,
 ) -> R {
-    if let Some(g) = graph::capturing(s.id) {
+    if let Some(g) = crate::model::capture::capturing(s.id) {
         build()?; // validate now, as the driver does at capture time
         g.add(node_type, std::sync::Arc::new(build), params);
         return Ok(());

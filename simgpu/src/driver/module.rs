@@ -10,29 +10,12 @@ use std::sync::Arc;
 use super::{cstr, current_ctx, out, R};
 use crate::driver;
 use crate::image::{ImageInfo, ParamInfo};
+pub use crate::model::module::{Function, Module};
 use crate::sim::sim;
 use crate::types::*;
 
 /// Storage given to a global of an image simgpu could not parse.
 const LENIENT_GLOBAL_BYTES: u64 = 64 << 10;
-
-pub struct Module {
-    pub info: ImageInfo,
-    /// The image could not be parsed: any kernel name resolves (with unknown parameters).
-    pub lenient: bool,
-    /// Globals materialised in device memory: name -> (address, size).
-    pub globals: Mutex<HashMap<String, (u64, u64)>>,
-    pub functions: Mutex<HashMap<String, usize>>,
-}
-
-pub struct Function {
-    pub name: String,
-    pub params: Option<Vec<ParamInfo>>,
-    pub module: usize,
-    pub attrs: Mutex<HashMap<i32, i32>>,
-    /// What the deprecated execution-control API set on the function (`launch.rs`).
-    pub legacy: Mutex<super::launch::Legacy>,
-}
 
 /// Safety: `pm` is NULL or writable; `image` is NULL or an image the driver API accepts
 /// (fatbin wrapper, fatbin, cubin, PTX), readable as far as its own headers say.

@@ -179,10 +179,10 @@ unsafe fn alloc_async(
     if imported(ph) {
         return Err(CUDA_ERROR_INVALID_VALUE); // an imported pool only imports pointers
     }
-    if let Some(g) = crate::driver::graph::capturing(r.id) {
+    if let Some(g) = crate::model::capture::capturing(r.id) {
         // Captured: the graph owns the allocation (address fixed now, freed with the graph).
         let ptr = alloc_device(size as u64, 0)?;
-        crate::driver::graph::add_captured_alloc(&g, ptr, size, p.dev);
+        crate::model::capture::add_captured_alloc(&g, ptr, size, p.dev);
         // SAFETY: not NULL (checked above), so writable (this fn's contract).
         unsafe { *dptr = ptr };
         return Ok(());
@@ -375,13 +375,13 @@ driver_ptds! {
     fn cuMemFreeAsync / cuMemFreeAsync_ptsz(ptr: CUdeviceptr, h: CUstream) |ptds| {
         let s = sim()?;
         let r = stream_ref(h, ptds)?;
-        if let Some(g) = crate::driver::graph::capturing(r.id) {
+        if let Some(g) = crate::model::capture::capturing(r.id) {
             // Captured: a free node; the memory goes when the graph no longer needs it.
             s.mem.lock().map.get(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            crate::driver::graph::add_captured_free(&g, ptr);
+            crate::model::capture::add_captured_free(&g, ptr);
             return Ok(());
         }
-        if let Some(r) = crate::driver::graph::free_graph_alloc(ptr) {
+        if let Some(r) = crate::model::capture::free_graph_alloc(ptr) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
         }
         if super::ipc::is_pool_import(ptr) {

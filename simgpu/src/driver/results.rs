@@ -21,7 +21,7 @@
 //! happens only if its whole range lies inside a device allocation, when the kernel executes in
 //! stream order.
 
-use crate::driver::module::Function;
+use crate::model::module::Function;
 use crate::sim::Sim;
 
 /// Size in bytes of the Itanium-mangled builtin type `code` (integers and floats only).

@@ -117,8 +117,8 @@ driver_ptds! {
         let s = sim()?;
         let r = stream_ref(h, ptds)?;
         let e = s.events.get(ev as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        if crate::driver::graph::join_if_captured(r.id, &e.state)
-            || crate::driver::graph::capturing(r.id).is_some()
+        if crate::model::capture::join_if_captured(r.id, &e.state)
+            || crate::model::capture::capturing(r.id).is_some()
         {
             return Ok(()); // the stream joins (or already is in) the capture
         }
@@ -137,7 +137,7 @@ driver_ptds! {
         let s = sim()?;
         let r = stream_ref(h, ptds)?;
         let hf = HostFn(f as usize, user as usize);
-        let node = crate::driver::graph::NODE_HOST;
+        let node = crate::model::capture::NODE_HOST;
         super::submit_or_capture(s, &r, node, move || {
             Ok(Op::marker().with_effect(move || {
                 let hf = hf;
