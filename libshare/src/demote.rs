@@ -206,21 +206,23 @@ fn step(sh: &Shim, dev: usize) {
     };
     let claim = ds.claim_demotion(mine_resident);
     if claim > 0 {
-        let done = move_some(dev, claim, true);
+        let (done, moves) = move_some(dev, claim, true);
         ds.settle_demoted(true, claim, done);
+        ds.migrations.fetch_add(moves, AcqRel);
         return;
     }
     let claim = ds.claim_promotion(mine_demoted);
     if claim > 0 {
-        let done = move_some(dev, claim, false);
+        let (done, moves) = move_some(dev, claim, false);
         ds.settle_demoted(false, claim, done);
+        ds.migrations.fetch_add(moves, AcqRel);
     }
 }
 
 /// Demotes (oldest first) or promotes (newest first, while the driver reports room) whole
-/// allocations on `dev` until `bytes` are covered; returns the bytes moved, once the moves are
-/// done (their streams synchronised).
-fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
+/// allocations on `dev` until `bytes` are covered; returns the bytes moved and how many
+/// allocations, once the moves are done (their streams synchronised).
+fn move_some(dev: usize, bytes: u64, demote: bool) -> (u64, u32) {
     let r = crate::driver::real();
     let (Some(advise), Some(prefetch), Some(set_ctx), Some(sync)) = (
         r.cuMemAdvise,
@@ -228,10 +230,11 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
         r.cuCtxSetCurrent,
         r.cuStreamSynchronize,
     ) else {
-        return 0;
+        return (0, 0);
     };
     let t = TRACKER.get();
     let mut moved = 0u64;
+    let mut moves = 0u32;
     let mut used_streams: Vec<usize> = Vec::new();
     {
         let mut l = lock(&t.list);
@@ -284,6 +287,7 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
                 }
                 a.demoted = demote;
                 moved += a.size;
+                moves += 1;
             } else {
                 dead.push(i);
             }
@@ -300,7 +304,7 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
         // SAFETY: the real driver's cuStreamSynchronize on a stream this thread created.
         unsafe { sync(s as CUstream) };
     }
-    moved
+    (moved, moves)
 }
 
 /// This thread's stream in context `ctx` (current), made once.
