@@ -314,7 +314,7 @@ pub fn launch(
         dev,
         remote_key(key, remote),
         prior,
-        REMOTE_HOLD,
+        LONG_HOLD,
         stream,
         ptsz,
         call,
@@ -324,14 +324,20 @@ pub fn launch(
 /// Rate assumed for a kernel's reads of demoted memory (over PCIe) before launches like it were
 /// timed, bytes per second: PCIe 4.0 x16 as measured on an A100 (~25 GB/s).
 pub const REMOTE_BANDWIDTH: u64 = 25_000_000_000;
-/// A launch that reads demoted memory and does not fit production's gap waits this many times
-/// its span before it goes (see [`remote_verdict`]): such a launch is longer than production's
-/// gaps and slows production for at most about its span, so it takes at most 1/(1 + this) of
-/// production's time (5 %). Under a window it fits it goes at once, under an open gate too.
-pub const REMOTE_HOLD: u64 = 19;
+/// A launch that reads demoted memory, or any launch whose span is estimated above
+/// [`LONG_NS`] (e.g. one that faults managed memory in while the device cannot hold the job's
+/// working set), and that does not fit production's gap waits this many times its span before
+/// it goes (see [`remote_verdict`]): such a launch is longer than production's gaps and slows
+/// production for at most about its span, so it takes at most 1/(1 + this) of production's
+/// time (5 %). Under a window it fits it goes at once, under an open gate too.
+pub const LONG_HOLD: u64 = 19;
+/// A launch estimated longer than this is held as one reading demoted memory is ([`LONG_HOLD`]):
+/// the daemon's starvation rule (one launch per 100 ms while production is busy) and the
+/// in-flight bound (2 ms) assume launches far shorter.
+pub const LONG_NS: u64 = 10_000_000;
 
 /// The verdict for a launch that reads demoted memory, held `held` ns so far, hold `hold_ns`
-/// (see [`REMOTE_HOLD`]): under an open gate, or a window it fits, as any launch; else it
+/// (see [`LONG_HOLD`]): under an open gate, or a window it fits, as any launch; else it
 /// waits out its hold, then goes at the start of production's next gap (a window open now,
 /// whether it fits or not: it then overlaps production's next busy phase by less than its
 /// span), and after twice its hold under any gate that lets a launch go (production without
@@ -475,8 +481,8 @@ pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
 /// leaves the sum) and, if that frees nothing, this launch counts only its own process's work:
 /// a wait for others' work never lasts more than about [`STALL_NS`].
 ///
-/// `hold` > 0 (a launch reading demoted memory, [`REMOTE_HOLD`]): a verdict to go under a
-/// gate without a window counts only once the launch has waited `hold` × its span.
+/// `hold` > 0 (a launch reading demoted memory, [`LONG_HOLD`]; any launch estimated above
+/// [`LONG_NS`] too): it goes as [`remote_verdict`] says.
 fn pass(
     ops: &dyn DriverOps,
     d: &DeviceState,
@@ -499,6 +505,11 @@ fn pass_within(
     stall_ns: u64,
 ) -> u64 {
     let est = TRACKER.lock().estimate_or(key, prior);
+    let hold = if est.span > LONG_NS {
+        hold.max(LONG_HOLD)
+    } else {
+        hold
+    };
     let hold_ns = hold.saturating_mul(est.span);
     let mut held_since = None;
     // The last change of `drain_seq` seen, and when.
@@ -762,7 +773,7 @@ mod tests {
     fn a_launch_reading_demoted_memory_waits_its_hold_then_takes_a_gap() {
         // 12 ms of remote reads, held 19 × 12 ms: production's 4 ms gap never fits it.
         let span = 12_000_000;
-        let hold = REMOTE_HOLD * span;
+        let hold = LONG_HOLD * span;
         let now = 1_000_000_000;
         let window = Gate::Run {
             in_flight_us: 0,
