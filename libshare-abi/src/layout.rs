@@ -146,10 +146,11 @@ pub struct DeviceState {
     pub in_flight_ns: AtomicU64,
     /// Threads of the container waiting at the gate now.
     pub held: AtomicU32,
-    /// Unused: once the container's environment compute limit, which every process of the
-    /// container overwrote (the last writer won). The limit is per process now
-    /// ([`ProcSlot::compute_limit`]); nothing reads or writes this word.
-    pub _retired_env_compute: AtomicU32,
+    /// Opportunistic, oversubscribing: whole allocations its shims moved between the device and
+    /// the host (demotions plus promotions, `demote.rs`), cumulative, wrapping; for display.
+    /// (Once the container's environment compute limit, retired when it became per process:
+    /// a shim of that time may have left a value here.)
+    pub migrations: AtomicU32,
     /// +1 at each phase change (drained → busy, busy → drained): a futex the daemon waits on.
     pub phase_seq: AtomicU32,
     /// Nonzero while a daemon waits on `phase_seq` (written by the daemon): a phase change then

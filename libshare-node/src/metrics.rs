@@ -151,6 +151,18 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
         "Managed memory the daemon asks an oversubscribing container to hold demoted (0: none)",
         Some(Unit::Bytes),
     );
+    let resident = fam::<Gauge>(
+        &mut r,
+        "memory_resident",
+        "Memory a container holds on the device itself: its footprint less what is demoted to the host",
+        Some(Unit::Bytes),
+    );
+    let migrations = fam::<Counter>(
+        &mut r,
+        "memory_migrations",
+        "Whole allocations an oversubscribing container moved between the device and the host (demotions plus promotions)",
+        None,
+    );
     let waited_for = fam::<Counter>(
         &mut r,
         "memory_waited_for",
@@ -261,6 +273,8 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
             refused.get_or_create(&l).inc_by(d.refused);
             demoted.get_or_create(&l).set(i(d.demoted));
             demote_target.get_or_create(&l).set(i(d.demote_target));
+            migrations.get_or_create(&l).inc_by(d.migrations);
+            resident.get_or_create(&l).set(i(d.resident()));
             waited_for.get_or_create(&l).inc_by(d.waited_for);
             allocs.get_or_create(&l).inc_by(d.allocs);
             frees.get_or_create(&l).inc_by(d.frees);

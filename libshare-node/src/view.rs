@@ -63,11 +63,20 @@ pub struct DeviceView {
     /// what the daemon asks them to (`libshare_abi::demote`).
     pub demoted: u64,
     pub demote_target: u64,
+    /// Oversubscribing containers: whole allocations moved between the device and the host
+    /// (demotions plus promotions), cumulative (a 32-bit count, wrapping).
+    pub migrations: u64,
     /// Production containers: bytes their allocations waited to find free, cumulative.
     pub waited_for: u64,
 }
 
 impl DeviceView {
+    /// Memory held on the device itself: the footprint (`used`) less what is demoted to the
+    /// host.
+    pub fn resident(&self) -> u64 {
+        self.used.saturating_sub(self.demoted)
+    }
+
     /// Whether the container has a quota, memory or launches on this device, or was gated or
     /// timed there. A compute share or weight alone does not count (`sharectl set` writes them
     /// on every device).
@@ -151,6 +160,7 @@ pub fn container(name: &str, st: &State) -> ContainerView {
                 weight: dev.weight.load(Acquire),
                 demoted: dev.demoted.load(Acquire),
                 demote_target: dev.demote.load(Acquire),
+                migrations: dev.migrations.load(Acquire) as u64,
                 waited_for: dev.mem_want.load(Acquire),
                 busy: dev.busy_since.load(Acquire) != 0,
             }

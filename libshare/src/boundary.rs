@@ -92,6 +92,11 @@ impl<T: Pod> Out<'_, T> {
         // than the call.
         (!self.0.is_null()).then(|| unsafe { std::slice::from_raw_parts(self.0, n) })
     }
+    /// The pointer itself, for a reader within this call that follows the call's documented
+    /// layout (a kernel's `kernelParams`: `demote::remote_bytes`).
+    pub fn raw(&self) -> *mut T {
+        self.0
+    }
     /// Writes `v` (false if NULL).
     pub fn set(&self, v: T) -> bool {
         if self.0.is_null() {

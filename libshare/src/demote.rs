@@ -11,7 +11,7 @@
 //! Nothing here fails a job: a driver call that fails drops the allocation from the list (it
 //! was freed behind our back, or its context is gone) and the thread goes on.
 
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 use libshare_abi::demote::{protected, WAIT_BOUND_NS};
@@ -98,6 +98,12 @@ struct Tracker {
 }
 
 static TRACKER: PerProcess<Tracker> = PerProcess::new();
+/// Bytes of this process's allocations demoted now (every device): launches look for them in
+/// their parameters only while this is nonzero (see [`remote_bytes`]).
+static DEMOTED: AtomicU64 = AtomicU64::new(0);
+/// A kernel's parameters looked at for demoted pointers, at most.
+const MAX_PARAMS: usize = 256;
+
 /// Set once any process image of ours tracked an allocation: `untrack` does nothing before
 /// (every free passes there; production's frees then pay one relaxed load).
 static ANY: AtomicBool = AtomicBool::new(false);
@@ -150,6 +156,7 @@ fn forget(ptr: CUdeviceptr) {
     if let Some(i) = l.iter().position(|t| t.ptr == ptr) {
         let t = l.remove(i);
         if t.demoted {
+            DEMOTED.fetch_sub(t.size, AcqRel);
             if let Some(sh) = crate::process::get() {
                 sh.account.state.device(t.dev).forget_demoted(t.size);
             }
@@ -199,21 +206,23 @@ fn step(sh: &Shim, dev: usize) {
     };
     let claim = ds.claim_demotion(mine_resident);
     if claim > 0 {
-        let done = move_some(dev, claim, true);
+        let (done, moves) = move_some(dev, claim, true);
         ds.settle_demoted(true, claim, done);
+        ds.migrations.fetch_add(moves, AcqRel);
         return;
     }
     let claim = ds.claim_promotion(mine_demoted);
     if claim > 0 {
-        let done = move_some(dev, claim, false);
+        let (done, moves) = move_some(dev, claim, false);
         ds.settle_demoted(false, claim, done);
+        ds.migrations.fetch_add(moves, AcqRel);
     }
 }
 
 /// Demotes (oldest first) or promotes (newest first, while the driver reports room) whole
-/// allocations on `dev` until `bytes` are covered; returns the bytes moved, once the moves are
-/// done (their streams synchronised).
-fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
+/// allocations on `dev` until `bytes` are covered; returns the bytes moved and how many
+/// allocations, once the moves are done (their streams synchronised).
+fn move_some(dev: usize, bytes: u64, demote: bool) -> (u64, u32) {
     let r = crate::driver::real();
     let (Some(advise), Some(prefetch), Some(set_ctx), Some(sync)) = (
         r.cuMemAdvise,
@@ -221,10 +230,11 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
         r.cuCtxSetCurrent,
         r.cuStreamSynchronize,
     ) else {
-        return 0;
+        return (0, 0);
     };
     let t = TRACKER.get();
     let mut moved = 0u64;
+    let mut moves = 0u32;
     let mut used_streams: Vec<usize> = Vec::new();
     {
         let mut l = lock(&t.list);
@@ -270,14 +280,23 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
                 }
             };
             if ok {
+                if demote {
+                    DEMOTED.fetch_add(a.size, AcqRel);
+                } else {
+                    DEMOTED.fetch_sub(a.size, AcqRel);
+                }
                 a.demoted = demote;
                 moved += a.size;
+                moves += 1;
             } else {
                 dead.push(i);
             }
         }
         dead.sort_unstable_by(|a, b| b.cmp(a));
         for i in dead {
+            if l[i].demoted {
+                DEMOTED.fetch_sub(l[i].size, AcqRel);
+            }
             l.remove(i);
         }
     }
@@ -285,7 +304,7 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> u64 {
         // SAFETY: the real driver's cuStreamSynchronize on a stream this thread created.
         unsafe { sync(s as CUstream) };
     }
-    moved
+    (moved, moves)
 }
 
 /// This thread's stream in context `ctx` (current), made once.
@@ -303,4 +322,54 @@ fn stream_of(streams: &Mutex<Vec<(usize, usize)>>, ctx: usize) -> Option<usize> 
     }
     l.push((ctx, s as usize));
     Some(s as usize)
+}
+
+/// Opportunistic: the bytes of this process's demoted allocations on `dev` that a launch of `f`
+/// with `params` (`cuLaunchKernel`'s `kernelParams`) references — what the kernel will read
+/// over PCIe. 0 at the cost of one load while nothing is demoted. A parameter (or any 8-byte
+/// word of a by-value struct) holding an address inside a demoted allocation references it,
+/// as the driver's fault handler would find it used; the parameters' layout comes from
+/// `cuFuncGetParamInfo` (CUDA 12.4+). A launch whose layout the driver does not give (an older
+/// driver, a `CUkernel` handle, parameters passed through `extra`) counts as referencing none.
+pub fn remote_bytes(dev: usize, f: CUfunction, params: *mut *mut std::ffi::c_void) -> u64 {
+    if DEMOTED.load(Relaxed) == 0 || params.is_null() || f.is_null() {
+        return 0;
+    }
+    scan(dev, f, params)
+}
+
+#[cold]
+fn scan(dev: usize, f: CUfunction, params: *mut *mut std::ffi::c_void) -> u64 {
+    let Some(info) = crate::driver::real().cuFuncGetParamInfo else {
+        return 0;
+    };
+    let mut demoted: Vec<(u64, u64, bool)> = lock(&TRACKER.get().list)
+        .iter()
+        .filter(|t| t.dev == dev && t.demoted)
+        .map(|t| (t.ptr, t.size, false))
+        .collect();
+    if demoted.is_empty() {
+        return 0;
+    }
+    for i in 0..MAX_PARAMS {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: the real driver's call with live local out-pointers; it checks `f`.
+        if unsafe { info(f, i, &mut offset, &mut size) } != CUDA_SUCCESS {
+            break;
+        }
+        // SAFETY: `kernelParams` holds one pointer per parameter of `f` (the launch's
+        // contract, which the driver checks the same way), each to `size` bytes.
+        let p = unsafe { *params.add(i) } as *const u8;
+        if p.is_null() {
+            break;
+        }
+        for w in 0..size / 8 {
+            // SAFETY: within the parameter's `size` bytes; unaligned read of plain bytes.
+            let v = unsafe { std::ptr::read_unaligned(p.add(w * 8) as *const u64) };
+            for (ptr, len, hit) in demoted.iter_mut() {
+                *hit |= v >= *ptr && v < *ptr + *len;
+            }
+        }
+    }
+    demoted.iter().filter(|d| d.2).map(|d| d.1).sum()
 }

@@ -287,15 +287,78 @@ extern "C" fn at_exit() {
 /// An opportunistic launch of `key` on `stream` of device `dev` (its shared state `d`): waits
 /// as the gate says, then runs `call`, timed.
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 pub fn launch(
     d: &'static DeviceState,
     dev: usize,
     key: usize,
+    remote: u64,
     stream: Handle,
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    launch_with(d, dev, key, DEFAULT_EST, stream, ptsz, call)
+    if remote == 0 {
+        return launch_with(d, dev, key, DEFAULT_EST, 0, stream, ptsz, call);
+    }
+    // Reading demoted memory over PCIe: a key of its own (its spans are not those of the
+    // function's launches on resident memory), priced until timed at the function's span plus
+    // the remote bytes at PCIe's rate, and held (see `pass_within`).
+    let base = TRACKER.lock().estimate_or(key, DEFAULT_EST);
+    let extra = (remote as u128 * 1_000_000_000 / REMOTE_BANDWIDTH as u128) as u64;
+    let prior = Estimate {
+        span: base.span + extra,
+        cost: base.cost + extra,
+    };
+    launch_with(
+        d,
+        dev,
+        remote_key(key, remote),
+        prior,
+        LONG_HOLD,
+        stream,
+        ptsz,
+        call,
+    )
+}
+
+/// Rate assumed for a kernel's reads of demoted memory (over PCIe) before launches like it were
+/// timed, bytes per second: PCIe 4.0 x16 as measured on an A100 (~25 GB/s).
+pub const REMOTE_BANDWIDTH: u64 = 25_000_000_000;
+/// A launch that reads demoted memory, or any launch whose span is estimated above
+/// [`LONG_NS`] (e.g. one that faults managed memory in while the device cannot hold the job's
+/// working set), and that does not fit production's gap waits this many times its span before
+/// it goes (see [`remote_verdict`]): such a launch is longer than production's gaps and slows
+/// production for at most about its span, so it takes at most 1/(1 + this) of production's
+/// time (5 %). Under a window it fits it goes at once, under an open gate too.
+pub const LONG_HOLD: u64 = 19;
+/// A launch estimated longer than this is held as one reading demoted memory is ([`LONG_HOLD`]):
+/// the daemon's starvation rule (one launch per 100 ms while production is busy) and the
+/// in-flight bound (2 ms) assume launches far shorter.
+pub const LONG_NS: u64 = 10_000_000;
+
+/// The verdict for a launch that reads demoted memory, held `held` ns so far, hold `hold_ns`
+/// (see [`LONG_HOLD`]): under an open gate, or a window it fits, as any launch; else it
+/// waits out its hold, then goes at the start of production's next gap (a window open now,
+/// whether it fits or not: it then overlaps production's next busy phase by less than its
+/// span), and after twice its hold under any gate that lets a launch go (production without
+/// predictable gaps, the daemon's starvation rule).
+fn remote_verdict(gate: Gate, ask: Ask, held: u64, hold_ns: u64) -> Verdict {
+    let v = admit(gate, ask);
+    match gate {
+        Gate::Open => v,
+        Gate::Run { window: true, .. } if v == Verdict::Go => v,
+        Gate::Run { window: true, .. } if held >= hold_ns && ask.window_end > ask.now => {
+            Verdict::Go
+        }
+        _ if held >= 2 * hold_ns && v == Verdict::Go => v,
+        _ => Verdict::WaitGate,
+    }
+}
+
+/// The key of a launch of `key` that reads `bytes` of demoted memory: one per function and
+/// power-of-two size class of what it reads remotely.
+fn remote_key(key: usize, bytes: u64) -> usize {
+    key ^ (1 << 62) ^ (((u64::BITS - bytes.leading_zeros()) as usize) << 52)
 }
 
 /// The kinds of transfer the device runs like a kernel (with a size class, the keys of their
@@ -361,15 +424,18 @@ pub fn transfer(
 ) -> CUresult {
     let key = transfer_key(kind, bytes);
     let prior = transfer_prior(traffic, bandwidth(&REAL, dev));
-    launch_with(d, dev, key, prior, stream, ptsz, call)
+    launch_with(d, dev, key, prior, 0, stream, ptsz, call)
 }
 
-/// [`launch`], with `prior` the estimate of a key never timed.
+/// [`launch`], with `prior` the estimate of a key never timed and `hold` its hold factor (see
+/// [`pass_within`]; 0: none).
+#[allow(clippy::too_many_arguments)]
 fn launch_with(
     d: &'static DeviceState,
     dev: usize,
     key: usize,
     prior: Estimate,
+    hold: u64,
     stream: Handle,
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
@@ -379,7 +445,7 @@ fn launch_with(
     let rc = if ops.capturing(stream, ptsz).is_some() {
         call() // recorded into a graph, not run now
     } else {
-        let est = pass(ops, d, dev, key, prior);
+        let est = pass(ops, d, dev, key, prior, hold);
         timed(ops, d, dev, key, est, stream, ptsz, call)
     };
     if let Some(m) = mode {
@@ -394,7 +460,7 @@ fn launch_with(
 pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
     let ops: &dyn DriverOps = &REAL;
     let mode = ops.relax_capture();
-    let est_ns = pass(ops, d, dev, key, DEFAULT_EST);
+    let est_ns = pass(ops, d, dev, key, DEFAULT_EST, 0);
     take_in_flight(d, mine(dev), est_ns);
     if let Some(m) = mode {
         ops.restore_capture(m);
@@ -414,8 +480,18 @@ pub fn admit_untimed(d: &DeviceState, dev: usize, key: usize) {
 /// driver to see its work complete), the dead processes' slots are reclaimed (their part
 /// leaves the sum) and, if that frees nothing, this launch counts only its own process's work:
 /// a wait for others' work never lasts more than about [`STALL_NS`].
-fn pass(ops: &dyn DriverOps, d: &DeviceState, dev: usize, key: usize, prior: Estimate) -> u64 {
-    pass_within(ops, d, dev, key, prior, STALL_NS)
+///
+/// `hold` > 0 (a launch reading demoted memory, [`LONG_HOLD`]; any launch estimated above
+/// [`LONG_NS`] too): it goes as [`remote_verdict`] says.
+fn pass(
+    ops: &dyn DriverOps,
+    d: &DeviceState,
+    dev: usize,
+    key: usize,
+    prior: Estimate,
+    hold: u64,
+) -> u64 {
+    pass_within(ops, d, dev, key, prior, hold, STALL_NS)
 }
 
 /// [`pass`], others' work counting until no work left the sum for `stall_ns`.
@@ -425,9 +501,16 @@ fn pass_within(
     dev: usize,
     key: usize,
     prior: Estimate,
+    hold: u64,
     stall_ns: u64,
 ) -> u64 {
     let est = TRACKER.lock().estimate_or(key, prior);
+    let hold = if est.span > LONG_NS {
+        hold.max(LONG_HOLD)
+    } else {
+        hold
+    };
+    let hold_ns = hold.saturating_mul(est.span);
     let mut held_since = None;
     // The last change of `drain_seq` seen, and when.
     let (mut drain_seen, mut drain_at) = (d.drain_seq.load(Acquire), now_ns());
@@ -463,7 +546,18 @@ fn pass_within(
             window_end: d.window_end.load(Acquire),
             tokens: d.tokens.load(Acquire),
         };
-        match admit(gate, ask) {
+        let verdict = if hold_ns > 0 {
+            held_since.get_or_insert(now);
+            remote_verdict(
+                gate,
+                ask,
+                now.saturating_sub(held_since.unwrap_or(now)),
+                hold_ns,
+            )
+        } else {
+            admit(gate, ask)
+        };
+        match verdict {
             Verdict::Go => {
                 // The launch's estimate joins the sum as it is admitted (before the launch), a
                 // compare-and-swap against the sum it was admitted with: processes woken
@@ -671,8 +765,56 @@ mod tests {
         let f = crate::ops::fake::Fake::new(0x10);
         let key = transfer_key(COPY_D2D, 3_000_000_000);
         let prior = transfer_prior(2 * 3_000_000_000, MEMORY_BANDWIDTH);
-        assert_eq!(pass_within(&f, d, 0, key, prior, u64::MAX), 4_000_000);
+        assert_eq!(pass_within(&f, d, 0, key, prior, 0, u64::MAX), 4_000_000);
         assert_eq!(d.in_flight_ns.load(Acquire), 4_000_000);
+    }
+
+    #[test]
+    fn a_launch_reading_demoted_memory_waits_its_hold_then_takes_a_gap() {
+        // 12 ms of remote reads, held 19 × 12 ms: production's 4 ms gap never fits it.
+        let span = 12_000_000;
+        let hold = LONG_HOLD * span;
+        let now = 1_000_000_000;
+        let window = Gate::Run {
+            in_flight_us: 0,
+            window: true,
+            share: false,
+        };
+        let starve = Gate::Run {
+            in_flight_us: 1,
+            window: false,
+            share: false,
+        };
+        let gap = Ask {
+            now,
+            outstanding_ns: 0,
+            est_ns: span,
+            window_end: now + 4_000_000,
+            tokens: 0,
+        };
+        let v = |gate, ask, held| remote_verdict(gate, ask, held, hold);
+        assert_eq!(v(Gate::Open, gap, 0), Verdict::Go, "production inactive");
+        let long_gap = Ask {
+            window_end: now + 20_000_000,
+            ..gap
+        };
+        assert_eq!(v(window, long_gap, 0), Verdict::Go, "a gap it fits");
+        assert_eq!(v(window, gap, 0), Verdict::WaitGate);
+        assert_eq!(v(starve, gap, hold), Verdict::WaitGate, "not mid-busy yet");
+        assert_eq!(v(Gate::Paused, gap, 10 * hold), Verdict::WaitGate);
+        assert_eq!(v(window, gap, hold), Verdict::Go, "held: at a gap's start");
+        let closed = Ask {
+            window_end: now - 1,
+            ..gap
+        };
+        assert_eq!(v(window, closed, hold), Verdict::WaitGate, "not after it");
+        assert_eq!(
+            v(starve, gap, 2 * hold),
+            Verdict::Go,
+            "no gaps: still progresses"
+        );
+        assert_ne!(remote_key(0x40, 192 << 20), 0x40);
+        assert_ne!(remote_key(0x40, 192 << 20), remote_key(0x40, 8 << 20));
     }
 
     #[test]
@@ -791,7 +933,7 @@ mod tests {
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 std::thread::spawn(move || {
-                    pass_within(f, d, 0, 0x40, DEFAULT_EST, u64::MAX);
+                    pass_within(f, d, 0, 0x40, DEFAULT_EST, 0, u64::MAX);
                     admitted.fetch_add(1, AcqRel);
                 })
             })
@@ -827,7 +969,7 @@ mod tests {
         let f = crate::ops::fake::Fake::new(0x10);
         let start = std::time::Instant::now();
         assert_eq!(
-            pass_within(&f, d, 0, 0x40, DEFAULT_EST, 50_000_000),
+            pass_within(&f, d, 0, 0x40, DEFAULT_EST, 0, 50_000_000),
             DEFAULT_EST_NS
         );
         let waited = start.elapsed();

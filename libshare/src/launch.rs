@@ -22,10 +22,10 @@ pub fn kernel<const PTSZ: bool>(
     _bz: u32,
     _smem: u32,
     stream: CUstream,
-    _params: Out<*mut std::ffi::c_void>,
+    params: Out<*mut std::ffi::c_void>,
     _extra: Out<*mut std::ffi::c_void>,
 ) -> R {
-    rc(rate::launch(f as usize, stream, PTSZ, call))
+    rc(rate::launch(f as usize, params.raw(), stream, PTSZ, call))
 }
 
 #[inline(always)]
@@ -41,9 +41,9 @@ pub fn cooperative<const PTSZ: bool>(
     _bz: u32,
     _smem: u32,
     stream: CUstream,
-    _params: Out<*mut std::ffi::c_void>,
+    params: Out<*mut std::ffi::c_void>,
 ) -> R {
-    rc(rate::launch(f as usize, stream, PTSZ, call))
+    rc(rate::launch(f as usize, params.raw(), stream, PTSZ, call))
 }
 
 #[inline(always)]
@@ -51,11 +51,11 @@ pub fn kernel_ex<const PTSZ: bool>(
     call: impl FnOnce() -> CUresult,
     config: In<LaunchConfig>,
     f: CUfunction,
-    _params: Out<*mut std::ffi::c_void>,
+    params: Out<*mut std::ffi::c_void>,
     _extra: Out<*mut std::ffi::c_void>,
 ) -> R {
     let stream = config.get().map_or(std::ptr::null_mut(), |c| c.stream);
-    rc(rate::launch(f as usize, stream, PTSZ, call))
+    rc(rate::launch(f as usize, params.raw(), stream, PTSZ, call))
 }
 
 #[inline(always)]
@@ -64,7 +64,13 @@ pub fn graph<const PTSZ: bool>(
     exec: CUgraphExec,
     stream: CUstream,
 ) -> R {
-    rc(rate::launch(exec as usize, stream, PTSZ, call))
+    rc(rate::launch(
+        exec as usize,
+        std::ptr::null_mut(),
+        stream,
+        PTSZ,
+        call,
+    ))
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice`: one launch per entry of `list`, each on its stream's
@@ -90,13 +96,25 @@ pub fn multi_device(
 /// `cuLaunch`: a 1 × 1 grid on the NULL stream.
 #[inline(always)]
 pub fn legacy(call: impl FnOnce() -> CUresult, f: CUfunction) -> R {
-    rc(rate::launch(f as usize, std::ptr::null_mut(), false, call))
+    rc(rate::launch(
+        f as usize,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        false,
+        call,
+    ))
 }
 
 /// `cuLaunchGrid`: on the NULL stream.
 #[inline(always)]
 pub fn legacy_grid(call: impl FnOnce() -> CUresult, f: CUfunction, _gw: i32, _gh: i32) -> R {
-    rc(rate::launch(f as usize, std::ptr::null_mut(), false, call))
+    rc(rate::launch(
+        f as usize,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        false,
+        call,
+    ))
 }
 
 #[inline(always)]
@@ -107,5 +125,11 @@ pub fn legacy_grid_async(
     _gh: i32,
     stream: CUstream,
 ) -> R {
-    rc(rate::launch(f as usize, stream, false, call))
+    rc(rate::launch(
+        f as usize,
+        std::ptr::null_mut(),
+        stream,
+        false,
+        call,
+    ))
 }

@@ -32,6 +32,7 @@ pub mod driver;
 pub mod gate;
 pub mod graph_mem;
 pub mod hooks;
+pub mod host_mem;
 pub mod init;
 pub mod interpose;
 pub mod launch;

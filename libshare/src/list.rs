@@ -163,6 +163,7 @@ macro_rules! driver_hooks {
     call cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut i32);
     call cuPointerGetAttribute(data: *mut c_void, attr: c_uint, ptr: CUdeviceptr);
     call cuMemAdvise(ptr: CUdeviceptr, size: usize, advice: c_uint, dev: CUdevice);
+    call cuFuncGetParamInfo(f: CUfunction, index: usize, offset: *mut usize, size: *mut usize);
     call cuCtxGetCurrent(ctx: *mut CUcontext);
     call cuMemPrefetchAsync(ptr: CUdeviceptr, size: usize, dev: CUdevice, stream: CUstream);
     call cuStreamCreate(stream: *mut CUstream, flags: c_uint);

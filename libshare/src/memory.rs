@@ -64,6 +64,10 @@ fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
     if dptr.is_null() || size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    if !crate::host_mem::fits(size, dev) {
+        shim()?.account.count_refusal(dev);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     let p = std::cell::Cell::new(0u64);
     l.charged(
         Kind::Alloc,

@@ -17,11 +17,13 @@ use libshare_abi::{Class, DeviceState};
 use crate::types::*;
 
 /// A launch keyed `key` (its `CUfunction` or `CUgraphExec`) on `stream` (`ptsz`: the
-/// per-thread default-stream variant of the call): counts it, gates it if the process is
-/// opportunistic, and runs `call`.
+/// per-thread default-stream variant of the call), with `params` (a kernel's `kernelParams`,
+/// else NULL; read on the opportunistic path only, for demoted memory it references): counts
+/// it, gates it if the process is opportunistic, and runs `call`.
 #[inline(always)]
 pub fn launch(
     key: usize,
+    params: *mut *mut std::ffi::c_void,
     stream: CUstream,
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
@@ -31,7 +33,8 @@ pub fn launch(
     };
     s.launches()[dev].fetch_add(1, Relaxed);
     if opportunistic {
-        return crate::gate::launch(d, dev, key, stream as usize, ptsz, call);
+        let remote = crate::demote::remote_bytes(dev, key as CUfunction, params);
+        return crate::gate::launch(d, dev, key, remote, stream as usize, ptsz, call);
     }
     call()
 }
@@ -128,7 +131,7 @@ pub fn launch_multi(launches: &[(usize, CUstream)], call: impl FnOnce() -> CUres
     }
     match timed {
         Some((d, key, stream)) => {
-            crate::gate::launch(d, current, key, stream as usize, false, call)
+            crate::gate::launch(d, current, key, 0, stream as usize, false, call)
         }
         None => call(),
     }

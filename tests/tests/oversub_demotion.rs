@@ -234,3 +234,91 @@ fn without_the_protocol_production_still_gets_its_memory_from_the_driver() {
         "{v}"
     );
 }
+
+#[test]
+fn status_top_and_metrics_show_resident_and_demoted_memory_and_migrations() {
+    // Issue 20, Build 5: what the shims publish, as the operator sees it while production holds
+    // its memory (its second allocation comes 1.2 s after its first).
+    let (gpu, _daemon) = node();
+    let h = holder(&gpu);
+    let mut p = gpu.spawn(production(&gpu, &["128", "8"]));
+    p.wait_for_line(r#"{"check":"first"}"#);
+    let piece = 8u64 << 20;
+    let mut seen = None;
+    until(Duration::from_secs(10), || {
+        let out = gpu.sharectl(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+        seen = v["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["container"] == "batch")
+            .map(|c| c["devices"][0].clone())
+            .filter(|d| d["demoted_bytes"].as_u64() > Some(0));
+        seen.is_some()
+    })
+    .expect("sharectl status never showed demoted memory");
+    let d = seen.unwrap();
+    let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("no {k}: {d}"));
+    // One snapshot: the footprint is what is resident plus what is demoted, in whole pieces,
+    // each moved at least once.
+    assert_eq!(
+        n("resident_bytes") + n("demoted_bytes"),
+        n("used_bytes"),
+        "{d}"
+    );
+    assert_eq!(n("used_bytes"), HOLD_MIB << 20, "{d}");
+    assert_eq!(n("demoted_bytes") % piece, 0, "{d}");
+    assert!(
+        n("demoted_bytes") >= 64 << 20,
+        "production's want was met: {d}"
+    );
+    assert!(n("migrations") >= n("demoted_bytes") / piece, "{d}");
+    // The table and top's plain print show the same columns for the same container.
+    let table = ok(&gpu.sharectl(&["status"]));
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(&header[7..10], ["RESIDENT", "DEMOTED", "MIGR"], "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("batch "))
+        .unwrap_or_else(|| panic!("no batch row: {table}"));
+    assert!(
+        !row.contains(" 0 B "),
+        "nothing demoted in the table: {row}"
+    );
+    let top = ok(&gpu.sharectl(&["top", "--once", "--interval", "100ms"]));
+    let header = top.lines().find(|l| l.starts_with("CONTAINER")).unwrap();
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(
+        &cols[cols.len() - 4..],
+        ["RESIDENT", "DEMOTED", "MIGR", "PROCS"]
+    );
+    let row: Vec<&str> = top
+        .lines()
+        .find(|l| l.starts_with("batch "))
+        .unwrap_or_else(|| panic!("no batch row: {top}"))
+        .split_whitespace()
+        .collect();
+    let migr: u64 = row[row.len() - 2].parse().unwrap();
+    assert!(
+        migr >= n("migrations"),
+        "top's MIGR {migr} below status's: {row:?}"
+    );
+    // /metrics' textfile has the same three figures.
+    let prom = gpu.shim_state_dir().with_extension("prom");
+    until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&prom).is_ok_and(|t| {
+            ["memory_resident", "memory_demoted", "memory_migrations"]
+                .iter()
+                .all(|m| {
+                    t.lines().any(|l| {
+                        l.contains(m) && l.contains("container=\"batch\"") && !l.ends_with(" 0")
+                    })
+                })
+        })
+    })
+    .expect("the metrics never showed resident, demoted and migrations");
+    alloc_ok(&json_check(&p.finish(), "alloc"));
+    let v = json_check(&h.finish(), "held");
+    assert_eq!(v["bad_words"], 0, "{v}");
+}

@@ -297,3 +297,66 @@ fn production_gets_its_quota_beside_an_opportunistic_job_holding_the_device_resi
     holder.close_stdin();
     holder.finish();
 }
+
+#[test]
+fn a_host_short_of_memory_for_demoted_pages_refuses_the_allocation_in_one_line() {
+    // Issue 20, must-show 7: the job's memory cgroup (v1) holds 192 MiB; an oversubscribing
+    // job asking for 320 MiB in 32 MiB pieces on a 128 MiB device (quota 1 GiB) gets managed
+    // memory while the host can hold its pages, then CUDA_ERROR_OUT_OF_MEMORY and one line —
+    // not the OOM killer (on simgpu the device's memory is the process's host memory too, so
+    // the cgroup bounds both). Every byte it wrote reads back; the refusal is counted.
+    let cg = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(format!("libshare-test-host-short-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&cg) {
+        libshare_tests::skip(&format!(
+            "cannot create a v1 memory cgroup at {}: {e}",
+            cg.display()
+        ));
+        return;
+    }
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let _remove = Remove(cg.clone());
+    std::fs::write(cg.join("memory.limit_in_bytes"), (192u64 << 20).to_string()).unwrap();
+    let gpu = machine("opportunistic")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .quota("1GiB");
+    let bin = compile_gcc("oversub.c", "oversub", &["-lcuda"]);
+    let mut c = gpu.command("sh");
+    c.arg("-c")
+        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$1" 320"#)
+        .arg(&cg)
+        .arg(&bin);
+    let out = gpu.run_cmd(c);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", describe(&out));
+    let v = json_check(&out, "oversub");
+    assert_eq!(v["alloc_error"], OOM, "{v}");
+    let mib = v["allocated_mib"].as_u64().unwrap();
+    assert!(
+        (32..192).contains(&mib),
+        "{mib} MiB before the refusal: {v}"
+    );
+    assert_eq!(v["managed"], v["pieces"], "{v}");
+    assert_eq!(v["bad_words"], 0, "{v}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("refused an oversubscribing allocation"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].contains("host") && lines[0].contains("sharectl set --memory"),
+        "{}",
+        lines[0]
+    );
+    let refused = gpu
+        .container_state("batch")
+        .device(0)
+        .oom
+        .load(std::sync::atomic::Ordering::Acquire);
+    assert!(refused >= 1, "the refusal is counted");
+}

@@ -40,6 +40,8 @@ fn container(c: &ContainerView) -> Value {
                 "frees": d.frees, "refused_over_quota": d.refused,
                 "launches_live_processes": d.launches_live_processes,
                 "compute_share_percent": d.compute_bp as f64 / 100.0,
+                "resident_bytes": d.resident(), "demoted_bytes": d.demoted,
+                "demote_target_bytes": d.demote_target, "migrations": d.migrations,
             })
         })
         .collect();
@@ -121,17 +123,30 @@ pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
         )];
     }
     let mut lines = vec![format!(
-        "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>6}",
-        "CONTAINER", "CLASS", "GPU", "USED", "QUOTA", "PEAK", "REFUSED", "PROCS"
+        "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>6}",
+        "CONTAINER",
+        "CLASS",
+        "GPU",
+        "USED",
+        "QUOTA",
+        "PEAK",
+        "REFUSED",
+        "RESIDENT",
+        "DEMOTED",
+        "MIGR",
+        "PROCS"
     )];
     for c in containers {
         let procs = c["processes"].as_array().map_or(0, |p| p.len());
         let devices = c["devices"].as_array().cloned().unwrap_or_default();
         if devices.is_empty() {
             lines.push(format!(
-                "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>6}",
+                "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>6}",
                 c["container"].as_str().unwrap_or("?"),
                 c["class"].as_str().unwrap_or("?"),
+                "-",
+                "-",
+                "-",
                 "-",
                 "-",
                 "-",
@@ -147,7 +162,7 @@ pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
                 Some(q) => format_size(q),
             };
             lines.push(format!(
-                "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>6}",
+                "{:<20} {:<14} {:>3} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>6} {:>6}",
                 c["container"].as_str().unwrap_or("?"),
                 c["class"].as_str().unwrap_or("?"),
                 d["device"].as_u64().unwrap_or(0),
@@ -155,6 +170,9 @@ pub fn table(dir: &Path, containers: &[Value]) -> Vec<String> {
                 quota,
                 size("peak_bytes"),
                 d["refused_over_quota"].as_u64().unwrap_or(0),
+                size("resident_bytes"),
+                size("demoted_bytes"),
+                d["migrations"].as_u64().unwrap_or(0),
                 procs
             ));
         }

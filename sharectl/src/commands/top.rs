@@ -137,7 +137,7 @@ fn budget(d: &DeviceView) -> String {
     s
 }
 
-const HEADERS: [&str; 11] = [
+const HEADERS: [&str; 14] = [
     "CONTAINER",
     "CLASS",
     "GPU",
@@ -148,6 +148,9 @@ const HEADERS: [&str; 11] = [
     "GPU TIME/s",
     "THROTTLED/s",
     "GATE",
+    "RESIDENT",
+    "DEMOTED",
+    "MIGR",
     "PROCS",
 ];
 
@@ -160,7 +163,7 @@ fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
         let name = escape(&c.name).into_owned();
         if c.devices.is_empty() {
             let mut r = vec![name.clone(), c.class.name().into()];
-            r.extend(std::iter::repeat_n("-".to_string(), 8));
+            r.extend(std::iter::repeat_n("-".to_string(), 11));
             r.push(procs.clone());
             rows.push(r);
         }
@@ -188,6 +191,9 @@ fn container_rows(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<Vec<String>> {
                 gpu,
                 rate.map_or("-".into(), |r| format!("{:.2}s", r.throttled)),
                 budget(d),
+                format_size(d.resident()),
+                format_size(d.demoted),
+                d.migrations.to_string(),
                 procs.clone(),
             ]);
         }
@@ -224,7 +230,7 @@ fn device_lines(v: &NodeView, rates: &ByDevice<Rates>) -> Vec<String> {
         .collect()
 }
 
-const LEGEND: &str = "GPU TIME/s: GPU time measured by opportunistic shims per second (production launches are untimed) · THROTTLED/s: time launches waited at the gate per second · GATE: the daemon's budget";
+const LEGEND: &str = "GPU TIME/s: GPU time measured by opportunistic shims per second (production launches are untimed) · THROTTLED/s: time launches waited at the gate per second · GATE: the daemon's budget · RESIDENT/DEMOTED: memory on the device / demoted to the host (oversubscribing containers) · MIGR: allocations moved between them";
 
 fn state_dir(arg: Option<PathBuf>) -> PathBuf {
     crate::commands::state_dir(arg)
@@ -372,6 +378,9 @@ fn draw(f: &mut ratatui::Frame, dir: &Path, v: &NodeView, rates: &ByDevice<Rates
         Constraint::Length(10),
         Constraint::Length(11),
         Constraint::Min(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(5),
         Constraint::Length(5),
     ];
     let header = Row::new(HEADERS.map(Cell::from)).style(
@@ -426,6 +435,13 @@ mod tests {
         st.device(0)
             .used
             .store(1 << 29, std::sync::atomic::Ordering::Release);
+        // 192 MiB of it demoted to the host, in 3 moves.
+        st.device(0)
+            .demoted
+            .store(192 << 20, std::sync::atomic::Ordering::Release);
+        st.device(0)
+            .migrations
+            .store(3, std::sync::atomic::Ordering::Release);
         let v = view::read(dir.path()).unwrap();
         assert_eq!(v.containers[0].class, Class::Production);
         let mut rates = HashMap::new();
@@ -446,6 +462,7 @@ mod tests {
         assert!(rows[0][5].ends_with("50%"), "{:?}", rows[0][5]);
         assert_eq!(rows[0][7], "untimed");
         assert_eq!(rows[0][8], "0.50s");
+        assert_eq!(&rows[0][10..13], ["320 MiB", "192 MiB", "3"]);
         let text = plain(dir.path(), &v, &rates).join("\n");
         assert!(
             text.contains("GPU 0: 512 MiB held by 1 container(s)"),
