@@ -507,6 +507,20 @@ impl Event<'_> {
 }
 
 impl Event<'_> {
+    /// Whether the work before the last record is done (`cuEventQuery`: `CUDA_SUCCESS` or
+    /// `CUDA_ERROR_NOT_READY`).
+    pub fn done(&self) -> Result<bool, CudaError> {
+        // SAFETY: `self.ev` was created by cuEventCreate and is destroyed only in Drop.
+        match unsafe { result::event::query(self.ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(CudaError {
+                call: "cuEventQuery",
+                code: e.0,
+            }),
+        }
+    }
+
     /// GPU milliseconds from `start`'s completion to this event's (`cuEventElapsedTime`); both
     /// timed events ([`Gpu::timed_event`]), recorded and completed.
     pub fn elapsed_ms(&self, start: &Event<'_>) -> Result<f64, CudaError> {

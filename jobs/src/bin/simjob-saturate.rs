@@ -6,7 +6,11 @@
 //! launches kernels of --kernel-ms; `--op memset` issues one `cuMemsetD8Async` of a --bytes
 //! buffer, `--op copy` one `cuMemcpyDtoDAsync` between two --bytes buffers. A memset's or copy's
 //! GPU time is not known in advance: each is bracketed by a pair of timed events and its
-//! `cuEventElapsedTime` is added to `gpu_ms` (a kernel's `gpu_ms` is --kernel-ms).
+//! `cuEventElapsedTime` is added to `gpu_ms` (a kernel's `gpu_ms` is --kernel-ms). The span
+//! is the operation's own only if the stream had not yet reached the start event when the call
+//! returned (`cuEventQuery`): otherwise the stream idled in between, while the call was held
+//! (a sharing layer's gate) or the host was late, and the operation counts at the mean of the
+//! timed ones (`untimed` in the lines).
 
 use clap::{Parser, ValueEnum};
 use jobs::cli::{self, CommonArgs};
@@ -86,16 +90,48 @@ fn main() -> ExitCode {
     jobs::run::main_with(JOB, || run(Args::parse()))
 }
 
-/// One operation's events: `end` after it, and `start` before it when it is timed.
+/// One operation's events: `end` after it, and `start` before it when it is timed;
+/// `exact`: the stream had not reached `start` when the call returned.
 struct Slot<'g> {
     start: Option<Event<'g>>,
     end: Event<'g>,
+    exact: bool,
 }
 
 /// The operation's buffers (`--op memset`: `a`; `--op copy`: `a` to `b`).
 struct Buffers<'g> {
     a: DeviceBuffer<'g>,
     b: Option<DeviceBuffer<'g>>,
+}
+
+/// Completed operations: the timed ones' GPU milliseconds and count, and the untimed count.
+#[derive(Default)]
+struct Tally {
+    timed_ms: f64,
+    timed_n: u64,
+    untimed: u64,
+}
+
+impl Tally {
+    fn add(&mut self, slot: &Slot<'_>, kernel_ms: f64) -> anyhow::Result<()> {
+        match (&slot.start, slot.exact) {
+            (Some(start), true) => {
+                self.timed_ms += slot.end.elapsed_ms(start)?;
+                self.timed_n += 1;
+            }
+            (None, _) => {
+                self.timed_ms += kernel_ms;
+                self.timed_n += 1;
+            }
+            (Some(_), false) => self.untimed += 1,
+        }
+        Ok(())
+    }
+
+    /// GPU time so far: the untimed operations at the timed ones' mean.
+    fn gpu_ms(&self) -> f64 {
+        self.timed_ms + self.untimed as f64 * self.timed_ms / self.timed_n.max(1) as f64
+    }
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
@@ -125,24 +161,19 @@ fn run(args: Args) -> anyhow::Result<()> {
                 Slot {
                     start: Some(gpu.timed_event()?),
                     end: gpu.timed_event()?,
+                    exact: false,
                 }
             } else {
                 Slot {
                     start: None,
                     end: gpu.event()?,
+                    exact: true,
                 }
             })
         })
         .collect::<Result<_, _>>()?;
     let mut in_flight: VecDeque<Slot<'_>> = VecDeque::with_capacity(args.depth as usize);
-    // A completed operation's GPU milliseconds.
-    let done = |slot: &Slot<'_>| -> anyhow::Result<f64> {
-        Ok(match &slot.start {
-            Some(start) => slot.end.elapsed_ms(start)?,
-            None => args.kernel_ms,
-        })
-    };
-
+    let mut tally = Tally::default();
     let mut rep = Reporter::new(JOB, args.common.report_interval);
     let mut config = json!({
         "device": gpu.info.to_json(),
@@ -160,10 +191,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut window = RateWindow::new(0.0, 0);
     let mut launched: u64 = 0;
     let mut completed: u64 = 0;
-    let mut gpu_ms = 0.0;
-    let counts = |completed: u64, gpu_ms: f64, ops_per_s: f64, gpu_ms_per_s: f64| {
+    let counts = |completed: u64, gpu_ms: f64, untimed: u64, ops_per_s: f64, gpu_ms_per_s: f64| {
         let mut m = json!({
             "ops": completed,
+            "untimed": untimed,
             "ops_per_s": round3(ops_per_s),
             "gpu_ms": round3(gpu_ms),
             "gpu_ms_per_s": round3(gpu_ms_per_s),
@@ -176,7 +207,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut last = (0.0, 0.0);
     while start.elapsed() < args.duration && !jobs::run::stop_requested() {
-        if let Some(slot) = free.pop() {
+        if let Some(mut slot) = free.pop() {
             if let Some(s) = &slot.start {
                 s.record()?;
             }
@@ -185,6 +216,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 (Op::Copy, Some(Buffers { a, b: Some(b) })) => gpu.copy_on_device(b, a)?,
                 _ => gpu.spin(ns)?,
             }
+            if let Some(s) = &slot.start {
+                slot.exact = !s.done()?;
+            }
             slot.end.record()?;
             in_flight.push_back(slot);
             launched += 1;
@@ -192,35 +226,43 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         let oldest = in_flight.pop_front().expect("depth >= 1");
         oldest.end.synchronize()?;
-        gpu_ms += done(&oldest)?;
+        tally.add(&oldest, args.kernel_ms)?;
         completed += 1;
         free.push(oldest);
 
         if rep.due() {
             let t = rep.t();
             let ops = window.tick(t, completed);
+            let gpu_ms = tally.gpu_ms();
             let per_s = if t > last.0 {
                 (gpu_ms - last.1) / (t - last.0)
             } else {
                 0.0
             };
             last = (t, gpu_ms);
-            rep.progress(counts(completed, gpu_ms, ops, per_s));
+            rep.progress(counts(completed, gpu_ms, tally.untimed, ops, per_s));
         }
     }
     // Drain what is still queued so every launched operation is accounted for.
     gpu.sync()?;
     for slot in &in_flight {
-        gpu_ms += done(slot)?;
+        tally.add(slot, args.kernel_ms)?;
         completed += 1;
     }
+    let gpu_ms = tally.gpu_ms();
     let elapsed = start.elapsed().as_secs_f64();
     let per_s = |x: f64| if elapsed > 0.0 { x / elapsed } else { 0.0 };
-    let mut fin = counts(completed, gpu_ms, per_s(completed as f64), per_s(gpu_ms));
+    let mut fin = counts(
+        completed,
+        gpu_ms,
+        tally.untimed,
+        per_s(completed as f64),
+        per_s(gpu_ms),
+    );
     fin["launched"] = launched.into();
     fin["elapsed_s"] = round3(elapsed).into();
-    if timed && completed > 0 {
-        fin["op_ms_mean"] = round3(gpu_ms / completed as f64).into();
+    if timed && tally.timed_n > 0 {
+        fin["op_ms_mean"] = round3(tally.timed_ms / tally.timed_n as f64).into();
     }
     for (k, v) in config.as_object().expect("an object") {
         fin[k] = v.clone();
