@@ -259,7 +259,11 @@ fn shim_gate_counts_a_production_jobs_memsets_and_device_copies_as_launches() {
 /// gate per second (ms/s) over `span`, from its state.
 fn gpu_and_held(st: &State, span: Duration) -> (f64, f64) {
     let d = st.device(0);
-    let (g0, h0, t0) = (d.gpu_ns.load(Acquire), d.held_ns.load(Acquire), Instant::now());
+    let (g0, h0, t0) = (
+        d.gpu_ns.load(Acquire),
+        d.held_ns.load(Acquire),
+        Instant::now(),
+    );
     std::thread::sleep(span);
     let (g1, h1) = (d.gpu_ns.load(Acquire), d.held_ns.load(Acquire));
     let secs = t0.elapsed().as_secs_f64();
@@ -290,14 +294,24 @@ fn shim_gate_a_production_job_issuing_only_memsets_pauses_opportunistic_work() {
     .expect("the opportunistic job runs");
     let (alone, _) = gpu_and_held(&st, Duration::from_millis(1000));
     eprintln!("opportunistic alone: {alone:.0} GPU-ms/s");
-    assert!(alone > 500.0, "alone it should take most of the GPU: {alone:.0}");
+    assert!(
+        alone > 500.0,
+        "alone it should take most of the GPU: {alone:.0}"
+    );
 
     // Production: nothing but memsets, back to back, for 3 s.
     let prod = job(
         "prod",
         "production",
         &[
-            "--op", "memset", "--bytes", "2MiB", "--depth", "2", "--duration", "3s",
+            "--op",
+            "memset",
+            "--bytes",
+            "2MiB",
+            "--depth",
+            "2",
+            "--duration",
+            "3s",
         ],
     );
     let pst = gpu.wait_container_state("prod");
@@ -316,7 +330,10 @@ fn shim_gate_a_production_job_issuing_only_memsets_pauses_opportunistic_work() {
         "production's memsets should pause the opportunistic job: {beside:.0} GPU-ms/s \
          against {alone:.0} alone"
     );
-    assert!(held > 500.0, "its launches should wait at the gate: {held:.0} ms/s");
+    assert!(
+        held > 500.0,
+        "its launches should wait at the gate: {held:.0} ms/s"
+    );
     let out = prod.finish();
     assert!(out.status.success(), "{}", describe(&out));
     let fin = json_lines(&out)
@@ -329,7 +346,10 @@ fn shim_gate_a_production_job_issuing_only_memsets_pauses_opportunistic_work() {
     std::thread::sleep(Duration::from_millis(300));
     let (after, _) = gpu_and_held(&st, Duration::from_millis(1000));
     eprintln!("after production ended: {after:.0} GPU-ms/s");
-    assert!(after > 0.6 * alone, "resumed: {after:.0} against {alone:.0}");
+    assert!(
+        after > 0.6 * alone,
+        "resumed: {after:.0} against {alone:.0}"
+    );
     drop(opp);
 }
 

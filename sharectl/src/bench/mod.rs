@@ -68,7 +68,12 @@ pub struct BenchArgs {
 
     /// S3's opportunistic operations (comma-separated), one part each: `kernel` (0.5 ms
     /// kernels), `memset` (2 MiB `cuMemsetD8Async`), `copy` (1 MiB `cuMemcpyDtoDAsync`).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "kernel,memset,copy")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "kernel,memset,copy"
+    )]
     pub ops: Vec<S3Op>,
 
     /// Only these policies (comma-separated) [default: all five].
@@ -750,7 +755,8 @@ fn s3_opportunistic(op: S3Op, secs: f64) -> JobSpec {
         S3Op::Memset => ("memset", S3_MEMSET_BYTES),
         S3Op::Copy => ("copy", S3_COPY_BYTES),
     };
-    j.args.extend(["--op", name, "--bytes", bytes].map(String::from));
+    j.args
+        .extend(["--op", name, "--bytes", bytes].map(String::from));
     j
 }
 
@@ -791,8 +797,14 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
             .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
             .collect()
     };
-    let solo = run_policy(ctx, Policy::Exclusive, std::slice::from_ref(&infer), &[], false)
-        .context("S3: production alone (the solo baseline)")?;
+    let solo = run_policy(
+        ctx,
+        Policy::Exclusive,
+        std::slice::from_ref(&infer),
+        &[],
+        false,
+    )
+    .context("S3: production alone (the solo baseline)")?;
     let (sa, sb) = window(&solo, 1.0)?;
     let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
         .ok_or_else(|| anyhow!("S3: no solo requests"))?;
