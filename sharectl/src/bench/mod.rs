@@ -731,9 +731,8 @@ fn iters_by_phase(j: &JobRecord) -> Vec<(u64, Vec<(f64, f64)>)> {
 /// time each, as a 1.5 GB memset or a 750 MB copy on an A100, and move their bytes on the host
 /// in < 0.1 ms. What is assumed: the gate sees only an operation's duration and its events, never
 /// its bytes once timed, so a 1 ms memset of 2 MiB stands for a 1 ms memset of 1.5 GB. (The
-/// shim prices a memset or copy it has not timed yet at the device's reported memory clock ×
-/// bus width, which simgpu keeps at an A100's: the first one of each kind is underpriced.)
-/// Production (kernels with explicit durations and host↔device copies) does not depend on it.
+/// shim prices a memset or copy it has not timed yet at the device's memory clock × bus width,
+/// which simgpu reports for the configured bandwidth.) Production (kernels with explicit durations and host↔device copies) does not depend on it.
 const S3_HBM_BW: &str = "2GB/s";
 /// S3's memset part: bytes per `cuMemsetD8Async` (~1 ms at [`S3_HBM_BW`]).
 const S3_MEMSET_BYTES: &str = "2MiB";
