@@ -338,6 +338,34 @@ impl Gpu {
         })
     }
 
+    /// Queues a device-to-device copy of the whole of `src` to the start of `dst`
+    /// (`cuMemcpyDtoDAsync_v2`).
+    pub fn copy_on_device(
+        &self,
+        dst: &DeviceBuffer<'_>,
+        src: &DeviceBuffer<'_>,
+    ) -> Result<(), CudaError> {
+        assert!(src.bytes <= dst.bytes, "copy larger than the destination");
+        if src.bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both buffers borrow live allocations at least `src.bytes` long (asserted);
+        // cuMemFree waits for queued work on them; `self.stream` is live.
+        check("cuMemcpyDtoDAsync_v2", unsafe {
+            result::memcpy_dtod_async(dst.ptr, src.ptr, src.bytes as usize, self.stream)
+        })
+    }
+
+    /// Creates an event that records its time (`cuEventCreate` with default flags), for
+    /// [`Event::elapsed_ms`].
+    pub fn timed_event(&self) -> Result<Event<'_>, CudaError> {
+        let ev = check(
+            "cuEventCreate",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
+        Ok(Event { gpu: self, ev })
+    }
+
     /// Creates an event without timing (`cuEventCreate`).
     pub fn event(&self) -> Result<Event<'_>, CudaError> {
         let ev = check(
@@ -475,6 +503,32 @@ impl Event<'_> {
         check("cuEventSynchronize", unsafe {
             result::event::synchronize(self.ev)
         })
+    }
+}
+
+impl Event<'_> {
+    /// Whether the work before the last record is done (`cuEventQuery`: `CUDA_SUCCESS` or
+    /// `CUDA_ERROR_NOT_READY`).
+    pub fn done(&self) -> Result<bool, CudaError> {
+        // SAFETY: `self.ev` was created by cuEventCreate and is destroyed only in Drop.
+        match unsafe { result::event::query(self.ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(CudaError {
+                call: "cuEventQuery",
+                code: e.0,
+            }),
+        }
+    }
+
+    /// GPU milliseconds from `start`'s completion to this event's (`cuEventElapsedTime`); both
+    /// timed events ([`Gpu::timed_event`]), recorded and completed.
+    pub fn elapsed_ms(&self, start: &Event<'_>) -> Result<f64, CudaError> {
+        // SAFETY: both events were created by cuEventCreate and live until their Drop.
+        check("cuEventElapsedTime", unsafe {
+            result::event::elapsed(start.ev, self.ev)
+        })
+        .map(f64::from)
     }
 }
 

@@ -2,7 +2,11 @@
 //! harms production, and libshare keeps production near its solo throughput while the
 //! opportunistic job still harvests most of the idle GPU. `sharectl bench S8` (PyTorch inference
 //! beside PyTorch training, each on CPUs of its own): libshare keeps production's median request
-//! latency near solo where native co-location does not, and the training progresses. Bounds are
+//! latency near solo where native co-location does not, and the training progresses.
+//! `sharectl bench S3 --ops memset,copy` (issue 18 must-show 3: an opportunistic job issuing only
+//! large memsets or device-to-device copies): libshare keeps production's median latency well
+//! below native's (its p99 ratio in the log),
+//! serves production, and the opportunistic job's measured GPU time counts. Bounds are
 //! generous (the machine is shared with builds); BENCHMARKS.md has the real figures.
 
 use libshare_tests::{artifacts, describe, json_lines, shim_lib, torch_python, SimGpu};
@@ -157,4 +161,52 @@ fn bench_s8_pytorch_inference_keeps_its_latency_beside_training() {
         progress >= 0.1,
         "the opportunistic training should progress under libshare: {progress}\n{ctx}"
     );
+}
+
+#[test]
+fn bench_s3_memsets_and_device_copies_keep_production_latency() {
+    let extra = [
+        "--policy".as_ref(),
+        "exclusive,native,libshare".as_ref(),
+        "--ops".as_ref(),
+        "memset,copy".as_ref(),
+    ];
+    let (lines, ctx) = bench_with("S3", "3", &extra);
+    for op in ["memset", "copy"] {
+        let fig = |policy: &str, key: &str| -> f64 {
+            let l = lines
+                .iter()
+                .find(|l| l["scenario"] == "S3" && l["policy"] == policy && l["op"] == op)
+                .unwrap_or_else(|| panic!("no S3 {policy} {op} line: {ctx}"));
+            assert!(
+                l.get("error").is_none(),
+                "S3 {policy} {op} failed: {l}\n{ctx}"
+            );
+            let v = l[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("S3 {policy} {op}: {key} missing: {l}"));
+            assert!(v.is_finite() && v >= 0.0, "S3 {policy} {op}: {key} = {v}");
+            v
+        };
+        // The median, not the p99: a short run's p99 is one or two requests, and this machine's
+        // hiccups (a loaded VM's solo p99 is 12-28 ms against a p50 of 5.3).
+        let (native, libshare) = (fig("native", "p50_ms"), fig("libshare", "p50_ms"));
+        assert!(
+            libshare < 0.8 * native,
+            "{op}: libshare should keep production's median latency well below native \
+             co-location's: native {native} ms, libshare {libshare} ms\n{ctx}"
+        );
+        let p99 = fig("libshare", "p99_ratio");
+        eprintln!("S3 {op}: libshare p99 ratio {p99}, p50 native {native} ms, libshare {libshare}");
+        let served = fig("libshare", "production_ratio");
+        assert!(
+            served >= 0.9,
+            "{op}: libshare production_ratio {served}\n{ctx}"
+        );
+        let harvest = fig("libshare", "opportunistic_harvest");
+        assert!(
+            harvest > 0.1,
+            "{op}: the opportunistic job's measured GPU time should count: harvest {harvest}\n{ctx}"
+        );
+    }
 }

@@ -9,7 +9,9 @@
 //! - issue 18 must-show 3: an opportunistic process's memsets and device-to-device copies
 //!   (synchronous, `Async`, 2D, per-thread, and the unified `cuMemcpy`/`cuMemcpyAsync` between
 //!   device pointers) are held the same way and timed, a host-to-device `cuMemcpy` is counted
-//!   but not held; a production process's are counted and mark its container busy;
+//!   but not held; a production process's are counted and mark its container busy, and under a
+//!   real daemon a production job issuing only memsets pauses an opportunistic job's kernels
+//!   (held at its gate, its GPU time falls) until it ends;
 //! - a bounded gate keeps a saturating opportunistic job's outstanding GPU time (`in_flight_ns`)
 //!   within the bound plus one kernel, where the open gate lets it queue far more; the same for
 //!   four processes in one container together (issue 18), and one of them killed with work in
@@ -26,7 +28,7 @@ use libshare_abi::rate::{now_ns, Gate};
 use libshare_abi::{DeviceState, State};
 use libshare_tests::{
     artifacts, compile_cu, compile_gcc, describe, json_check, json_lines, python_source,
-    torch_python, CudartLink, Running, SimGpu,
+    torch_python, until, CudartLink, Daemon, Running, SimGpu,
 };
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -251,6 +253,104 @@ fn shim_gate_counts_a_production_jobs_memsets_and_device_copies_as_launches() {
     counted_never_held(&mut p, d, &TRANSFERS);
     let out = p.finish();
     assert!(out.status.success(), "{}", describe(&out));
+}
+
+/// The container's GPU time per second (GPU-ms/s) and the time its threads were held at the
+/// gate per second (ms/s) over `span`, from its state.
+fn gpu_and_held(st: &State, span: Duration) -> (f64, f64) {
+    let d = st.device(0);
+    let (g0, h0, t0) = (
+        d.gpu_ns.load(Acquire),
+        d.held_ns.load(Acquire),
+        Instant::now(),
+    );
+    std::thread::sleep(span);
+    let (g1, h1) = (d.gpu_ns.load(Acquire), d.held_ns.load(Acquire));
+    let secs = t0.elapsed().as_secs_f64();
+    ((g1 - g0) as f64 / 1e6 / secs, (h1 - h0) as f64 / 1e6 / secs)
+}
+
+#[test]
+fn shim_gate_a_production_job_issuing_only_memsets_pauses_opportunistic_work() {
+    // 2 MiB memsets at 2 GB/s: ~1 ms of GPU time each, as S3's memset part (BENCHMARKS.md).
+    let gpu = SimGpu::new().with_shim().env("SIMGPU_HBM_BW", "2GB/s");
+    let _daemon = Daemon::start(&gpu.shim_state_dir(), &[]);
+    let job = |container: &str, class: &str, args: &[&str]| {
+        let mut cmd = gpu.command(artifacts().bin("simjob-saturate"));
+        cmd.args(args)
+            .env("LIBSHARE_CONTAINER", container)
+            .env("LIBSHARE_CLASS", class);
+        gpu.spawn(cmd)
+    };
+    let opp = job(
+        "opp",
+        "opportunistic",
+        &["--kernel-ms", "0.5", "--depth", "4", "--duration", "60s"],
+    );
+    let st = gpu.wait_container_state("opp");
+    until(Duration::from_secs(30), || {
+        st.device(0).gpu_ns.load(Acquire) > 100_000_000
+    })
+    .expect("the opportunistic job runs");
+    let (alone, _) = gpu_and_held(&st, Duration::from_millis(1000));
+    eprintln!("opportunistic alone: {alone:.0} GPU-ms/s");
+    assert!(
+        alone > 500.0,
+        "alone it should take most of the GPU: {alone:.0}"
+    );
+
+    // Production: nothing but memsets, back to back, for 3 s.
+    let prod = job(
+        "prod",
+        "production",
+        &[
+            "--op",
+            "memset",
+            "--bytes",
+            "2MiB",
+            "--depth",
+            "2",
+            "--duration",
+            "3s",
+        ],
+    );
+    let pst = gpu.wait_container_state("prod");
+    until(Duration::from_secs(30), || {
+        pst.device(0).launches.load(Acquire) > 50
+    })
+    .expect("production's memsets counted");
+    let (beside, held) = gpu_and_held(&st, Duration::from_millis(1000));
+    let busy_since = pst.device(0).busy_since.load(Acquire);
+    eprintln!(
+        "beside production's memsets: {beside:.0} GPU-ms/s, held {held:.0} ms/s \
+         (production busy_since {busy_since})"
+    );
+    assert!(
+        beside < 0.3 * alone,
+        "production's memsets should pause the opportunistic job: {beside:.0} GPU-ms/s \
+         against {alone:.0} alone"
+    );
+    assert!(
+        held > 500.0,
+        "its launches should wait at the gate: {held:.0} ms/s"
+    );
+    let out = prod.finish();
+    assert!(out.status.success(), "{}", describe(&out));
+    let fin = json_lines(&out)
+        .into_iter()
+        .rfind(|v| v["final"] == true)
+        .expect("production's final line");
+    assert!(fin["ops"].as_u64().unwrap() > 100, "{fin}");
+
+    // Production gone: the opportunistic job takes the GPU again.
+    std::thread::sleep(Duration::from_millis(300));
+    let (after, _) = gpu_and_held(&st, Duration::from_millis(1000));
+    eprintln!("after production ended: {after:.0} GPU-ms/s");
+    assert!(
+        after > 0.6 * alone,
+        "resumed: {after:.0} against {alone:.0}"
+    );
+    drop(opp);
 }
 
 /// Samples `f` every ~100 µs on a thread until `stop`; returns the maximum.

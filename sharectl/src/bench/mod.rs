@@ -66,6 +66,16 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "both")]
     pub cpus: CpuLayout,
 
+    /// S3's opportunistic operations (comma-separated), one part each: `kernel` (0.5 ms
+    /// kernels), `memset` (2 MiB `cuMemsetD8Async`), `copy` (1 MiB `cuMemcpyDtoDAsync`).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "kernel,memset,copy"
+    )]
+    pub ops: Vec<S3Op>,
+
     /// Only these policies (comma-separated) [default: all five].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<Policy>,
@@ -77,6 +87,14 @@ pub enum CpuLayout {
     ByClass,
     Shared,
     Both,
+}
+
+/// `--ops`: what S3's opportunistic job issues.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum S3Op {
+    Kernel,
+    Memset,
+    Copy,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +219,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     for &s in scenarios {
         let env = if s == ScenarioArg::S8 {
             s8_env()
+        } else if s == ScenarioArg::S3 {
+            s3_env()
         } else {
             Vec::new()
         };
@@ -215,7 +235,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         match s {
             ScenarioArg::S1 => s1(&ctx, &mut out)?,
             ScenarioArg::S2 => s2(&ctx, &mut out)?,
-            ScenarioArg::S3 => s3(&ctx, &mut out)?,
+            ScenarioArg::S3 => s3(&ctx, &mut out, &args.ops)?,
             ScenarioArg::S4 => s4::s4(&ctx, &mut out)?,
             ScenarioArg::S6 => s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
@@ -409,11 +429,15 @@ fn timelines(rec: &RunRecord) -> Vec<plot::Series> {
             let points = match j.bin {
                 "simjob-saturate" => {
                     let k = j.config("kernel_ms").unwrap_or(0.0);
-                    let c: Vec<(f64, f64)> = j
-                        .counter("kernels")
-                        .iter()
-                        .map(|&(t, n)| (t, n * k))
-                        .collect();
+                    let measured = j.counter("gpu_ms");
+                    let c: Vec<(f64, f64)> = if measured.len() > 1 {
+                        measured
+                    } else {
+                        j.counter("kernels")
+                            .iter()
+                            .map(|&(t, n)| (t, n * k))
+                            .collect()
+                    };
                     metrics::counter_timeline(&c, end, BIN)
                 }
                 "simjob-infer" => {
@@ -518,7 +542,13 @@ fn production_in(j: &JobRecord, event: &str, a: f64, b: f64) -> (f64, f64) {
 }
 
 /// An opportunistic saturating job's GPU time (ms) in [a, b].
+/// Its cumulative `gpu_ms` (measured for memsets and copies); from `kernels` × `--kernel-ms`
+/// for a job that does not report it.
 fn opportunistic_in(j: &JobRecord, a: f64, b: f64) -> f64 {
+    let gpu_ms = j.counter("gpu_ms");
+    if gpu_ms.len() > 1 {
+        return metrics::growth(&gpu_ms, a, b);
+    }
     metrics::growth(&j.counter("kernels"), a, b) * j.config("kernel_ms").unwrap_or(0.0)
 }
 
@@ -693,9 +723,48 @@ fn iters_by_phase(j: &JobRecord) -> Vec<(u64, Vec<(f64, f64)>)> {
     v
 }
 
+/// S3's simulated device memory bandwidth (`SIMGPU_HBM_BW`, unless set): 2 GB/s instead of an
+/// A100's 1.5 TB/s. simgpu's device memory is host memory, so a memset or device-to-device copy
+/// really moves its bytes on the host's CPU while it is priced at this bandwidth; at 1.5 TB/s a
+/// 1 ms memset would write 1.5 GB (~0.2 s of one host core). At 2 GB/s the memset part's 2 MiB
+/// memset and the copy part's 1 MiB copy (read + write: half the bandwidth) are ~1 ms of GPU
+/// time each, as a 1.5 GB memset or a 750 MB copy on an A100, and move their bytes on the host
+/// in < 0.1 ms. What is assumed: the gate sees only an operation's duration and its events, never
+/// its bytes once timed, so a 1 ms memset of 2 MiB stands for a 1 ms memset of 1.5 GB. (The
+/// shim prices a memset or copy it has not timed yet at the device's memory clock × bus width,
+/// which simgpu reports for the configured bandwidth.) Production (kernels with explicit durations and host↔device copies) does not depend on it.
+const S3_HBM_BW: &str = "2GB/s";
+/// S3's memset part: bytes per `cuMemsetD8Async` (~1 ms at [`S3_HBM_BW`]).
+const S3_MEMSET_BYTES: &str = "2MiB";
+/// S3's copy part: bytes per `cuMemcpyDtoDAsync` (~1 ms at [`S3_HBM_BW`] / 2).
+const S3_COPY_BYTES: &str = "1MiB";
+
+/// The environment S3's jobs add: simgpu's device memory bandwidth.
+fn s3_env() -> Vec<(String, std::ffi::OsString)> {
+    let bw = std::env::var_os("SIMGPU_HBM_BW").unwrap_or_else(|| S3_HBM_BW.into());
+    vec![("SIMGPU_HBM_BW".into(), bw)]
+}
+
+/// S3's opportunistic job, started 1 s late at depth 4: 0.5 ms kernels, or memsets or
+/// device-to-device copies of ~1 ms each.
+fn s3_opportunistic(op: S3Op, secs: f64) -> JobSpec {
+    let mut j = saturate("opp", 4, secs, 1.0);
+    let (name, bytes) = match op {
+        S3Op::Kernel => return j,
+        S3Op::Memset => ("memset", S3_MEMSET_BYTES),
+        S3Op::Copy => ("copy", S3_COPY_BYTES),
+    };
+    j.args
+        .extend(["--op", name, "--bytes", bytes].map(String::from));
+    j
+}
+
 /// S3, latency: production inference at 20 req/s (5 ms of GPU each) for 2 D + a saturating
-/// opportunistic job (0.5 ms kernels) started 1 s later.
-fn s3(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+/// opportunistic job started 1 s later, one part per `--ops` entry: 0.5 ms kernels (no `op`
+/// figure), memsets or device-to-device copies (`op`: `memset`, `copy`; see [`S3_HBM_BW`]).
+/// Every part is compared with the same solo run; the harvest counts the opportunistic job's
+/// `gpu_ms` (its memsets and copies timed by their events).
+fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     // Twice as long as the others: at 20 requests/s a p99 needs a few hundred requests.
     let d = 2.0 * ctx.d;
     let infer = JobSpec {
@@ -720,7 +789,6 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         .collect(),
         delay: 0.0,
     };
-    let jobs = vec![infer, saturate("opp", 4, d, 1.0)];
     let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
         rec.job("prod")
             .spans("request")
@@ -728,37 +796,66 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
             .collect()
     };
-    let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
-        .context("S3: production alone (the solo baseline)")?;
+    let solo = run_policy(
+        ctx,
+        Policy::Exclusive,
+        std::slice::from_ref(&infer),
+        &[],
+        false,
+    )
+    .context("S3: production alone (the solo baseline)")?;
     let (sa, sb) = window(&solo, 1.0)?;
     let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
         .ok_or_else(|| anyhow!("S3: no solo requests"))?;
     let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
-    for_policies(ctx, out, "S3", |p| {
-        let rec = if p == Policy::Exclusive {
-            solo.clone()
-        } else {
-            run_policy(ctx, p, &jobs, &[], false)?
+    for (i, &op) in ops.iter().enumerate() {
+        // One solo row for all parts.
+        let policies: Vec<Policy> = ctx
+            .policies
+            .iter()
+            .copied()
+            .filter(|&p| i == 0 || p != Policy::Exclusive)
+            .collect();
+        let sub = Ctx {
+            policies: &policies,
+            ..*ctx
         };
-        let (a, b) = window(&rec, 1.0)?;
-        let lat = latencies(&rec, a, b);
-        let p99 = metrics::percentile(&lat, 99.0);
-        let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
-        let opp = rec.jobs.iter().find(|j| j.container == "opp");
-        let opp_gpu = opp.map_or(0.0, |j| opportunistic_in(j, a, b));
-        let mut m = row("S3", p);
-        m.insert("production_ratio".into(), num(rate / solo_rate));
-        m.insert(
-            "opportunistic_harvest".into(),
-            opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
-        );
-        m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
-        m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
-        m.insert("p99_ms".into(), opt(p99));
-        m.insert("solo_p99_ms".into(), num(solo_p99));
-        m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
-        Ok((m, vec![(String::new(), rec)]))
-    });
+        let jobs = vec![infer.clone(), s3_opportunistic(op, d)];
+        let part = match op {
+            S3Op::Kernel => "",
+            S3Op::Memset => "memset",
+            S3Op::Copy => "copy",
+        };
+        for_policies(&sub, out, "S3", |p| {
+            let rec = if p == Policy::Exclusive {
+                solo.clone()
+            } else {
+                run_policy(ctx, p, &jobs, &[], false)?
+            };
+            let (a, b) = window(&rec, 1.0)?;
+            let lat = latencies(&rec, a, b);
+            let p99 = metrics::percentile(&lat, 99.0);
+            let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
+            let opp = rec.jobs.iter().find(|j| j.container == "opp");
+            let opp_gpu = opp.map_or(0.0, |j| opportunistic_in(j, a, b));
+            let mut m = row("S3", p);
+            if p != Policy::Exclusive && !part.is_empty() {
+                m.insert("op".into(), part.into());
+            }
+            m.insert("production_ratio".into(), num(rate / solo_rate));
+            m.insert(
+                "opportunistic_harvest".into(),
+                opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
+            );
+            m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
+            m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
+            m.insert("p99_ms".into(), opt(p99));
+            m.insert("solo_p99_ms".into(), num(solo_p99));
+            m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
+            let part = if p == Policy::Exclusive { "" } else { part };
+            Ok((m, vec![(part.to_string(), rec)]))
+        });
+    }
     Ok(())
 }
 
@@ -1294,6 +1391,15 @@ mod tests {
         assert_eq!(a.policy, vec![Policy::Native, Policy::Libshare]);
         assert_eq!(parse(&["S9"]).unwrap().scenario, ScenarioArg::S9);
         assert_eq!(parse(&["S4"]).unwrap().scenario, ScenarioArg::S4);
+        assert_eq!(
+            parse(&["S3"]).unwrap().ops,
+            vec![S3Op::Kernel, S3Op::Memset, S3Op::Copy]
+        );
+        assert_eq!(
+            parse(&["S3", "--ops", "memset"]).unwrap().ops,
+            vec![S3Op::Memset]
+        );
+        assert!(parse(&["S3", "--ops", "fill"]).is_err());
         assert!(parse(&["S5"]).is_err());
         assert!(parse(&["S1", "--duration", "1"]).is_err());
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());

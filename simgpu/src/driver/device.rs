@@ -8,6 +8,18 @@ use crate::driver;
 use crate::sim::sim;
 use crate::types::*;
 
+/// The memory clock (`CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE`, kHz) of a device whose memory
+/// moves `hbm` bytes per second on its 5120-bit bus (double data rate): an A100's 1215 MHz at
+/// the default bandwidth, else the clock that gives the configured bandwidth, so that clock ×
+/// bus width (how CUDA's samples and sharing layers derive a device's bandwidth) agrees with
+/// the cost model.
+pub fn memory_clock_khz(hbm: u64) -> i32 {
+    if hbm == crate::config::CostModel::default().hbm_bytes_per_s {
+        return 1215000;
+    }
+    (hbm / (2 * 5120 / 8) / 1000).clamp(1, i32::MAX as u64) as i32
+}
+
 /// `cuDeviceGetAttribute` values for `d` (attribute ids from `cuda.h`; unknown ids answer 0).
 /// Values an A100-class device reports; SM count, compute capability and PCI ids follow the config.
 pub fn attribute(d: &DeviceConfig, attr: i32) -> i32 {
@@ -183,7 +195,11 @@ driver! {
     }
 
     fn cuDeviceGetAttribute(value: *mut i32, attr: i32, dev: CUdevice) {
-        out(value, attribute(dev_cfg(dev)?, attr))
+        let v = match attr {
+            36 => memory_clock_khz(sim()?.cfg.cost.hbm_bytes_per_s),
+            _ => attribute(dev_cfg(dev)?, attr),
+        };
+        out(value, v)
     }
 
     fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: CUdevice) {
@@ -242,5 +258,18 @@ driver! {
 
     fn cuFlushGPUDirectRDMAWrites(_target: u32, _scope: u32) {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::memory_clock_khz;
+
+    #[test]
+    fn memory_clock_follows_the_configured_bandwidth() {
+        assert_eq!(memory_clock_khz(1_500_000_000_000), 1215000, "an A100's");
+        // 2 GB/s: clock × 2 × 640 bytes within 0.1 % of it.
+        let bw = memory_clock_khz(2_000_000_000) as u64 * 1000 * 2 * 640;
+        assert!((1_998_000_000..=2_000_000_000).contains(&bw), "{bw}");
     }
 }
