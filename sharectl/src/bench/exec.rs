@@ -212,16 +212,31 @@ const GRACE: Duration = Duration::from_secs(60);
 
 impl Bench {
     pub fn run(&self, spec: &RunSpec) -> anyhow::Result<RunRecord> {
+        self.run_daemon_env(spec, &[])
+    }
+
+    /// [`Bench::run`] with the daemon given `daemon_env` too (S5: the GPU's environment, for
+    /// NVML).
+    pub fn run_daemon_env(
+        &self,
+        spec: &RunSpec,
+        daemon_env: &[(String, OsString)],
+    ) -> anyhow::Result<RunRecord> {
         match &spec.setup {
-            Setup::Native => self.run_with(spec, None),
+            Setup::Native => self.run_with(spec, None, daemon_env),
             Setup::Shared { .. } => {
                 let state = StateDir::create()?;
-                self.run_with(spec, Some(state.path()))
+                self.run_with(spec, Some(state.path()), daemon_env)
             }
         }
     }
 
-    fn run_with(&self, spec: &RunSpec, state: Option<&Path>) -> anyhow::Result<RunRecord> {
+    fn run_with(
+        &self,
+        spec: &RunSpec,
+        state: Option<&Path>,
+        daemon_env: &[(String, OsString)],
+    ) -> anyhow::Result<RunRecord> {
         let mut daemon = None;
         let mut sampler = None;
         if let (Setup::Shared { policy, set, .. }, Some(dir)) = (&spec.setup, state) {
@@ -238,11 +253,12 @@ impl Bench {
             for c in &spec.idle_containers {
                 self.set(dir, c, &["--class".into(), "opportunistic".into()])?;
             }
-            daemon = Some(Daemon::start_with(
+            daemon = Some(Daemon::start_with_env(
                 &self.sharectl,
                 dir,
                 policy,
                 &spec.daemon_args,
+                daemon_env,
             )?);
             if spec.sample_gates {
                 let mut names: Vec<String> =

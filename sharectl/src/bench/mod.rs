@@ -13,6 +13,7 @@ mod metrics;
 mod plot;
 mod python;
 mod s4;
+mod s5;
 
 use anyhow::{anyhow, bail, Context};
 use exec::{Bench, Class, Cpus, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
@@ -89,6 +90,8 @@ pub enum ScenarioArg {
     S3,
     #[value(name = "S4")]
     S4,
+    #[value(name = "S5")]
+    S5,
     #[value(name = "S6")]
     S6,
     #[value(name = "S7")]
@@ -109,6 +112,10 @@ pub enum Policy {
     Libshare,
     /// S4's TGS-style baseline: managed memory and advice, no demotion protocol.
     HintsOnly,
+    /// S5's baseline: the jobs one after the other, each alone.
+    Serial,
+    /// S5's nvshare-style baseline: exclusive turns of a fixed quantum (scaled to the run).
+    FixedQuantum,
 }
 
 impl Policy {
@@ -128,13 +135,15 @@ impl Policy {
             Policy::TimeSlice => "time-slice",
             Policy::Libshare => "libshare",
             Policy::HintsOnly => "hints-only",
+            Policy::Serial => "serial",
+            Policy::FixedQuantum => "fixed-quantum",
         }
     }
 
     /// How `jobs` run under this policy (exclusive runs like native, production alone).
     fn setup(self, jobs: &[JobSpec]) -> Setup {
         match self {
-            Policy::Exclusive | Policy::Native => Setup::Native,
+            Policy::Exclusive | Policy::Native | Policy::Serial => Setup::Native,
             Policy::StaticSplit => {
                 let share = format!("{}%", 100.0 / jobs.len().max(1) as f64);
                 Setup::Shared {
@@ -152,7 +161,7 @@ impl Policy {
                 set: Vec::new(),
                 all_opportunistic: true,
             },
-            Policy::Libshare | Policy::HintsOnly => Setup::Shared {
+            Policy::Libshare | Policy::HintsOnly | Policy::FixedQuantum => Setup::Shared {
                 policy: "libshare",
                 set: Vec::new(),
                 all_opportunistic: false,
@@ -190,6 +199,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S2,
             ScenarioArg::S3,
             ScenarioArg::S4,
+            ScenarioArg::S5,
             ScenarioArg::S6,
             ScenarioArg::S7,
             ScenarioArg::S8,
@@ -217,6 +227,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S2 => s2(&ctx, &mut out)?,
             ScenarioArg::S3 => s3(&ctx, &mut out)?,
             ScenarioArg::S4 => s4::s4(&ctx, &mut out)?,
+            ScenarioArg::S5 => s5::s5(&ctx, &mut out)?,
             ScenarioArg::S6 => s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
             ScenarioArg::S8 => s8(&ctx, &mut out)?,
@@ -886,7 +897,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                 return Ok((m, vec![("alone".into(), native.clone())]));
             }
             Policy::TimeSlice => "time-slice",
-            Policy::Libshare | Policy::HintsOnly => "libshare",
+            Policy::Libshare | Policy::HintsOnly | Policy::FixedQuantum => "libshare",
+            Policy::Serial => bail!("S7 has no serial baseline"),
         };
         let shared = |set: Vec<(String, Vec<String>)>| Setup::Shared {
             policy,
