@@ -267,9 +267,9 @@ impl Controller {
             policy: PolicyState::new(cfg.policy),
             demoter: crate::demote::Demoter::new(cfg.demotion),
             turns: Default::default(),
-            turn_cfg: cfg.turns.filter(|_| {
-                cfg.device_totals.is_some() && cfg.policy == PolicyKind::Libshare
-            }),
+            turn_cfg: cfg
+                .turns
+                .filter(|_| cfg.device_totals.is_some() && cfg.policy == PolicyKind::Libshare),
             totals: cfg.device_totals.clone().unwrap_or_default(),
             members: Vec::new(),
             member_of: Vec::new(),
@@ -413,8 +413,7 @@ impl Controller {
                 let s = c.state.device(d);
                 let used = s.used.load(Acquire);
                 let over = opportunistic(c)
-                    && c.state.header().flags.load(Acquire) & libshare_abi::FLAG_OVERSUBSCRIBE
-                        != 0;
+                    && c.state.header().flags.load(Acquire) & libshare_abi::FLAG_OVERSUBSCRIBE != 0;
                 if !over {
                     others = others.saturating_add(used);
                     continue;
@@ -463,12 +462,8 @@ impl Controller {
             switches += t.switches;
             if t.active() {
                 active += 1;
-                self.health
-                    .turn_cost_ns
-                    .store(t.cost(&cfg), Relaxed);
-                self.health
-                    .turn_quantum_ns
-                    .store(t.quantum(&cfg), Relaxed);
+                self.health.turn_cost_ns.store(t.cost(&cfg), Relaxed);
+                self.health.turn_quantum_ns.store(t.quantum(&cfg), Relaxed);
             }
         }
         self.policy.set_turn_paused(paused);

@@ -105,7 +105,11 @@ impl Demoter {
                 want = want.saturating_add(w.saturating_sub(*seen));
                 *seen = w;
             }
-            let over = || self.over.iter().map(|&i| (&cs[i], floor(i, d).unwrap_or(0)));
+            let over = || {
+                self.over
+                    .iter()
+                    .map(|&i| (&cs[i], floor(i, d).unwrap_or(0)))
+            };
             if want > 0 {
                 self.last_want[d] = now;
                 let room: Vec<u64> = over()

@@ -51,6 +51,10 @@
 //!   `share × 10 ms` (so an idle spell cannot bank a burst; debt of one kernel is allowed by
 //!   the shim). Tokens are refilled while paused too (the cap bounds them).
 //!
+//! - Exclusive turns (`crate::turns`, decided before this policy each tick): a (container,
+//!   device) pair turns pause ([`PolicyState::set_turn_paused`]) is `Paused`, does not count as
+//!   demanding in the weighted split, and is never given the starvation launch.
+//!
 //! Policy `time-slice` (nvshare-style baseline): on each device the demanding containers, of
 //! any class, take exclusive turns of one quantum: the holder is `Open`, the others `Paused`;
 //! the turn passes (in container order) at the quantum's end if another demands, or at once when
@@ -459,9 +463,7 @@ pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Deci
             .count();
         let (dev, f) = (&snap.entries[at..at + n], &facts[at..at + n]);
         match ps.kind {
-            PolicyKind::Libshare => {
-                libshare_device(&t, dev, f, now, elapsed, &ps.turn_paused, out)
-            }
+            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, &ps.turn_paused, out),
             PolicyKind::TimeSlice { quantum_ns } => {
                 time_slice_device(&mut ps.slices[d as usize], dev, f, now, quantum_ns, out)
             }

@@ -316,8 +316,21 @@ mod tests {
         t.step(&cfg, 2 * GIB, &[a, b], 10 * MS, &mut out);
         assert_eq!(t.holder(), Some(2));
         assert_eq!(t.switches, 1);
-        assert_eq!(out[0], Out { paused: true, demote: a.footprint });
-        assert_eq!(out[1], Out { paused: true, demote: 0 }, "paused until its memory is back");
+        assert_eq!(
+            out[0],
+            Out {
+                paused: true,
+                demote: a.footprint
+            }
+        );
+        assert_eq!(
+            out[1],
+            Out {
+                paused: true,
+                demote: 0
+            },
+            "paused until its memory is back"
+        );
         b.demoted = 0;
         t.step(&cfg, 2 * GIB, &[a, b], 25 * MS, &mut out);
         assert!(out[1].paused, "the other's memory is still resident");
@@ -413,13 +426,28 @@ mod tests {
         run(&cfg, &mut t, &mut ms, 0, 20 * MS);
         assert_eq!(t.holder(), Some(1));
         // One second on the CPU, then a busy phase: its gap is learnt.
-        ms[0] = Member { busy: false, busy_since: 0, drained_at: 20 * MS, ..ms[0] };
+        ms[0] = Member {
+            busy: false,
+            busy_since: 0,
+            drained_at: 20 * MS,
+            ..ms[0]
+        };
         run(&cfg, &mut t, &mut ms, 20 * MS, 1_020 * MS);
-        ms[0] = Member { busy: true, busy_since: 1_020 * MS, ..ms[0] };
+        ms[0] = Member {
+            busy: true,
+            busy_since: 1_020 * MS,
+            ..ms[0]
+        };
         run(&cfg, &mut t, &mut ms, 1_020 * MS, 1_500 * MS);
         // It drains while the other asks: the turn passes after the 10 ms blip guard, not
         // after a switch's cost (100 ms before one was measured).
-        ms[0] = Member { busy: false, busy_since: 0, drained_at: 1_500 * MS, asking: false, ..ms[0] };
+        ms[0] = Member {
+            busy: false,
+            busy_since: 0,
+            drained_at: 1_500 * MS,
+            asking: false,
+            ..ms[0]
+        };
         ms[1].asking = true;
         let seen = run(&cfg, &mut t, &mut ms, 1_500 * MS, 1_600 * MS);
         let at = seen.iter().find(|s| s.1 == Some(2)).unwrap().0;

@@ -100,8 +100,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        if at > now && !jobs::run::sleep_until(Instant::now() + Duration::from_secs_f64(at - now))
-        {
+        if at > now && !jobs::run::sleep_until(Instant::now() + Duration::from_secs_f64(at - now)) {
             return Ok(());
         }
     }

@@ -188,9 +188,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let policies: Vec<Policy> = if args.policy.is_empty() {
         Policy::ALL.to_vec()
     } else {
+        // The five in their order, then a scenario's own baselines as asked (S4's hints-only,
+        // S5's fixed-quantum).
+        let extra = args.policy.iter().filter(|p| !Policy::ALL.contains(p));
         Policy::ALL
             .into_iter()
             .filter(|p| args.policy.contains(p))
+            .chain(extra.copied())
             .collect()
     };
     let scenarios: &[ScenarioArg] = match args.scenario {
@@ -1306,7 +1310,11 @@ mod tests {
         assert_eq!(a.policy, vec![Policy::Native, Policy::Libshare]);
         assert_eq!(parse(&["S9"]).unwrap().scenario, ScenarioArg::S9);
         assert_eq!(parse(&["S4"]).unwrap().scenario, ScenarioArg::S4);
-        assert!(parse(&["S5"]).is_err());
+        assert_eq!(parse(&["S5"]).unwrap().scenario, ScenarioArg::S5);
+        assert_eq!(
+            parse(&["S5", "--policy", "fixed-quantum"]).unwrap().policy,
+            vec![Policy::FixedQuantum]
+        );
         assert!(parse(&["S1", "--duration", "1"]).is_err());
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());
         assert!(parse(&["S1", "--policy", "mps"]).is_err());

@@ -190,8 +190,14 @@ pub(super) fn s5(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let mut serial = 0.0;
     let mut solo = Vec::new();
     for n in names {
-        let (rec, _) = run(ctx, Policy::Serial, vec![job(n, mem, iters, false, None)], device, 0.0)
-            .with_context(|| format!("S5: job {n} alone (the serial baseline)"))?;
+        let (rec, _) = run(
+            ctx,
+            Policy::Serial,
+            vec![job(n, mem, iters, false, None)],
+            device,
+            0.0,
+        )
+        .with_context(|| format!("S5: job {n} alone (the serial baseline)"))?;
         serial += makespan(&rec);
         solo.push(rec);
     }
