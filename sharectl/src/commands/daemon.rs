@@ -185,7 +185,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     });
     cfg.device_totals = totals.clone();
     if cfg.turns.is_some() && totals.is_none() {
-        tracing::warn!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
+        tracing::info!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
     }
     cfg.authority = Some(libshare_node::authority::Authority::new(
         settings.clone(),
