@@ -160,8 +160,10 @@ pub struct Controller {
     members: Vec<crate::turns::Member>,
     member_of: Vec<usize>,
     turn_out: Vec<crate::turns::Out>,
-    /// (container index, device, demotion target) decided by turns this tick.
+    /// (container index, device, demotion target) decided by turns this tick, and the pairs
+    /// they pause.
     floors: Vec<(usize, usize, u64)>,
+    turn_paused: Vec<(policy::ContainerId, u8)>,
     health: Arc<Health>,
     snap: Snapshot,
     /// The devices in use (see the module doc), recomputed every [`DEVICE_SCAN_TICKS`].
@@ -275,6 +277,7 @@ impl Controller {
             member_of: Vec::new(),
             turn_out: Vec::new(),
             floors: Vec::new(),
+            turn_paused: Vec::new(),
             health: cfg.health.clone(),
             snap: Snapshot::default(),
             devices: 0,
@@ -400,7 +403,7 @@ impl Controller {
         self.floors.clear();
         let Some(cfg) = self.turn_cfg else { return };
         let cs = self.registry.containers();
-        let mut paused = Vec::new();
+        self.turn_paused.clear();
         let (mut switches, mut active) = (0, 0);
         for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
             let Some(&total) = self.totals.get(d) else {
@@ -456,7 +459,7 @@ impl Controller {
             for ((m, o), &i) in self.members.iter().zip(&self.turn_out).zip(&self.member_of) {
                 self.floors.push((i, d, o.demote));
                 if o.paused {
-                    paused.push((m.id, d as u8));
+                    self.turn_paused.push((m.id, d as u8));
                 }
             }
             switches += t.switches;
@@ -466,7 +469,8 @@ impl Controller {
                 self.health.turn_quantum_ns.store(t.quantum(&cfg), Relaxed);
             }
         }
-        self.policy.set_turn_paused(paused);
+        self.policy
+            .set_turn_paused(self.turn_paused.iter().copied());
         self.health.turn_switches.store(switches, Relaxed);
         self.health.turns_active.store(active, Relaxed);
     }
