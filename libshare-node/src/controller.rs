@@ -52,6 +52,11 @@ pub struct ControllerConfig {
     pub authority: Option<crate::authority::Authority>,
     /// Whether the daemon runs memory oversubscription's demotion protocol (`demote.rs`).
     pub demotion: bool,
+    /// Exclusive turns between oversubscribing containers whose working sets do not fit
+    /// (`turns.rs`), None: never. They need each device's memory (`device_totals`).
+    pub turns: Option<crate::turns::TurnConfig>,
+    /// Each device's total memory (NVML), by CUDA index; None: unknown (no turns).
+    pub device_totals: Option<Vec<u64>>,
 }
 
 /// The loop's live counters (the metrics' daemon health): plain stores by the loop, readable
@@ -74,6 +79,12 @@ pub struct Health {
     pub spurious_wakes: AtomicU64,
     /// Containers' words the daemon had to restore (see [`crate::authority`]).
     pub restores: Arc<crate::authority::Restores>,
+    /// Exclusive turns (`turns.rs`), all devices: switches since the start, devices in turns
+    /// now, and the last switch's cost and the quantum in force (ns, the latest device's).
+    pub turn_switches: AtomicU64,
+    pub turns_active: AtomicU64,
+    pub turn_cost_ns: AtomicU64,
+    pub turn_quantum_ns: AtomicU64,
 }
 
 impl ControllerConfig {
@@ -86,6 +97,8 @@ impl ControllerConfig {
             health: Arc::default(),
             authority: None,
             demotion: true,
+            turns: Some(crate::turns::TurnConfig::default()),
+            device_totals: None,
         }
     }
 
@@ -140,6 +153,18 @@ pub struct Controller {
     registry: Registry,
     policy: PolicyState,
     demoter: crate::demote::Demoter,
+    /// Exclusive turns per device, their settings, and the buffers a tick reuses.
+    turns: [crate::turns::DeviceTurns; MAX_DEVICES],
+    turn_cfg: Option<crate::turns::TurnConfig>,
+    totals: Vec<u64>,
+    members: Vec<crate::turns::Member>,
+    member_of: Vec<usize>,
+    turn_out: Vec<crate::turns::Out>,
+    /// (container index, device, demotion target) decided by turns this tick, and the pairs
+    /// they pause.
+    floors: Vec<(usize, usize, u64)>,
+    turn_paused: Vec<(policy::ContainerId, u8)>,
+    health: Arc<Health>,
     snap: Snapshot,
     /// The devices in use (see the module doc), recomputed every [`DEVICE_SCAN_TICKS`].
     devices: u32,
@@ -243,6 +268,17 @@ impl Controller {
             registry,
             policy: PolicyState::new(cfg.policy),
             demoter: crate::demote::Demoter::new(cfg.demotion),
+            turns: Default::default(),
+            turn_cfg: cfg
+                .turns
+                .filter(|_| cfg.device_totals.is_some() && cfg.policy == PolicyKind::Libshare),
+            totals: cfg.device_totals.clone().unwrap_or_default(),
+            members: Vec::new(),
+            member_of: Vec::new(),
+            turn_out: Vec::new(),
+            floors: Vec::new(),
+            turn_paused: Vec::new(),
+            health: cfg.health.clone(),
             snap: Snapshot::default(),
             devices: 0,
             ticks: 0,
@@ -297,6 +333,8 @@ impl Controller {
             }
         }
         self.ticks += 1;
+        self.turns_step(now);
+        let cs = self.registry.containers();
         let devices = self.devices;
         self.snap.entries.clear();
         self.owner.clear();
@@ -346,9 +384,95 @@ impl Controller {
             }
         }
         let n = decisions.len();
-        self.demoter.step(cs, self.devices, now);
+        let floors = &self.floors;
+        let floor = |i: usize, d: usize| {
+            floors
+                .iter()
+                .find(|&&(fi, fd, _)| fi == i && fd == d)
+                .map(|f| f.2)
+        };
+        self.demoter.step(cs, self.devices, now, &floor);
         self.listen(now);
         n
+    }
+
+    /// Exclusive turns (`turns.rs`) on every device in use: the oversubscribing containers'
+    /// footprints against the memory the others leave; tells the policy whom turns pause and
+    /// keeps the demotion targets for the demoter.
+    fn turns_step(&mut self, now: u64) {
+        self.floors.clear();
+        let Some(cfg) = self.turn_cfg else { return };
+        let cs = self.registry.containers();
+        self.turn_paused.clear();
+        let (mut switches, mut active) = (0, 0);
+        for d in (0..MAX_DEVICES).filter(|d| self.devices & (1 << d) != 0) {
+            let Some(&total) = self.totals.get(d) else {
+                continue;
+            };
+            self.members.clear();
+            self.member_of.clear();
+            let mut others = 0u64;
+            for (i, c) in cs.iter().enumerate() {
+                let s = c.state.device(d);
+                let used = s.used.load(Acquire);
+                let over = opportunistic(c)
+                    && c.state.header().flags.load(Acquire) & libshare_abi::FLAG_OVERSUBSCRIBE != 0;
+                if !over {
+                    others = others.saturating_add(used);
+                    continue;
+                }
+                if used == 0 {
+                    continue;
+                }
+                let busy_since = s.busy_since.load(Acquire);
+                let busy = busy_since != 0;
+                self.members.push(crate::turns::Member {
+                    id: c.id,
+                    footprint: used,
+                    demoted: s.demoted.load(Acquire),
+                    busy,
+                    busy_since,
+                    drained_at: s.drained_at.load(Acquire),
+                    asking: busy || s.held.load(Acquire) > 0,
+                });
+                self.member_of.push(i);
+            }
+            let t = &mut self.turns[d];
+            let was = (t.active(), t.holder());
+            t.step(
+                &cfg,
+                total.saturating_sub(others),
+                &self.members,
+                now,
+                &mut self.turn_out,
+            );
+            if (t.active(), t.holder()) != was {
+                tracing::info!(
+                    device = d,
+                    turns = t.active(),
+                    holder = ?t.holder().and_then(|h| cs.iter().find(|c| c.id == h)).map(|c| &c.name),
+                    cost_ms = t.cost(&cfg) / 1_000_000,
+                    quantum_ms = t.quantum(&cfg) / 1_000_000,
+                    "turns"
+                );
+            }
+            for ((m, o), &i) in self.members.iter().zip(&self.turn_out).zip(&self.member_of) {
+                self.floors.push((i, d, o.demote));
+                if o.paused {
+                    self.turn_paused.push((m.id, d as u8));
+                }
+            }
+            switches += t.switches;
+            if t.active() {
+                active += 1;
+                self.health.turn_cost_ns.store(t.cost(&cfg), Relaxed);
+                self.health.turn_quantum_ns.store(t.quantum(&cfg), Relaxed);
+            }
+        }
+        self.policy
+            .set_turn_paused(self.turn_paused.iter().copied());
+        self.health.turn_switches.store(switches, Relaxed);
+        self.health.turns_active.store(active, Relaxed);
     }
 
     /// The phase words of the production containers listened to (see [`Controller::listen`]),

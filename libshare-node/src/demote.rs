@@ -49,8 +49,17 @@ impl Demoter {
         }
     }
 
-    /// One look at every container on the devices in `devices` (bit mask) at `now`.
-    pub fn step(&mut self, cs: &[Container], devices: u32, now: u64) {
+    /// One look at every container on the devices in `devices` (bit mask) at `now`. `floor(i,
+    /// d)`: the target exclusive turns set for container `cs[i]` on device `d` (`crate::turns`:
+    /// its whole footprint while it waits for its turn, 0 for the holder), None where turns have
+    /// no say; a container's target is never below it.
+    pub fn step(
+        &mut self,
+        cs: &[Container],
+        devices: u32,
+        now: u64,
+        floor: &dyn Fn(usize, usize) -> Option<u64>,
+    ) {
         let class = |c: &Container| c.words.class_or(c.state.header().class());
         self.over.clear();
         for (i, c) in cs.iter().enumerate() {
@@ -78,6 +87,13 @@ impl Demoter {
                     (0..MAX_DEVICES).for_each(|d| c.state.device(d).set_demote(0));
                 }
             }
+            for &i in &self.over {
+                for d in (0..MAX_DEVICES).filter(|d| devices & (1 << d) != 0) {
+                    if let Some(f) = floor(i, d) {
+                        cs[i].state.device(d).set_demote(f);
+                    }
+                }
+            }
             return;
         }
         self.was_active = true;
@@ -89,26 +105,38 @@ impl Demoter {
                 want = want.saturating_add(w.saturating_sub(*seen));
                 *seen = w;
             }
-            let over = || self.over.iter().map(|&i| &cs[i]);
+            let over = || {
+                self.over
+                    .iter()
+                    .map(|&i| (&cs[i], floor(i, d).unwrap_or(0)))
+            };
             if want > 0 {
                 self.last_want[d] = now;
                 let room: Vec<u64> = over()
-                    .map(|c| {
+                    .map(|(c, _)| {
                         let s = c.state.device(d);
                         s.used.load(Acquire).saturating_sub(s.demote.load(Acquire))
                     })
                     .collect();
-                for (c, part) in over().zip(split(want, &room)) {
+                for ((c, f), part) in over().zip(split(want, &room)) {
                     let s = c.state.device(d);
+                    s.set_demote((s.demote.load(Acquire) + part).max(f));
                     if part > 0 {
-                        s.set_demote(s.demote.load(Acquire) + part);
                         tracing::debug!(container = %c.name, device = d, bytes = part, "demote");
                     }
                 }
             } else if now.saturating_sub(self.last_want[d]) >= HOLD_NS {
-                over().for_each(|c| c.state.device(d).set_demote(0));
+                over().for_each(|(c, f)| c.state.device(d).set_demote(f));
+            } else {
+                // Turns' targets apply at once; production's stay until the pressure ends.
+                over().for_each(|(c, f)| {
+                    let s = c.state.device(d);
+                    if s.demote.load(Acquire) < f {
+                        s.set_demote(f);
+                    }
+                });
             }
-            over().for_each(|c| c.state.device(d).clamp_demoted());
+            over().for_each(|(c, _)| c.state.device(d).clamp_demoted());
         }
     }
 }

@@ -375,6 +375,34 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
             "Containers the control loop steers",
             h.containers.load(Relaxed) as i64,
         );
+        c(
+            sub,
+            "turn_switches",
+            "Exclusive turns between oversubscribing containers whose working sets do not fit: switches (entering turns counts as one)",
+            h.turn_switches.load(Relaxed),
+        );
+        g(
+            sub,
+            "turns_active",
+            "Devices where oversubscribing containers take exclusive turns now",
+            h.turns_active.load(Relaxed) as i64,
+        );
+        let q = GaugeF::default();
+        q.set(h.turn_quantum_ns.load(Relaxed) as f64 / 1e9);
+        sub.register_with_unit(
+            "turn_quantum",
+            "The turns' quantum in force (adaptive: 20 x the last switch's cost)",
+            Unit::Seconds,
+            q,
+        );
+        let cost = GaugeF::default();
+        cost.set(h.turn_cost_ns.load(Relaxed) as f64 / 1e9);
+        sub.register_with_unit(
+            "turn_switch_cost",
+            "The last switch's measured cost: demoting the outgoing working set, prefetching the incoming one",
+            Unit::Seconds,
+            cost,
+        );
         let restores = Family::<Container, Counter>::default();
         sub.register(
             "state_restores",

@@ -55,6 +55,10 @@
 //!   `share × 10 ms` (so an idle spell cannot bank a burst; debt of one kernel is allowed by
 //!   the shim). Tokens are refilled while paused too (the cap bounds them).
 //!
+//! - Exclusive turns (`crate::turns`, decided before this policy each tick): a (container,
+//!   device) pair turns pause ([`PolicyState::set_turn_paused`]) is `Paused`, does not count as
+//!   demanding in the weighted split, and is never given the starvation launch.
+//!
 //! Policy `time-slice` (nvshare-style baseline): on each device the demanding containers, of
 //! any class, take exclusive turns of one quantum: the holder is `Open`, the others `Paused`;
 //! the turn passes (in container order) at the quantum's end if another demands, or at once when
@@ -424,6 +428,9 @@ pub struct PolicyState {
     facts: Vec<Facts>,
     slices: [Slice; MAX_DEVICES],
     last_now: Option<u64>,
+    /// (container, device) pairs exclusive turns pause this tick (`crate::turns`): paused,
+    /// neither demanding a share nor starved into a launch.
+    turn_paused: Vec<(ContainerId, u8)>,
 }
 
 impl PolicyState {
@@ -439,7 +446,15 @@ impl PolicyState {
             facts: Vec::new(),
             slices: [Slice::default(); MAX_DEVICES],
             last_now: None,
+            turn_paused: Vec::new(),
         }
+    }
+
+    /// The (container, device) pairs exclusive turns pause from the next step on (policy
+    /// `libshare` only; cleared by an empty list).
+    pub fn set_turn_paused(&mut self, pairs: impl IntoIterator<Item = (ContainerId, u8)>) {
+        self.turn_paused.clear();
+        self.turn_paused.extend(pairs);
     }
 
     pub fn kind(&self) -> PolicyKind {
@@ -531,7 +546,7 @@ pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Deci
             .count();
         let (dev, f) = (&snap.entries[at..at + n], &facts[at..at + n]);
         match ps.kind {
-            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, out),
+            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, &ps.turn_paused, out),
             PolicyKind::TimeSlice { quantum_ns } => {
                 time_slice_device(&mut ps.slices[d as usize], dev, f, now, quantum_ns, out)
             }
@@ -623,11 +638,14 @@ fn libshare_device(
     facts: &[Facts],
     now: u64,
     elapsed: u64,
+    turn_paused: &[(ContainerId, u8)],
     out: &mut Decisions,
 ) {
     let (base, window_end) = opportunistic_gate(t, dev, facts, now);
-    let demanding =
-        |e: &Entry, f: &Facts| e.class == Class::Opportunistic && (e.c.held > 0 || f.recent);
+    let paused = |e: &Entry| turn_paused.contains(&(e.id, e.device));
+    let demanding = |e: &Entry, f: &Facts| {
+        e.class == Class::Opportunistic && (e.c.held > 0 || f.recent) && !paused(e)
+    };
     let weight = |e: &Entry| e.c.weight.max(1) as u64;
     let demand_sum: u64 = dev
         .iter()
@@ -695,7 +713,9 @@ fn libshare_device(
         };
         let starved =
             gate == Gate::Paused && e.c.held > 0 && now.saturating_sub(f.moved_at) >= t.starve_ns;
-        let gate = if starved {
+        let gate = if paused(e) {
+            Gate::Paused
+        } else if starved {
             Gate::Run {
                 in_flight_us: 1,
                 window: false,

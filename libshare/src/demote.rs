@@ -211,10 +211,12 @@ fn step(sh: &Shim, dev: usize) {
         ds.migrations.fetch_add(moves, AcqRel);
         return;
     }
-    let claim = ds.claim_promotion(mine_demoted);
-    if claim > 0 {
-        let (done, moves) = move_some(dev, claim, false);
-        ds.settle_demoted(false, claim, done);
+    // Promotion: `demoted` drops only once the bytes are back (their prefetches synchronised),
+    // so the daemon sees when a container's memory is in (exclusive turns measure a switch so).
+    // Each process promotes only its own allocations: no claim needed.
+    if mine_demoted > 0 && ds.demote.load(Acquire) == 0 {
+        let (done, moves) = move_some(dev, mine_demoted, false);
+        ds.forget_demoted(done);
         ds.migrations.fetch_add(moves, AcqRel);
     }
 }

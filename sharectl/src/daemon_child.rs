@@ -54,7 +54,20 @@ impl Daemon {
         policy: &str,
         extra: &[String],
     ) -> anyhow::Result<Daemon> {
+        Self::start_with_env(sharectl, dir, policy, extra, &[])
+    }
+
+    /// [`Daemon::start_with`] with extra environment `env` (S5: the GPU's, so the daemon reads
+    /// the device's memory through NVML as on a GPU node).
+    pub fn start_with_env(
+        sharectl: &Path,
+        dir: &Path,
+        policy: &str,
+        extra: &[String],
+        env: &[(String, std::ffi::OsString)],
+    ) -> anyhow::Result<Daemon> {
         let mut cmd = Command::new(sharectl);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("daemon")
             .arg("--state-dir")
             .arg(dir)

@@ -123,6 +123,46 @@ fn bench_s4_production_never_runs_out_of_memory_beside_an_oversubscribing_job() 
 }
 
 #[test]
+fn bench_s5_thrashing_jobs_take_turns_and_beat_serial() {
+    // Issue 20, must-show 3: two opportunistic jobs of 70 % of the device each. Managed memory
+    // co-run without the shim thrashes; libshare's turns beat running them one after the other,
+    // and beat turns of nvshare's fixed quantum (scaled to the run). Generous bounds (a loaded
+    // host); BENCHMARKS.md has the figures of one run.
+    let (lines, ctx) = bench_with("S5", "4", &[]);
+    let get = |policy: &str| -> &Value {
+        let l = lines
+            .iter()
+            .find(|l| l["scenario"] == "S5" && l["policy"] == policy)
+            .unwrap_or_else(|| panic!("no S5 {policy} line: {ctx}"));
+        assert!(l.get("error").is_none(), "S5 {policy} failed: {l}\n{ctx}");
+        l
+    };
+    let ratio = |policy: &str| -> f64 {
+        let r = get(policy)["serial_ratio"].as_f64().unwrap();
+        assert!(r.is_finite() && r > 0.0, "S5 {policy}: serial_ratio {r}");
+        r
+    };
+    assert_eq!(ratio("serial"), 1.0);
+    let (native, fixed, libshare) = (ratio("native"), ratio("fixed-quantum"), ratio("libshare"));
+    assert!(
+        native >= 1.5,
+        "native co-run should thrash: {native}\n{ctx}"
+    );
+    assert!(
+        libshare < 0.9,
+        "libshare's turns should beat serial: {libshare}\n{ctx}"
+    );
+    assert!(
+        libshare < fixed,
+        "the adaptive quantum should beat the fixed one: libshare {libshare}, fixed {fixed}\n{ctx}"
+    );
+    let l = get("libshare");
+    let switches = l["switches"].as_f64().unwrap_or(0.0);
+    assert!(switches >= 2.0, "libshare: switches {switches}: {l}");
+    assert!(l["quantum_ms"].as_f64().unwrap_or(0.0) > 0.0, "{l}");
+}
+
+#[test]
 fn bench_s8_pytorch_inference_keeps_its_latency_beside_training() {
     let python = torch_python();
     let extra = [

@@ -63,6 +63,12 @@ struct Args {
     #[arg(long)]
     trace: bool,
 
+    /// Begin the loop (after allocating and touching --mem) at this wall-clock time, seconds
+    /// since the Unix epoch, so jobs started together work over the same interval (no wait if
+    /// it has passed).
+    #[arg(long, value_name = "EPOCH")]
+    start_at: Option<f64>,
+
     /// Stop after this many iterations.
     #[arg(long, value_name = "N", conflicts_with = "duration")]
     iters: Option<u64>,
@@ -90,6 +96,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         gpu.memset(mem, 0)?;
     }
     gpu.sync()?;
+    if let Some(at) = args.start_at {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        if at > now && !jobs::run::sleep_until(Instant::now() + Duration::from_secs_f64(at - now)) {
+            return Ok(());
+        }
+    }
     let mut turn = 0usize;
 
     let kernel_ns = cli::split_ns(args.gpu_ms, args.kernels);

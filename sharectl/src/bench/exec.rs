@@ -227,16 +227,31 @@ const GRACE: Duration = Duration::from_secs(60);
 
 impl Bench {
     pub fn run(&self, spec: &RunSpec) -> anyhow::Result<RunRecord> {
+        self.run_daemon_env(spec, &[])
+    }
+
+    /// [`Bench::run`] with the daemon given `daemon_env` too (S5: the GPU's environment, for
+    /// NVML).
+    pub fn run_daemon_env(
+        &self,
+        spec: &RunSpec,
+        daemon_env: &[(String, OsString)],
+    ) -> anyhow::Result<RunRecord> {
         match &spec.setup {
-            Setup::Native => self.run_with(spec, None),
+            Setup::Native => self.run_with(spec, None, daemon_env),
             Setup::Shared { .. } => {
                 let state = StateDir::create()?;
-                self.run_with(spec, Some(state.path()))
+                self.run_with(spec, Some(state.path()), daemon_env)
             }
         }
     }
 
-    fn run_with(&self, spec: &RunSpec, state: Option<&Path>) -> anyhow::Result<RunRecord> {
+    fn run_with(
+        &self,
+        spec: &RunSpec,
+        state: Option<&Path>,
+        daemon_env: &[(String, OsString)],
+    ) -> anyhow::Result<RunRecord> {
         let mut daemon = None;
         let mut sampler = None;
         if let (Setup::Shared { policy, set, .. }, Some(dir)) = (&spec.setup, state) {
@@ -253,7 +268,8 @@ impl Bench {
             for c in &spec.idle_containers {
                 self.set(dir, c, &["--class".into(), "opportunistic".into()])?;
             }
-            let d = Daemon::start_with(&self.sharectl, dir, policy, &spec.daemon_args)?;
+            let d =
+                Daemon::start_with_env(&self.sharectl, dir, policy, &spec.daemon_args, daemon_env)?;
             // A node service runs in the shared pool, off the CPUs a node gives production
             // containers for their own (Kubernetes' static CPU manager): by class, with the
             // opportunistic jobs.

@@ -13,6 +13,7 @@ mod metrics;
 mod plot;
 mod python;
 mod s4;
+mod s5;
 
 use anyhow::{anyhow, bail, Context};
 use exec::{Bench, Class, Cpus, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
@@ -107,6 +108,8 @@ pub enum ScenarioArg {
     S3,
     #[value(name = "S4")]
     S4,
+    #[value(name = "S5")]
+    S5,
     #[value(name = "S6")]
     S6,
     #[value(name = "S7")]
@@ -127,6 +130,10 @@ pub enum Policy {
     Libshare,
     /// S4's TGS-style baseline: managed memory and advice, no demotion protocol.
     HintsOnly,
+    /// S5's baseline: the jobs one after the other, each alone.
+    Serial,
+    /// S5's nvshare-style baseline: exclusive turns of a fixed quantum (scaled to the run).
+    FixedQuantum,
 }
 
 impl Policy {
@@ -146,13 +153,15 @@ impl Policy {
             Policy::TimeSlice => "time-slice",
             Policy::Libshare => "libshare",
             Policy::HintsOnly => "hints-only",
+            Policy::Serial => "serial",
+            Policy::FixedQuantum => "fixed-quantum",
         }
     }
 
     /// How `jobs` run under this policy (exclusive runs like native, production alone).
     fn setup(self, jobs: &[JobSpec]) -> Setup {
         match self {
-            Policy::Exclusive | Policy::Native => Setup::Native,
+            Policy::Exclusive | Policy::Native | Policy::Serial => Setup::Native,
             Policy::StaticSplit => {
                 let share = format!("{}%", 100.0 / jobs.len().max(1) as f64);
                 Setup::Shared {
@@ -170,7 +179,7 @@ impl Policy {
                 set: Vec::new(),
                 all_opportunistic: true,
             },
-            Policy::Libshare | Policy::HintsOnly => Setup::Shared {
+            Policy::Libshare | Policy::HintsOnly | Policy::FixedQuantum => Setup::Shared {
                 policy: "libshare",
                 set: Vec::new(),
                 all_opportunistic: false,
@@ -197,9 +206,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let policies: Vec<Policy> = if args.policy.is_empty() {
         Policy::ALL.to_vec()
     } else {
+        // The five in their order, then a scenario's own baselines as asked (S4's hints-only,
+        // S5's fixed-quantum).
+        let extra = args.policy.iter().filter(|p| !Policy::ALL.contains(p));
         Policy::ALL
             .into_iter()
             .filter(|p| args.policy.contains(p))
+            .chain(extra.copied())
             .collect()
     };
     let scenarios: &[ScenarioArg] = match args.scenario {
@@ -208,6 +221,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S2,
             ScenarioArg::S3,
             ScenarioArg::S4,
+            ScenarioArg::S5,
             ScenarioArg::S6,
             ScenarioArg::S7,
             ScenarioArg::S8,
@@ -237,6 +251,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S2 => s2(&ctx, &mut out)?,
             ScenarioArg::S3 => s3(&ctx, &mut out, &args.ops)?,
             ScenarioArg::S4 => s4::s4(&ctx, &mut out)?,
+            ScenarioArg::S5 => s5::s5(&ctx, &mut out)?,
             ScenarioArg::S6 => s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
             ScenarioArg::S8 => s8(&ctx, &mut out)?,
@@ -983,7 +998,8 @@ fn s7(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                 return Ok((m, vec![("alone".into(), native.clone())]));
             }
             Policy::TimeSlice => "time-slice",
-            Policy::Libshare | Policy::HintsOnly => "libshare",
+            Policy::Libshare | Policy::HintsOnly | Policy::FixedQuantum => "libshare",
+            Policy::Serial => bail!("S7 has no serial baseline"),
         };
         let shared = |set: Vec<(String, Vec<String>)>| Setup::Shared {
             policy,
@@ -1400,7 +1416,11 @@ mod tests {
             vec![S3Op::Memset]
         );
         assert!(parse(&["S3", "--ops", "fill"]).is_err());
-        assert!(parse(&["S5"]).is_err());
+        assert_eq!(parse(&["S5"]).unwrap().scenario, ScenarioArg::S5);
+        assert_eq!(
+            parse(&["S5", "--policy", "fixed-quantum"]).unwrap().policy,
+            vec![Policy::FixedQuantum]
+        );
         assert!(parse(&["S1", "--duration", "1"]).is_err());
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());
         assert!(parse(&["S1", "--policy", "mps"]).is_err());

@@ -72,6 +72,15 @@ pub struct DaemonArgs {
     /// containers rely on the driver's eviction alone (the hints-only baseline of bench S4).
     #[arg(long)]
     pub no_demotion: bool,
+    /// Exclusive turns between oversubscribing containers whose working sets do not fit
+    /// together: a fixed quantum (e.g. 30s, nvshare-style) instead of the adaptive one (20 ×
+    /// the measured cost of a switch).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_turns")]
+    pub turn_quantum: Option<u64>,
+    /// Never give oversubscribing containers exclusive turns (they co-run however much they
+    /// thrash).
+    #[arg(long)]
+    pub no_turns: bool,
 }
 
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -170,6 +179,14 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let devices = libshare_node::settings::node_devices(totals.as_deref());
     let mut cfg = cfg;
     cfg.demotion = !args.no_demotion;
+    cfg.turns = (!args.no_turns).then(|| libshare_node::turns::TurnConfig {
+        fixed_quantum_ns: args.turn_quantum,
+        ..Default::default()
+    });
+    cfg.device_totals = totals.clone();
+    if cfg.turns.is_some() && totals.is_none() {
+        tracing::info!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
+    }
     cfg.authority = Some(libshare_node::authority::Authority::new(
         settings.clone(),
         devices,
