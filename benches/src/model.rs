@@ -196,6 +196,8 @@ pub fn read_trace(path: &std::path::Path) -> Vec<TracedKernel> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        // Kernels only: copies and other compute operations carry an "op".
+        .filter(|v| v.get("op").is_none())
         .map(|v| TracedKernel {
             pid: v["pid"].as_u64().unwrap_or(0),
             ready: v["ready"].as_u64().unwrap_or(0),
