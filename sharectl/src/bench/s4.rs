@@ -14,8 +14,35 @@ use std::ffi::OsString;
 /// simgpu's device for S4 (small: simgpu backs device memory with host memory).
 const SIM_DEVICE: u64 = 2 << 30;
 
-fn mib(bytes: u64) -> String {
+/// Environment variables of a run's jobs.
+pub(super) type JobEnv = Vec<(String, OsString)>;
+
+pub(super) fn mib(bytes: u64) -> String {
     format!("{}MiB", bytes >> 20)
+}
+
+/// A fresh simulated device of `bytes` for one run (nothing left from the previous run): its
+/// state directory (kept alive by the caller for the run) and the jobs' environment for it.
+/// Nothing on a real GPU.
+pub(super) fn fresh_device(
+    ctx: &Ctx<'_>,
+    bytes: u64,
+) -> anyhow::Result<(Option<crate::platform::StateDir>, JobEnv)> {
+    let sim = if ctx.bench.gpu.is_sim() {
+        Some(crate::platform::StateDir::create()?)
+    } else {
+        None
+    };
+    let env = sim
+        .as_ref()
+        .map(|s| {
+            vec![
+                ("SIMGPU_STATE_DIR".into(), s.path().into()),
+                ("SIMGPU_MEMORY".into(), mib(bytes).into()),
+            ]
+        })
+        .unwrap_or_default();
+    Ok((sim, env))
 }
 
 /// A `simjob-train` job of S4: 6 ms of GPU per iteration (4 kernels) over `mem` in 8 buffers
@@ -73,21 +100,7 @@ fn run(ctx: &Ctx<'_>, p: Policy, jobs: &[JobSpec], device: u64) -> anyhow::Resul
         .filter(|j| p != Policy::Exclusive || j.class == Class::Production)
         .cloned()
         .collect();
-    // A fresh simulated device of S4's size per run (nothing left from the previous run).
-    let sim = if ctx.bench.gpu.is_sim() {
-        Some(crate::platform::StateDir::create()?)
-    } else {
-        None
-    };
-    let env: Vec<(String, OsString)> = sim
-        .as_ref()
-        .map(|s| {
-            vec![
-                ("SIMGPU_STATE_DIR".into(), s.path().into()),
-                ("SIMGPU_MEMORY".into(), mib(device).into()),
-            ]
-        })
-        .unwrap_or_default();
+    let (_sim, env) = fresh_device(ctx, device)?;
     let setup = match p {
         Policy::Exclusive | Policy::Native => Setup::Native,
         _ => Setup::Shared {

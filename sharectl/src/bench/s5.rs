@@ -12,9 +12,9 @@
 //! lets two jobs co-run faster than serially: one computes while the other is on the CPU.
 
 use super::exec::{Class, JobSpec, RunRecord, RunSpec, Setup};
+use super::s4::mib;
 use super::{num, opt, row, Ctx, Output, Policy};
 use anyhow::Context;
-use std::ffi::OsString;
 
 /// simgpu's device for S5.
 const SIM_DEVICE: u64 = 2 << 30;
@@ -25,10 +25,6 @@ const KERNELS: u32 = 100;
 /// nvshare's quantum and the length of the job it was measured with (thesis: big_50, 1383 s).
 const NVSHARE_QUANTUM_S: f64 = 30.0;
 const NVSHARE_JOB_S: f64 = 1400.0;
-
-fn mib(bytes: u64) -> String {
-    format!("{}MiB", bytes >> 20)
-}
 
 /// Seconds from a co-run's jobs being started to their loops beginning together (`--start-at`):
 /// allocating and touching 70 % of the device, twice at once, on a loaded host.
@@ -85,20 +81,7 @@ fn run(
     device: u64,
     fixed_quantum_s: f64,
 ) -> anyhow::Result<(RunRecord, Option<String>)> {
-    let sim = if ctx.bench.gpu.is_sim() {
-        Some(crate::platform::StateDir::create()?)
-    } else {
-        None
-    };
-    let env: Vec<(String, OsString)> = sim
-        .as_ref()
-        .map(|s| {
-            vec![
-                ("SIMGPU_STATE_DIR".into(), s.path().into()),
-                ("SIMGPU_MEMORY".into(), mib(device).into()),
-            ]
-        })
-        .unwrap_or_default();
+    let (_sim, env) = super::s4::fresh_device(ctx, device)?;
     let metrics = crate::platform::StateDir::create()?;
     let textfile = metrics.path().join("metrics.prom");
     let (setup, daemon_args) = match p {
