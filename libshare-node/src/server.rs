@@ -639,7 +639,20 @@ mod tests {
     #[test]
     fn at_the_descriptor_limit_connections_are_shed_without_spinning() {
         use nix::sys::resource::{getrlimit, setrlimit, Resource};
-        // This test runs in its own process (nextest): lower its descriptor limit.
+        // It lowers its process's descriptor limit, which would starve the tests that
+        // `cargo test` runs beside it in one process: it runs itself again, alone.
+        const ALONE: &str = "LIBSHARE_TEST_ALONE";
+        if std::env::var_os(ALONE).is_none() {
+            let name =
+                "server::tests::at_the_descriptor_limit_connections_are_shed_without_spinning";
+            let st = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([name, "--exact", "--test-threads=1", "--nocapture"])
+                .env(ALONE, "1")
+                .status()
+                .unwrap();
+            assert!(st.success(), "the test, run alone, failed: {st}");
+            return;
+        }
         let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
         setrlimit(Resource::RLIMIT_NOFILE, 48, hard).unwrap();
         let dir = tempfile::tempdir().unwrap();
