@@ -3,6 +3,7 @@
 //! Every figure is a ratio against a baseline measured in the same run.
 
 use crate::{finish, job, median, num, run_job};
+use jobs::profiles::{Train, TRAIN};
 use libshare_tests::SimGpu;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -67,20 +68,11 @@ pub fn two_saturating(secs: f64) -> Value {
 /// saturating job beside it, natively co-located (no libshare).
 pub fn train_colocation(secs: f64) -> Value {
     let d = format!("{secs}s");
-    let train = [
-        "--gpu-ms",
-        "6",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "4",
-        "--mem",
-        "256MiB",
-        "--duration",
-        d.as_str(),
-    ];
+    let mut args = TRAIN.args();
+    args.extend(["--duration".into(), d]);
+    let train: Vec<&str> = args.iter().map(String::as_str).collect();
     let sim = SimGpu::new();
-    let (solo, _) = run_job(&sim, "simjob-train", &train);
+    let (solo, _) = run_job(&sim, Train::BIN, &train);
     let solo = num(&solo, "iters_per_s");
     let sat_d = format!("{}s", secs + 1.0);
     let sat = job(
@@ -90,7 +82,7 @@ pub fn train_colocation(secs: f64) -> Value {
     )
     .spawn()
     .expect("spawn");
-    let (co, _) = run_job(&sim, "simjob-train", &train);
+    let (co, _) = run_job(&sim, Train::BIN, &train);
     let sat = finish(sat, "saturate");
     let co = num(&co, "iters_per_s");
     json!({

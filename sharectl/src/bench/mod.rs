@@ -17,6 +17,7 @@ mod s5;
 
 use anyhow::{anyhow, bail, Context};
 use exec::{Bench, Class, Cpus, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
+use jobs::profiles::{Train, TRAIN};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
@@ -476,15 +477,15 @@ fn timelines(rec: &RunRecord) -> Vec<plot::Series> {
         .collect()
 }
 
-fn train(name: &str, args: &[&str], secs: f64, extra: &[&str]) -> JobSpec {
-    let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+fn train(name: &str, profile: Train, secs: f64, extra: &[&str]) -> JobSpec {
+    let mut a = profile.args();
     a.extend(["--duration".into(), format!("{secs:.3}")]);
     a.extend(["--trace".into(), "--report-interval".into(), "100ms".into()]);
     a.extend(extra.iter().map(|x| x.to_string()));
     JobSpec {
         container: name.into(),
         class: Class::Production,
-        bin: "simjob-train",
+        bin: Train::BIN,
         args: a,
         delay: 0.0,
     }
@@ -508,18 +509,6 @@ fn saturate(name: &str, depth: u32, secs: f64, delay: f64) -> JobSpec {
         delay,
     }
 }
-
-/// S1's and the demo's training-like production job (~60 % of the GPU).
-const TRAIN: [&str; 8] = [
-    "--gpu-ms",
-    "6",
-    "--kernels",
-    "4",
-    "--cpu-ms",
-    "4",
-    "--mem",
-    "256MiB",
-];
 
 /// Runs `jobs` under `policy` (production jobs only for exclusive).
 fn run_policy(
@@ -611,7 +600,7 @@ fn for_policies(
 /// started 1 s later.
 fn s1(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let d = ctx.d;
-    let jobs = vec![train("prod", &TRAIN, d, &[]), saturate("opp", 4, d, 1.0)];
+    let jobs = vec![train("prod", TRAIN, d, &[]), saturate("opp", 4, d, 1.0)];
     let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
         .context("S1: production alone (the solo baseline)")?;
     let (sa, sb) = window(&solo, 1.0)?;
@@ -647,7 +636,7 @@ fn s2(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let p = (ctx.d / 3.0).clamp(0.5, 2.0);
     let phases = format!("{:.3}s:{:.3}s", p, p);
     let jobs = vec![
-        train("prod", &TRAIN, 5.0 * p, &["--phases", &phases]),
+        train("prod", TRAIN, 5.0 * p, &["--phases", &phases]),
         saturate("opp", 4, 5.0 * p, p / 2.0),
     ];
     let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
@@ -874,6 +863,14 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// S6's production trainers: ~30 % of the GPU each.
+const S6_LIGHT: Train = Train {
+    gpu_ms: 3.0,
+    kernels: 2,
+    cpu_ms: 7.0,
+    mem_mib: 64,
+};
+
 /// S6, scale: 32 registered containers, 8 active (2 production trainers at ~30 % of the GPU each,
 /// 6 opportunistic saturating jobs at depth 2), the daemon at its default period (5 ms).
 /// `daemon_cpu_pct` is the daemon's CPU over the window where all 8 jobs run (the steady state
@@ -881,17 +878,7 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
 /// included.
 fn s6(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let d = ctx.d;
-    let light = [
-        "--gpu-ms",
-        "3",
-        "--kernels",
-        "2",
-        "--cpu-ms",
-        "7",
-        "--mem",
-        "64MiB",
-    ];
-    let mut jobs = vec![train("p0", &light, d, &[]), train("p1", &light, d, &[])];
+    let mut jobs = vec![train("p0", S6_LIGHT, d, &[]), train("p1", S6_LIGHT, d, &[])];
     for i in 0..6 {
         jobs.push(saturate(&format!("o{i}"), 2, d, 1.0));
     }
@@ -1426,12 +1413,25 @@ mod tests {
         assert!(parse(&["S1", "--policy", "mps"]).is_err());
     }
 
+    /// The argv of S1's production job and S6's light trainers, as written by hand before
+    /// they came from `jobs::profiles`.
+    #[test]
+    fn training_jobs_run_the_argv_they_always_ran() {
+        let job = train("prod", TRAIN, 1.0, &["--phases", "1s:1s"]);
+        assert_eq!(job.bin, "simjob-train");
+        assert_eq!(
+            job.args.join(" "),
+            "--gpu-ms 6 --kernels 4 --cpu-ms 4 --mem 256MiB --duration 1.000 --trace --report-interval 100ms --phases 1s:1s"
+        );
+        assert_eq!(
+            S6_LIGHT.args().join(" "),
+            "--gpu-ms 3 --kernels 2 --cpu-ms 7 --mem 64MiB"
+        );
+    }
+
     #[test]
     fn static_split_caps_every_job_equally() {
-        let jobs = [
-            train("prod", &TRAIN, 1.0, &[]),
-            saturate("opp", 4, 1.0, 0.0),
-        ];
+        let jobs = [train("prod", TRAIN, 1.0, &[]), saturate("opp", 4, 1.0, 0.0)];
         let Setup::Shared {
             policy,
             set,
