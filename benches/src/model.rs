@@ -280,6 +280,31 @@ pub fn slice_runs(secs: f64) -> Value {
     })
 }
 
+/// Starts the short-kernel process of `short_beside_long` and `kill_holder`: one request of one
+/// 0.1 ms kernel every 10 ms (4-byte copies) for `d`.
+fn short_kernels(sim: &SimGpu, d: &str) -> std::process::Child {
+    job(
+        sim,
+        "simjob-infer",
+        &[
+            "--rate",
+            "100",
+            "--gpu-ms",
+            "0.1",
+            "--kernels",
+            "1",
+            "--input",
+            "4B",
+            "--output",
+            "4B",
+            "--duration",
+            d,
+        ],
+    )
+    .spawn()
+    .expect("spawn")
+}
+
 /// A process running 50 ms kernels beside one issuing one 0.1 ms kernel every 10 ms: the short
 /// kernel's completion latency (modelled, from the kernel trace: ready to end), which a time-
 /// sliced GPU bounds by slice + switch + 0.1 ms. `timeslice` sets `SIMGPU_TIMESLICE`.
@@ -295,26 +320,7 @@ pub fn short_beside_long(timeslice: &str, secs: f64) -> Value {
     .expect("spawn");
     std::thread::sleep(std::time::Duration::from_millis(300));
     let d = format!("{secs}s");
-    let short = job(
-        &sim,
-        "simjob-infer",
-        &[
-            "--rate",
-            "100",
-            "--gpu-ms",
-            "0.1",
-            "--kernels",
-            "1",
-            "--input",
-            "4B",
-            "--output",
-            "4B",
-            "--duration",
-            &d,
-        ],
-    )
-    .spawn()
-    .expect("spawn");
+    let short = short_kernels(&sim, &d);
     let short_pid = short.id() as u64;
     let short = finish(short, "0.1 ms kernels");
     let long = finish(long, "50 ms kernels");
@@ -345,26 +351,7 @@ pub fn kill_holder(secs: f64, kill_after: f64) -> Value {
     .expect("spawn");
     let long_pid = long.id() as u64;
     let d = format!("{secs}s");
-    let short = job(
-        &sim,
-        "simjob-infer",
-        &[
-            "--rate",
-            "100",
-            "--gpu-ms",
-            "0.1",
-            "--kernels",
-            "1",
-            "--input",
-            "4B",
-            "--output",
-            "4B",
-            "--duration",
-            &d,
-        ],
-    )
-    .spawn()
-    .expect("spawn");
+    let short = short_kernels(&sim, &d);
     std::thread::sleep(std::time::Duration::from_secs_f64(kill_after));
     long.kill().expect("kill -9");
     let _ = long.wait();

@@ -491,6 +491,20 @@ fn train(name: &str, profile: Train, secs: f64, extra: &[&str]) -> JobSpec {
     }
 }
 
+/// Production inference (`simjob-infer` with `args`) in container `prod` for `secs`, traced.
+fn production_infer(args: &[&str], secs: f64) -> JobSpec {
+    let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+    a.extend(["--trace".into(), "--report-interval".into(), "100ms".into()]);
+    a.extend(["--duration".into(), format!("{secs:.3}")]);
+    JobSpec {
+        container: "prod".into(),
+        class: Class::Production,
+        bin: "simjob-infer",
+        args: a,
+        delay: 0.0,
+    }
+}
+
 fn saturate(name: &str, depth: u32, secs: f64, delay: f64) -> JobSpec {
     JobSpec {
         container: name.into(),
@@ -763,6 +777,9 @@ fn s3_opportunistic(op: S3Op, secs: f64) -> JobSpec {
     j
 }
 
+/// S3's production inference: 20 requests/s of 5 ms of GPU time in 2 kernels.
+const S3_INFER: &[&str] = &["--rate", "20", "--gpu-ms", "5", "--kernels", "2"];
+
 /// S3, latency: production inference at 20 req/s (5 ms of GPU each) for 2 D + a saturating
 /// opportunistic job started 1 s later, one part per `--ops` entry: 0.5 ms kernels (no `op`
 /// figure), memsets or device-to-device copies (`op`: `memset`, `copy`; see [`S3_HBM_BW`]).
@@ -771,28 +788,7 @@ fn s3_opportunistic(op: S3Op, secs: f64) -> JobSpec {
 fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     // Twice as long as the others: at 20 requests/s a p99 needs a few hundred requests.
     let d = 2.0 * ctx.d;
-    let infer = JobSpec {
-        container: "prod".into(),
-        class: Class::Production,
-        bin: "simjob-infer",
-        args: [
-            "--rate",
-            "20",
-            "--gpu-ms",
-            "5",
-            "--kernels",
-            "2",
-            "--trace",
-            "--report-interval",
-            "100ms",
-            "--duration",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .chain([format!("{d:.3}")])
-        .collect(),
-        delay: 0.0,
-    };
+    let infer = production_infer(S3_INFER, d);
     let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
         rec.job("prod")
             .spans("request")
@@ -1224,26 +1220,7 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
 
 /// S9's production inference: 40 requests/s of 4 ms of GPU time (2 kernels) for `secs`.
 fn infer40(secs: f64) -> JobSpec {
-    JobSpec {
-        container: "prod".into(),
-        class: Class::Production,
-        bin: "simjob-infer",
-        args: [
-            "--rate",
-            "40",
-            "--gpu-ms",
-            "4",
-            "--trace",
-            "--report-interval",
-            "100ms",
-            "--duration",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .chain([format!("{secs:.3}")])
-        .collect(),
-        delay: 0.0,
-    }
+    production_infer(&["--rate", "40", "--gpu-ms", "4"], secs)
 }
 
 /// S9's opportunistic processes: `n` saturating jobs (2 ms kernels, depth 4) started 1 s late,
@@ -1413,15 +1390,29 @@ mod tests {
         assert!(parse(&["S1", "--policy", "mps"]).is_err());
     }
 
-    /// The argv of S1's production job and S6's light trainers, as written by hand before
-    /// they came from `jobs::profiles`.
+    /// The argv of S1's production job, S3's and S9's inference and S6's light trainers, as
+    /// written by hand at each site before they came from `jobs::profiles` and one helper.
     #[test]
-    fn training_jobs_run_the_argv_they_always_ran() {
+    fn production_jobs_run_the_argv_they_always_ran() {
         let job = train("prod", TRAIN, 1.0, &["--phases", "1s:1s"]);
         assert_eq!(job.bin, "simjob-train");
         assert_eq!(
             job.args.join(" "),
             "--gpu-ms 6 --kernels 4 --cpu-ms 4 --mem 256MiB --duration 1.000 --trace --report-interval 100ms --phases 1s:1s"
+        );
+        // S3's and S9's production inference.
+        let (s3, s9) = (production_infer(S3_INFER, 2.0), infer40(1.5));
+        assert_eq!(
+            s3.args.join(" "),
+            "--rate 20 --gpu-ms 5 --kernels 2 --trace --report-interval 100ms --duration 2.000"
+        );
+        assert_eq!(
+            s9.args.join(" "),
+            "--rate 40 --gpu-ms 4 --trace --report-interval 100ms --duration 1.500"
+        );
+        assert_eq!(
+            (s3.bin, s3.delay, s9.container),
+            ("simjob-infer", 0.0, "prod".into())
         );
         assert_eq!(
             S6_LIGHT.args().join(" "),
