@@ -3,6 +3,7 @@
 //! Every figure is a ratio against a baseline measured in the same run.
 
 use crate::{finish, job, median, num, run_job};
+use jobs::profiles::{Train, TRAIN};
 use libshare_tests::SimGpu;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -67,20 +68,11 @@ pub fn two_saturating(secs: f64) -> Value {
 /// saturating job beside it, natively co-located (no libshare).
 pub fn train_colocation(secs: f64) -> Value {
     let d = format!("{secs}s");
-    let train = [
-        "--gpu-ms",
-        "6",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "4",
-        "--mem",
-        "256MiB",
-        "--duration",
-        d.as_str(),
-    ];
+    let mut args = TRAIN.args();
+    args.extend(["--duration".into(), d]);
+    let train: Vec<&str> = args.iter().map(String::as_str).collect();
     let sim = SimGpu::new();
-    let (solo, _) = run_job(&sim, "simjob-train", &train);
+    let (solo, _) = run_job(&sim, Train::BIN, &train);
     let solo = num(&solo, "iters_per_s");
     let sat_d = format!("{}s", secs + 1.0);
     let sat = job(
@@ -90,7 +82,7 @@ pub fn train_colocation(secs: f64) -> Value {
     )
     .spawn()
     .expect("spawn");
-    let (co, _) = run_job(&sim, "simjob-train", &train);
+    let (co, _) = run_job(&sim, Train::BIN, &train);
     let sat = finish(sat, "saturate");
     let co = num(&co, "iters_per_s");
     json!({
@@ -288,6 +280,31 @@ pub fn slice_runs(secs: f64) -> Value {
     })
 }
 
+/// Starts the short-kernel process of `short_beside_long` and `kill_holder`: one request of one
+/// 0.1 ms kernel every 10 ms (4-byte copies) for `d`.
+fn short_kernels(sim: &SimGpu, d: &str) -> std::process::Child {
+    job(
+        sim,
+        "simjob-infer",
+        &[
+            "--rate",
+            "100",
+            "--gpu-ms",
+            "0.1",
+            "--kernels",
+            "1",
+            "--input",
+            "4B",
+            "--output",
+            "4B",
+            "--duration",
+            d,
+        ],
+    )
+    .spawn()
+    .expect("spawn")
+}
+
 /// A process running 50 ms kernels beside one issuing one 0.1 ms kernel every 10 ms: the short
 /// kernel's completion latency (modelled, from the kernel trace: ready to end), which a time-
 /// sliced GPU bounds by slice + switch + 0.1 ms. `timeslice` sets `SIMGPU_TIMESLICE`.
@@ -303,26 +320,7 @@ pub fn short_beside_long(timeslice: &str, secs: f64) -> Value {
     .expect("spawn");
     std::thread::sleep(std::time::Duration::from_millis(300));
     let d = format!("{secs}s");
-    let short = job(
-        &sim,
-        "simjob-infer",
-        &[
-            "--rate",
-            "100",
-            "--gpu-ms",
-            "0.1",
-            "--kernels",
-            "1",
-            "--input",
-            "4B",
-            "--output",
-            "4B",
-            "--duration",
-            &d,
-        ],
-    )
-    .spawn()
-    .expect("spawn");
+    let short = short_kernels(&sim, &d);
     let short_pid = short.id() as u64;
     let short = finish(short, "0.1 ms kernels");
     let long = finish(long, "50 ms kernels");
@@ -353,26 +351,7 @@ pub fn kill_holder(secs: f64, kill_after: f64) -> Value {
     .expect("spawn");
     let long_pid = long.id() as u64;
     let d = format!("{secs}s");
-    let short = job(
-        &sim,
-        "simjob-infer",
-        &[
-            "--rate",
-            "100",
-            "--gpu-ms",
-            "0.1",
-            "--kernels",
-            "1",
-            "--input",
-            "4B",
-            "--output",
-            "4B",
-            "--duration",
-            &d,
-        ],
-    )
-    .spawn()
-    .expect("spawn");
+    let short = short_kernels(&sim, &d);
     std::thread::sleep(std::time::Duration::from_secs_f64(kill_after));
     long.kill().expect("kill -9");
     let _ = long.wait();

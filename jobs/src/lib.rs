@@ -8,18 +8,30 @@
 //! `"event": "progress"` lines, and a final summary with `"event": "final", "final": true`.
 //! Every line carries `"job"` and `"t"` (seconds since the job's start, after CUDA setup).
 //! Errors go to stderr as one line, with a non-zero exit code.
+//!
+//! [`profiles`] (the named argument sets the demo, benchmarks and tests run) builds without the
+//! default `driver` feature; everything else is the programs' and needs it.
 
+#[cfg(feature = "driver")]
 pub mod cli;
+#[cfg(feature = "driver")]
 pub mod gpu;
+pub mod profiles;
+#[cfg(feature = "driver")]
 pub mod report;
+#[cfg(feature = "driver")]
 pub mod run;
+#[cfg(feature = "driver")]
 pub mod stats;
 
 /// The PTX module with the `simgpu_spin(.param .u64 ns)` kernel (see `spin.ptx`).
+#[cfg(feature = "driver")]
 pub const SPIN_PTX: &str = include_str!("spin.ptx");
 
 /// Name of the kernel entry in [`SPIN_PTX`].
+#[cfg(feature = "driver")]
 pub const SPIN_KERNEL: &str = "simgpu_spin";
 
 /// Name of the kernel entry that also touches a buffer (its working set).
+#[cfg(feature = "driver")]
 pub const SPIN_TOUCH_KERNEL: &str = "simgpu_spin_touch";

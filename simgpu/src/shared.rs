@@ -670,16 +670,9 @@ use libshare_abi::slots;
 pub use libshare_abi::slots::SlotTable;
 pub use libshare_abi::{proc_alive, proc_start_time};
 
-/// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// CLOCK_MONOTONIC in ns: the modelled clock, shared by all processes of the machine. The one
+/// reader of the workspace (libshare-abi's, as the slots and `proc_alive` above).
+pub use libshare_abi::rate::now_ns;
 
 /// Sleeps until the absolute CLOCK_MONOTONIC deadline `t` (ns).
 pub fn sleep_until(t: u64) {

@@ -13,6 +13,7 @@
 //! The observables are the containers' shared words (`libshare_abi::State`), as an operator's
 //! `sharectl status` reads them; simgpu's own state is not used.
 
+use jobs::profiles::{Train, TRAIN};
 use libshare_abi::rate::{now_ns, FLOOR};
 use libshare_abi::DeviceState;
 use libshare_tests::{artifacts, until, Daemon, SimGpu};
@@ -47,19 +48,11 @@ fn daemon_returns_a_killed_jobs_memory_within_a_second() {
 }
 
 fn train(gpu: &SimGpu, secs: u32) -> libshare_tests::Running {
-    let mut cmd = gpu.command(artifacts().bin("simjob-train"));
-    cmd.args([
-        "--gpu-ms",
-        "6",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "4",
-        "--duration",
-        &format!("{secs}s"),
-    ])
-    .env("LIBSHARE_CONTAINER", "prod")
-    .env("LIBSHARE_CLASS", "production");
+    let mut cmd = gpu.command(artifacts().bin(Train::BIN));
+    cmd.args(TRAIN.loop_args())
+        .args(["--duration", &format!("{secs}s")])
+        .env("LIBSHARE_CONTAINER", "prod")
+        .env("LIBSHARE_CLASS", "production");
     gpu.spawn(cmd)
 }
 

@@ -7,6 +7,7 @@
 //! - `sharectl top` in a detached tmux session shows the containers' names, classes and memory,
 //!   and `q` quits it with status 0.
 
+use jobs::profiles::{Train, TRAIN};
 use libshare_tests::{artifacts, Running, SimGpu};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -32,9 +33,10 @@ fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T 
 /// A production job holding 256 MiB under a 1 GiB quota (container `web`) and an opportunistic
 /// job saturating the GPU (container `batch`), both running for a minute.
 fn start_jobs(gpu: &SimGpu) -> Vec<Running> {
-    let mut train = gpu.command(artifacts().bin("simjob-train"));
+    let mut train = gpu.command(artifacts().bin(Train::BIN));
     train
-        .args(["--mem", "256MiB", "--duration", "60s"])
+        .args(TRAIN.args())
+        .args(["--duration", "60s"])
         .env("LIBSHARE_CONTAINER", "web")
         .env("LIBSHARE_CLASS", "production")
         .env("LIBSHARE_MEMORY_LIMIT", "1GiB");

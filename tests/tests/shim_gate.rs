@@ -24,6 +24,7 @@
 //! - cudart programs (streams, events, graphs with stream capture) and PyTorch run unchanged as
 //!   opportunistic jobs under an open gate, their launches timed.
 
+use jobs::profiles::{Train, TRAIN};
 use libshare_abi::rate::{now_ns, Gate};
 use libshare_abi::{DeviceState, State};
 use libshare_tests::{
@@ -614,17 +615,8 @@ fn shim_gate_production_publishes_busy_and_drained() {
     let gpu = SimGpu::new().with_shim().env("LIBSHARE_CONTAINER", "train");
     let st = precreate(&gpu, "train");
     let d = st.device(0);
-    let mut cmd = gpu.command(artifacts().bin("simjob-train"));
-    cmd.args([
-        "--gpu-ms",
-        "6",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "4",
-        "--duration",
-        "2s",
-    ]);
+    let mut cmd = gpu.command(artifacts().bin(Train::BIN));
+    cmd.args(TRAIN.loop_args()).args(["--duration", "2s"]);
     let job = gpu.spawn(cmd);
     wait_until(Duration::from_secs(20), "the job's first launches", || {
         d.launches.load(Acquire) > 8

@@ -10,13 +10,14 @@ use anyhow::Context;
 use clap::Parser;
 use jobs::cli::{self, CommonArgs};
 use jobs::gpu::Gpu;
+use jobs::profiles::{Train, TRAIN};
 use jobs::report::Reporter;
 use jobs::stats::{round3, RateWindow, Summary};
 use serde_json::json;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-const JOB: &str = "simjob-train";
+const JOB: &str = Train::BIN;
 
 /// A training-like CUDA job: per iteration, kernels totalling --gpu-ms, then a --cpu-ms host gap.
 ///
@@ -27,15 +28,15 @@ const JOB: &str = "simjob-train";
 #[command(name = JOB, version, about, long_about)]
 struct Args {
     /// GPU time per iteration, in milliseconds, split over --kernels kernels.
-    #[arg(long, value_name = "MS", default_value = "6", value_parser = cli::parse_ms)]
+    #[arg(long, value_name = "MS", default_value_t = TRAIN.gpu_ms, value_parser = cli::parse_ms)]
     gpu_ms: f64,
 
     /// Number of kernels launched per iteration.
-    #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "K", default_value_t = TRAIN.kernels, value_parser = clap::value_parser!(u32).range(1..))]
     kernels: u32,
 
     /// Host time between iterations (a sleep), in milliseconds.
-    #[arg(long, value_name = "MS", default_value = "4", value_parser = cli::parse_ms)]
+    #[arg(long, value_name = "MS", default_value_t = TRAIN.cpu_ms, value_parser = cli::parse_ms)]
     cpu_ms: f64,
 
     /// Device memory allocated up front and touched with a memset (e.g. 512MiB, 2GiB).
@@ -253,6 +254,16 @@ mod tests {
         assert_eq!(a.gpu_ms, 6.0);
         assert_eq!(a.kernels, 4);
         assert_eq!(a.mem, 256 << 20);
+        // The defaults are the shared TRAIN profile, and its rendered argv means the same.
+        let of = |a: &Args| Train {
+            gpu_ms: a.gpu_ms,
+            kernels: a.kernels,
+            cpu_ms: a.cpu_ms,
+            mem_mib: a.mem >> 20,
+        };
+        assert_eq!(of(&a), TRAIN);
+        let rendered = Args::try_parse_from(std::iter::once(JOB.to_string()).chain(TRAIN.args()));
+        assert_eq!(of(&rendered.unwrap()), TRAIN);
         assert!(a.iters.is_none() && a.duration.is_none());
         let a = Args::try_parse_from([
             JOB,

@@ -17,6 +17,7 @@ mod s5;
 
 use anyhow::{anyhow, bail, Context};
 use exec::{Bench, Class, Cpus, JobRecord, JobSpec, RunRecord, RunSpec, Setup};
+use jobs::profiles::{Train, TRAIN};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
@@ -476,15 +477,29 @@ fn timelines(rec: &RunRecord) -> Vec<plot::Series> {
         .collect()
 }
 
-fn train(name: &str, args: &[&str], secs: f64, extra: &[&str]) -> JobSpec {
-    let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+fn train(name: &str, profile: Train, secs: f64, extra: &[&str]) -> JobSpec {
+    let mut a = profile.args();
     a.extend(["--duration".into(), format!("{secs:.3}")]);
     a.extend(["--trace".into(), "--report-interval".into(), "100ms".into()]);
     a.extend(extra.iter().map(|x| x.to_string()));
     JobSpec {
         container: name.into(),
         class: Class::Production,
-        bin: "simjob-train",
+        bin: Train::BIN,
+        args: a,
+        delay: 0.0,
+    }
+}
+
+/// Production inference (`simjob-infer` with `args`) in container `prod` for `secs`, traced.
+fn production_infer(args: &[&str], secs: f64) -> JobSpec {
+    let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+    a.extend(["--trace".into(), "--report-interval".into(), "100ms".into()]);
+    a.extend(["--duration".into(), format!("{secs:.3}")]);
+    JobSpec {
+        container: "prod".into(),
+        class: Class::Production,
+        bin: "simjob-infer",
         args: a,
         delay: 0.0,
     }
@@ -508,18 +523,6 @@ fn saturate(name: &str, depth: u32, secs: f64, delay: f64) -> JobSpec {
         delay,
     }
 }
-
-/// S1's and the demo's training-like production job (~60 % of the GPU).
-const TRAIN: [&str; 8] = [
-    "--gpu-ms",
-    "6",
-    "--kernels",
-    "4",
-    "--cpu-ms",
-    "4",
-    "--mem",
-    "256MiB",
-];
 
 /// Runs `jobs` under `policy` (production jobs only for exclusive).
 fn run_policy(
@@ -611,7 +614,7 @@ fn for_policies(
 /// started 1 s later.
 fn s1(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let d = ctx.d;
-    let jobs = vec![train("prod", &TRAIN, d, &[]), saturate("opp", 4, d, 1.0)];
+    let jobs = vec![train("prod", TRAIN, d, &[]), saturate("opp", 4, d, 1.0)];
     let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
         .context("S1: production alone (the solo baseline)")?;
     let (sa, sb) = window(&solo, 1.0)?;
@@ -647,7 +650,7 @@ fn s2(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let p = (ctx.d / 3.0).clamp(0.5, 2.0);
     let phases = format!("{:.3}s:{:.3}s", p, p);
     let jobs = vec![
-        train("prod", &TRAIN, 5.0 * p, &["--phases", &phases]),
+        train("prod", TRAIN, 5.0 * p, &["--phases", &phases]),
         saturate("opp", 4, 5.0 * p, p / 2.0),
     ];
     let solo = run_policy(ctx, Policy::Exclusive, &jobs, &[], false)
@@ -774,6 +777,9 @@ fn s3_opportunistic(op: S3Op, secs: f64) -> JobSpec {
     j
 }
 
+/// S3's production inference: 20 requests/s of 5 ms of GPU time in 2 kernels.
+const S3_INFER: &[&str] = &["--rate", "20", "--gpu-ms", "5", "--kernels", "2"];
+
 /// S3, latency: production inference at 20 req/s (5 ms of GPU each) for 2 D + a saturating
 /// opportunistic job started 1 s later, one part per `--ops` entry: 0.5 ms kernels (no `op`
 /// figure), memsets or device-to-device copies (`op`: `memset`, `copy`; see [`S3_HBM_BW`]).
@@ -782,28 +788,7 @@ fn s3_opportunistic(op: S3Op, secs: f64) -> JobSpec {
 fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     // Twice as long as the others: at 20 requests/s a p99 needs a few hundred requests.
     let d = 2.0 * ctx.d;
-    let infer = JobSpec {
-        container: "prod".into(),
-        class: Class::Production,
-        bin: "simjob-infer",
-        args: [
-            "--rate",
-            "20",
-            "--gpu-ms",
-            "5",
-            "--kernels",
-            "2",
-            "--trace",
-            "--report-interval",
-            "100ms",
-            "--duration",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .chain([format!("{d:.3}")])
-        .collect(),
-        delay: 0.0,
-    };
+    let infer = production_infer(S3_INFER, d);
     let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
         rec.job("prod")
             .spans("request")
@@ -874,6 +859,14 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// S6's production trainers: ~30 % of the GPU each.
+const S6_LIGHT: Train = Train {
+    gpu_ms: 3.0,
+    kernels: 2,
+    cpu_ms: 7.0,
+    mem_mib: 64,
+};
+
 /// S6, scale: 32 registered containers, 8 active (2 production trainers at ~30 % of the GPU each,
 /// 6 opportunistic saturating jobs at depth 2), the daemon at its default period (5 ms).
 /// `daemon_cpu_pct` is the daemon's CPU over the window where all 8 jobs run (the steady state
@@ -881,17 +874,7 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
 /// included.
 fn s6(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let d = ctx.d;
-    let light = [
-        "--gpu-ms",
-        "3",
-        "--kernels",
-        "2",
-        "--cpu-ms",
-        "7",
-        "--mem",
-        "64MiB",
-    ];
-    let mut jobs = vec![train("p0", &light, d, &[]), train("p1", &light, d, &[])];
+    let mut jobs = vec![train("p0", S6_LIGHT, d, &[]), train("p1", S6_LIGHT, d, &[])];
     for i in 0..6 {
         jobs.push(saturate(&format!("o{i}"), 2, d, 1.0));
     }
@@ -1237,26 +1220,7 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
 
 /// S9's production inference: 40 requests/s of 4 ms of GPU time (2 kernels) for `secs`.
 fn infer40(secs: f64) -> JobSpec {
-    JobSpec {
-        container: "prod".into(),
-        class: Class::Production,
-        bin: "simjob-infer",
-        args: [
-            "--rate",
-            "40",
-            "--gpu-ms",
-            "4",
-            "--trace",
-            "--report-interval",
-            "100ms",
-            "--duration",
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .chain([format!("{secs:.3}")])
-        .collect(),
-        delay: 0.0,
-    }
+    production_infer(&["--rate", "40", "--gpu-ms", "4"], secs)
 }
 
 /// S9's opportunistic processes: `n` saturating jobs (2 ms kernels, depth 4) started 1 s late,
@@ -1426,12 +1390,39 @@ mod tests {
         assert!(parse(&["S1", "--policy", "mps"]).is_err());
     }
 
+    /// The argv of S1's production job, S3's and S9's inference and S6's light trainers, as
+    /// written by hand at each site before they came from `jobs::profiles` and one helper.
+    #[test]
+    fn production_jobs_run_the_argv_they_always_ran() {
+        let job = train("prod", TRAIN, 1.0, &["--phases", "1s:1s"]);
+        assert_eq!(job.bin, "simjob-train");
+        assert_eq!(
+            job.args.join(" "),
+            "--gpu-ms 6 --kernels 4 --cpu-ms 4 --mem 256MiB --duration 1.000 --trace --report-interval 100ms --phases 1s:1s"
+        );
+        // S3's and S9's production inference.
+        let (s3, s9) = (production_infer(S3_INFER, 2.0), infer40(1.5));
+        assert_eq!(
+            s3.args.join(" "),
+            "--rate 20 --gpu-ms 5 --kernels 2 --trace --report-interval 100ms --duration 2.000"
+        );
+        assert_eq!(
+            s9.args.join(" "),
+            "--rate 40 --gpu-ms 4 --trace --report-interval 100ms --duration 1.500"
+        );
+        assert_eq!(
+            (s3.bin, s3.delay, s9.container),
+            ("simjob-infer", 0.0, "prod".into())
+        );
+        assert_eq!(
+            S6_LIGHT.args().join(" "),
+            "--gpu-ms 3 --kernels 2 --cpu-ms 7 --mem 64MiB"
+        );
+    }
+
     #[test]
     fn static_split_caps_every_job_equally() {
-        let jobs = [
-            train("prod", &TRAIN, 1.0, &[]),
-            saturate("opp", 4, 1.0, 0.0),
-        ];
+        let jobs = [train("prod", TRAIN, 1.0, &[]), saturate("opp", 4, 1.0, 0.0)];
         let Setup::Shared {
             policy,
             set,

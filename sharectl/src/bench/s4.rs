@@ -9,6 +9,7 @@
 use super::exec::{Class, JobSpec, RunRecord, RunSpec, Setup};
 use super::{metrics, num, opt, production_in, row, window, Ctx, Output, Policy};
 use anyhow::Context;
+use jobs::profiles::{Train, TRAIN};
 use std::ffi::OsString;
 
 /// simgpu's device for S4 (small: simgpu backs device memory with host memory).
@@ -49,19 +50,10 @@ pub(super) fn fresh_device(
 /// (as a framework's allocator holds several segments: the protocol demotes whole
 /// allocations), 4 ms on the host.
 fn job(name: &str, class: Class, mem: u64, secs: f64, delay: f64) -> JobSpec {
-    let mut args: Vec<String> = [
-        "--gpu-ms",
-        "6",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "4",
-        "--trace",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // The TRAIN profile's iteration, with S4's own memory (`--mem` below, not the profile's).
+    let mut args = TRAIN.loop_args();
     args.extend([
+        "--trace".into(),
         "--pieces".into(),
         "8".into(),
         "--mem".into(),
@@ -74,7 +66,7 @@ fn job(name: &str, class: Class, mem: u64, secs: f64, delay: f64) -> JobSpec {
     JobSpec {
         container: name.into(),
         class,
-        bin: "simjob-train",
+        bin: Train::BIN,
         args,
         delay,
     }
@@ -201,4 +193,20 @@ pub(super) fn s4(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         out.emit(m);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// S4's job runs the argv written by hand before it came from `jobs::profiles`.
+    #[test]
+    fn job_runs_the_argv_it_always_ran() {
+        let j = job("prod", Class::Production, 1 << 30, 2.0, 1.0);
+        assert_eq!(j.bin, "simjob-train");
+        assert_eq!(
+            j.args.join(" "),
+            "--gpu-ms 6 --kernels 4 --cpu-ms 4 --trace --pieces 8 --mem 1024MiB --duration 2.000 --report-interval 100ms"
+        );
+    }
 }

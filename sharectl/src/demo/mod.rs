@@ -17,6 +17,7 @@ use crate::commands::status;
 use crate::daemon_child::Daemon;
 use crate::platform::{self, Gpu, StateDir};
 use anyhow::{anyhow, bail};
+use jobs::profiles::{Train, TRAIN};
 use libshare_abi::units::format_size;
 use serde_json::{json, Value};
 use std::ffi::OsString;
@@ -93,43 +94,25 @@ pub struct DemoArgs {
     pub json: bool,
 }
 
-/// The production job: training-like, 6 ms of GPU then 4 ms of CPU per iteration.
-const PRODUCTION: (&str, &[&str]) = (
-    "simjob-train",
-    &[
-        "--gpu-ms",
-        "6",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "4",
-        "--mem",
-        "512MiB",
-    ],
-);
+/// The production job: the shared training profile (6 ms of GPU then 4 ms of CPU per
+/// iteration), holding 512 MiB instead of its 256 MiB.
+const PRODUCTION: Train = TRAIN.with_mem_mib(512);
 
-/// GPU time per production iteration (the `--gpu-ms` above).
-const PRODUCTION_GPU_MS: f64 = 6.0;
+/// GPU time per production iteration.
+const PRODUCTION_GPU_MS: f64 = PRODUCTION.gpu_ms;
 
 /// The opportunistic job: best-effort training with no host gap, i.e. back-to-back kernels
 /// (4 in flight, then a sync): it takes all the GPU time it can get.
-const OPPORTUNISTIC: (&str, &[&str]) = (
-    "simjob-train",
-    &[
-        "--gpu-ms",
-        "8",
-        "--kernels",
-        "4",
-        "--cpu-ms",
-        "0",
-        "--mem",
-        "384MiB",
-    ],
-);
+const OPPORTUNISTIC: Train = Train {
+    gpu_ms: 8.0,
+    kernels: 4,
+    cpu_ms: 0.0,
+    mem_mib: 384,
+};
 
-/// GPU time per opportunistic iteration, and its kernels (the `--gpu-ms` and `--kernels` above).
-const OPPORTUNISTIC_GPU_MS: f64 = 8.0;
-const OPPORTUNISTIC_KERNELS: f64 = 4.0;
+/// GPU time per opportunistic iteration, and its kernels.
+const OPPORTUNISTIC_GPU_MS: f64 = OPPORTUNISTIC.gpu_ms;
+const OPPORTUNISTIC_KERNELS: f64 = OPPORTUNISTIC.kernels as f64;
 
 /// A second worker of the batch container, started in phase 2: it asks for more memory than is
 /// left of the container's quota (384 MiB held + 256 MiB > 512 MiB).
@@ -236,7 +219,7 @@ impl NoShim {
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let gpu = args.platform.gpu()?;
-    let train_bin = platform::job_binary(args.platform.jobs_dir.as_deref(), PRODUCTION.0)?;
+    let train_bin = platform::job_binary(args.platform.jobs_dir.as_deref(), Train::BIN)?;
     let shim = if args.no_shim {
         Err(NoShim::Asked)
     } else {
@@ -332,7 +315,7 @@ struct Grow {
 fn rate(final_line: &Value) -> anyhow::Result<f64> {
     final_line["iters_per_s"]
         .as_f64()
-        .ok_or_else(|| anyhow!("{} reported no iters_per_s", PRODUCTION.0))
+        .ok_or_else(|| anyhow!("{} reported no iters_per_s", Train::BIN))
 }
 
 struct Demo<'a> {
@@ -346,8 +329,8 @@ struct Demo<'a> {
 }
 
 impl Demo<'_> {
-    fn args(&self, base: &[&str], secs: f64, interval: &str) -> Vec<String> {
-        let mut v: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+    fn args(&self, profile: Train, secs: f64, interval: &str) -> Vec<String> {
+        let mut v = profile.args();
         v.extend([
             "--duration".into(),
             format!("{secs}"),
@@ -385,7 +368,7 @@ impl Demo<'_> {
         if solo.is_some() {
             // Start the opportunistic job first and let it run until the production job is done
             // (then stop it with SIGTERM), so the whole production run is co-located.
-            let args = self.args(OPPORTUNISTIC.1, self.secs + GRACE.as_secs_f64(), "0.5s");
+            let args = self.args(OPPORTUNISTIC, self.secs + GRACE.as_secs_f64(), "0.5s");
             let job = Job::spawn(
                 Role::Opportunistic,
                 self.train_bin,
@@ -398,7 +381,7 @@ impl Demo<'_> {
                 Err(e) => return Err(fail(job, e)),
             }
         }
-        let args = self.args(PRODUCTION.1, self.secs, "1s");
+        let args = self.args(PRODUCTION, self.secs, "1s");
         let train = match Job::spawn(
             Role::Production,
             self.train_bin,
@@ -525,12 +508,12 @@ impl Demo<'_> {
                 Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
                     if Instant::now() > deadline {
-                        bail!("{} did not finish in time", PRODUCTION.0);
+                        bail!("{} did not finish in time", Train::BIN);
                     }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    bail!("{} stopped without a summary", PRODUCTION.0)
+                    bail!("{} stopped without a summary", Train::BIN)
                 }
             };
             match msg {
@@ -564,10 +547,10 @@ impl Demo<'_> {
                 },
                 Msg::Line(Role::Opportunistic, v) => live.opportunistic(&v),
                 Msg::Eof(Role::Production) => {
-                    bail!("{} stopped without a summary", PRODUCTION.0)
+                    bail!("{} stopped without a summary", Train::BIN)
                 }
                 Msg::Eof(Role::Opportunistic) => {
-                    bail!("the opportunistic {} stopped early", OPPORTUNISTIC.0)
+                    bail!("the opportunistic {} stopped early", Train::BIN)
                 }
             }
         }
@@ -676,9 +659,9 @@ struct Output {
     json: bool,
 }
 
-fn cmdline(job: (&str, &[&str])) -> String {
-    std::iter::once(job.0)
-        .chain(job.1.iter().copied())
+fn cmdline<S: AsRef<str>>(bin: &str, args: &[S]) -> String {
+    std::iter::once(bin)
+        .chain(args.iter().map(AsRef::as_ref))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -759,11 +742,11 @@ impl Output {
                 "gpu": gpu_json,
                 "libshare": libshare,
                 "duration_s": args.duration,
-                "production": cmdline(PRODUCTION),
+                "production": cmdline(Train::BIN, &PRODUCTION.args()),
                 "production_container": container_json(PROD),
-                "opportunistic": cmdline(OPPORTUNISTIC),
+                "opportunistic": cmdline(Train::BIN, &OPPORTUNISTIC.args()),
                 "opportunistic_container": container_json(BATCH),
-                "grow": cmdline(GROW),
+                "grow": cmdline(GROW.0, GROW.1),
             }));
             return;
         }
@@ -816,10 +799,16 @@ impl Output {
             Err(_) => "no container (no shim)".into(),
         };
         say!("  production     {}", container(PROD));
-        say!("                 {}", cmdline(PRODUCTION));
+        say!(
+            "                 {}",
+            cmdline(Train::BIN, &PRODUCTION.args())
+        );
         say!("                 training-like: 6 ms of GPU work + 4 ms of CPU per iteration, holds 512 MiB");
         say!("  opportunistic  {}", container(BATCH));
-        say!("                 {}", cmdline(OPPORTUNISTIC));
+        say!(
+            "                 {}",
+            cmdline(Train::BIN, &OPPORTUNISTIC.args())
+        );
         say!("                 training with no host gap: takes all the GPU time it can get, holds 384 MiB");
         if shim.is_ok() {
             say!("                 in phase 2 a second batch worker asks for 256 MiB more: over the quota");
@@ -1159,25 +1148,23 @@ mod tests {
 
     #[test]
     fn job_cmdlines() {
-        assert!(cmdline(PRODUCTION).starts_with("simjob-train --gpu-ms 6 "));
-        assert_eq!(PRODUCTION.1[1].parse::<f64>().unwrap(), PRODUCTION_GPU_MS);
+        // The argv the two jobs ran when they were written out here by hand.
         assert_eq!(
-            OPPORTUNISTIC.1[1].parse::<f64>().unwrap(),
-            OPPORTUNISTIC_GPU_MS
+            cmdline(Train::BIN, &PRODUCTION.args()),
+            "simjob-train --gpu-ms 6 --kernels 4 --cpu-ms 4 --mem 512MiB"
         );
         assert_eq!(
-            OPPORTUNISTIC.1[3].parse::<f64>().unwrap(),
-            OPPORTUNISTIC_KERNELS
+            cmdline(Train::BIN, &OPPORTUNISTIC.args()),
+            "simjob-train --gpu-ms 8 --kernels 4 --cpu-ms 0 --mem 384MiB"
         );
         // The second batch worker asks for more than the batch container has left of its quota.
-        let size = |job: (&str, &[&str])| {
-            let i = job.1.iter().position(|a| *a == "--mem").unwrap();
-            libshare_abi::units::parse_size(job.1[i + 1]).unwrap()
-        };
+        let i = GROW.1.iter().position(|a| *a == "--mem").unwrap();
+        let grow = libshare_abi::units::parse_size(GROW.1[i + 1]).unwrap();
+        let size = |t: Train| t.mem_mib << 20;
         let quota = |c: Container| libshare_abi::units::parse_size(c.quota).unwrap();
-        assert_eq!(size(GROW), GROW_BYTES);
+        assert_eq!(grow, GROW_BYTES);
         assert!(size(OPPORTUNISTIC) <= quota(BATCH));
-        assert!(size(OPPORTUNISTIC) + size(GROW) > quota(BATCH));
+        assert!(size(OPPORTUNISTIC) + grow > quota(BATCH));
         assert!(size(PRODUCTION) <= quota(PROD));
     }
 
