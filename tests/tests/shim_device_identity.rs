@@ -10,7 +10,9 @@
 //!   shows its usage on GPU 1;
 //! - with `CUDA_VISIBLE_DEVICES=1,0`, ordinal 0's allocations charge GPU 1 and ordinal 1's GPU 0;
 //!   the environment's per-ordinal limit (`CUDA_DEVICE_MEMORY_LIMIT_0`, as HAMi documents it)
-//!   lands on the GPU that ordinal is.
+//!   lands on the GPU that ordinal is;
+//! - a GPU the environment names by UUID (`CUDA_VISIBLE_DEVICES=GPU-…`) is found through NVML
+//!   (this one fails with NVML hidden from the shim: it is the UUID match that places it).
 
 use libshare_abi::{DeviceState, State, MAX_DEVICES};
 use libshare_tests::{artifacts, compile_gcc, json_check, ok, until, Daemon, Running, SimGpu};
@@ -19,6 +21,16 @@ use std::sync::atomic::Ordering::Acquire;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
+
+/// A child killed (and reaped) when dropped, so a failed assertion leaves no job behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 fn two_gpus() -> SimGpu {
     SimGpu::new().with_shim().env("SIMGPU_DEVICES", "2")
@@ -174,10 +186,10 @@ fn shim_device_identity_sharectl_set_device_1_limits_the_job_that_sees_gpu1_as_o
     );
 
     // A job holding 100 MiB on GPU 1: `sharectl status` shows it there.
-    let mut holder = hold_memory(&gpu, "web", "1", "hold", 100).spawn().unwrap();
+    let mut holder = Killed(hold_memory(&gpu, "web", "1", "hold", 100).spawn().unwrap());
     let mut line = String::new();
     std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut std::io::BufReader::new(holder.0.stdout.as_mut().unwrap()),
         &mut line,
     )
     .unwrap();
@@ -200,8 +212,6 @@ fn shim_device_identity_sharectl_set_device_1_limits_the_job_that_sees_gpu1_as_o
         on(0).is_none_or(|d| d["used_bytes"] == 0),
         "nothing used on GPU 0: {web}"
     );
-    let _ = holder.kill();
-    let _ = holder.wait();
 }
 
 #[test]
@@ -219,16 +229,16 @@ fn shim_device_identity_a_reordered_visible_list_charges_the_gpu_each_ordinal_is
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().unwrap();
+        let mut child = Killed(cmd.spawn().unwrap());
         let mut line = String::new();
         std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()),
             &mut line,
         )
         .unwrap();
         (child, line)
     };
-    let (mut a, line) = held("0", 64);
+    let (_a, line) = held("0", 64);
     assert!(line.contains("\"result\":0"), "64 MiB on ordinal 0: {line}");
     let st = gpu.wait_container_state("swapped");
     assert_eq!(
@@ -243,7 +253,7 @@ fn shim_device_identity_a_reordered_visible_list_charges_the_gpu_each_ordinal_is
         "ordinal 0's limit"
     );
     assert_eq!(st.device(0).quota.load(Acquire), 0);
-    let (mut b, line) = held("1", 32);
+    let (_b, line) = held("1", 32);
     assert!(line.contains("\"result\":0"), "32 MiB on ordinal 1: {line}");
     assert_eq!(
         st.device(0).used.load(Acquire),
@@ -252,13 +262,55 @@ fn shim_device_identity_a_reordered_visible_list_charges_the_gpu_each_ordinal_is
     );
     assert_eq!(st.device(1).used.load(Acquire), 64 * MIB);
     // Ordinal 0's limit is GPU 1's: 64 held + 100 MiB more does not fit there.
-    let (mut c, line) = held("0", 100);
+    let (_c, line) = held("0", 100);
     assert!(
         line.contains("\"result\":2"),
         "GPU 1 over its limit: {line}"
     );
-    for p in [&mut a, &mut b, &mut c] {
-        let _ = p.kill();
-        let _ = p.wait();
-    }
+}
+
+#[test]
+fn shim_device_identity_a_gpu_named_by_uuid_is_found_through_nvml() {
+    // Only NVML can place a GPU the environment names by UUID: the shim matches the ordinal's
+    // cuDeviceGetUuid with NVML's devices.
+    const GPU1: &str = "GPU-11111111-2222-3333-4444-555555555555";
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("simgpu.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[device]]\nuuid = \"GPU-00000000-2222-3333-4444-555555555555\"\n\
+             [[device]]\nuuid = \"{GPU1}\"\n"
+        ),
+    )
+    .unwrap();
+    let gpu = SimGpu::new().with_shim().env("SIMGPU_CONFIG", &config);
+    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
+    let mut cmd = Command::new(&prog);
+    cmd.args(["hold", "64", "0"]);
+    gpu.configure(&mut cmd);
+    cmd.env("LIBSHARE_CONTAINER", "by-uuid")
+        .env("CUDA_VISIBLE_DEVICES", GPU1)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = Killed(cmd.spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let st = gpu.wait_container_state("by-uuid");
+    let used = (
+        st.device(0).used.load(Acquire),
+        st.device(1).used.load(Acquire),
+    );
+    drop(child);
+    assert!(line.contains("\"result\":0"), "64 MiB on {GPU1}: {line}");
+    assert_eq!(
+        used,
+        (0, 64 * MIB),
+        "the GPU named by UUID is the node's GPU 1"
+    );
 }
