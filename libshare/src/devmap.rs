@@ -107,17 +107,28 @@ fn numeric_list(v: &str) -> Option<Vec<usize>> {
     Some(out)
 }
 
-/// This process's table, once the driver can say how many devices it sees (before that, a
-/// table from the environment alone, not kept).
+/// This process's table, made once the driver can say how many devices it sees (before that,
+/// a table from the environment alone, not kept). A driver that cannot name its devices' UUIDs
+/// gets the fallbacks, kept as well: the allocation paths ask this table, and must not read the
+/// environment or allocate each time.
 fn map() -> DevMap {
     static MAP: OnceLock<DevMap> = OnceLock::new();
     if let Some(m) = MAP.get() {
         return *m;
     }
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let from_env = |visible: Option<&str>| {
+        let n = visible.and_then(numeric_list).map_or(0, |l| l.len());
+        vec![None; n]
+    };
     match cuda_uuids() {
-        Some(cuda) => *MAP.get_or_init(|| {
+        Counted::NotYet => DevMap::build(&from_env(visible.as_deref()), None, visible.as_deref()).0,
+        counted => *MAP.get_or_init(|| {
+            let cuda = match counted {
+                Counted::Devices(c) => c,
+                _ => from_env(visible.as_deref()),
+            };
             let node = crate::nvml_real::node_uuids();
-            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
             let (m, fell_back) = DevMap::build(&cuda, node.as_deref(), visible.as_deref());
             if fell_back {
                 tracing::info!(
@@ -128,31 +139,34 @@ fn map() -> DevMap {
             }
             m
         }),
-        None => {
-            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-            let n = visible
-                .as_deref()
-                .and_then(numeric_list)
-                .map_or(0, |l| l.len());
-            DevMap::build(&vec![None; n], None, visible.as_deref()).0
-        }
     }
 }
 
-/// Each ordinal's UUID as NVML writes it (None for one the driver would not say), or None if
-/// the driver cannot count its devices (not loaded, not initialised).
-fn cuda_uuids() -> Option<Vec<Option<String>>> {
+/// What the driver says of its devices.
+enum Counted {
+    /// Each ordinal's UUID as NVML writes it (None for one the driver would not say).
+    Devices(Vec<Option<String>>),
+    /// Not initialised yet (`cuDeviceGetCount` failed): ask again later.
+    NotYet,
+    /// No driver, or one without `cuDeviceGetCount`: it never will say.
+    Never,
+}
+
+fn cuda_uuids() -> Counted {
     let r = crate::driver::real();
-    let (count, uuid_of) = (r.cuDeviceGetCount?, r.cuDeviceGetUuid?);
+    let Some(count) = r.cuDeviceGetCount else {
+        return Counted::Never;
+    };
     let mut n = 0;
     // SAFETY: the driver's `cuDeviceGetCount` with a live local.
     if unsafe { count(&mut n) } != CUDA_SUCCESS {
-        return None;
+        return Counted::NotYet;
     }
-    Some(
+    Counted::Devices(
         (0..n.clamp(0, MAX_DEVICES as i32))
             .map(|d| {
                 let mut u = CUuuid([0; 16]);
+                let uuid_of = r.cuDeviceGetUuid?;
                 // SAFETY: the driver's `cuDeviceGetUuid` with a live local and an ordinal below
                 // the device count.
                 (unsafe { uuid_of(&mut u, d) } == CUDA_SUCCESS)
