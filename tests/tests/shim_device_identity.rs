@@ -138,11 +138,16 @@ fn shim_device_identity_production_on_gpu0_does_not_pause_opportunistic_work_on_
     drop(prod);
 }
 
-/// `hold_memory MODE MIB ORDINAL` in `container`, seeing `visible`: its JSON line.
-fn hold_memory(gpu: &SimGpu, container: &str, visible: &str, mode: &str, mib: u32) -> Command {
+/// `hold_memory MODE MIB ORDINAL` in `container`, seeing `visible`; not yet run.
+fn hold_memory(
+    gpu: &SimGpu,
+    container: &str,
+    visible: &str,
+    (mode, mib, ordinal): (&str, u32, &str),
+) -> Command {
     let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
     let mut cmd = Command::new(prog);
-    cmd.args([mode, &mib.to_string(), "0"]);
+    cmd.args([mode, &mib.to_string(), ordinal]);
     gpu.configure(&mut cmd);
     cmd.env("LIBSHARE_CONTAINER", container)
         .env("CUDA_VISIBLE_DEVICES", visible)
@@ -152,8 +157,20 @@ fn hold_memory(gpu: &SimGpu, container: &str, visible: &str, mode: &str, mib: u3
     cmd
 }
 
+/// `cmd` (a `hold_memory hold`) started: the job, killed when dropped, and its first line.
+fn held(mut cmd: Command) -> (Killed, String) {
+    let mut child = Killed(cmd.spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    (child, line)
+}
+
 fn try_alloc(gpu: &SimGpu, container: &str, visible: &str, mib: u32) -> i64 {
-    let out = hold_memory(gpu, container, visible, "try", mib)
+    let out = hold_memory(gpu, container, visible, ("try", mib, "0"))
         .output()
         .unwrap();
     json_check(&out, "try")["result"].as_i64().unwrap()
@@ -186,13 +203,7 @@ fn shim_device_identity_sharectl_set_device_1_limits_the_job_that_sees_gpu1_as_o
     );
 
     // A job holding 100 MiB on GPU 1: `sharectl status` shows it there.
-    let mut holder = Killed(hold_memory(&gpu, "web", "1", "hold", 100).spawn().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.0.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (_holder, line) = held(hold_memory(&gpu, "web", "1", ("hold", 100, "0")));
     assert!(line.contains("\"result\":0"), "holding 100 MiB: {line}");
     let v: serde_json::Value =
         serde_json::from_str(&ok(&gpu.sharectl(&["status", "--json"]))).unwrap();
@@ -217,26 +228,11 @@ fn shim_device_identity_sharectl_set_device_1_limits_the_job_that_sees_gpu1_as_o
 #[test]
 fn shim_device_identity_a_reordered_visible_list_charges_the_gpu_each_ordinal_is() {
     let gpu = two_gpus();
-    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
     let held = |ordinal: &str, mib: u32| {
-        let mut cmd = Command::new(&prog);
-        cmd.args(["hold", &mib.to_string(), ordinal]);
-        gpu.configure(&mut cmd);
-        cmd.env("LIBSHARE_CONTAINER", "swapped")
-            .env("CUDA_VISIBLE_DEVICES", "1,0")
-            // Ordinal 0 is the node's GPU 1: its limit lands there.
-            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "128MiB")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = Killed(cmd.spawn().unwrap());
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        (child, line)
+        let mut cmd = hold_memory(&gpu, "swapped", "1,0", ("hold", mib, ordinal));
+        // Ordinal 0 is the node's GPU 1: its limit lands there.
+        cmd.env("CUDA_DEVICE_MEMORY_LIMIT_0", "128MiB");
+        held(cmd)
     };
     let (_a, line) = held("0", 64);
     assert!(line.contains("\"result\":0"), "64 MiB on ordinal 0: {line}");
@@ -285,22 +281,7 @@ fn shim_device_identity_a_gpu_named_by_uuid_is_found_through_nvml() {
     )
     .unwrap();
     let gpu = SimGpu::new().with_shim().env("SIMGPU_CONFIG", &config);
-    let prog = compile_gcc("hold_memory.c", "hold_memory", &["-lcuda"]);
-    let mut cmd = Command::new(&prog);
-    cmd.args(["hold", "64", "0"]);
-    gpu.configure(&mut cmd);
-    cmd.env("LIBSHARE_CONTAINER", "by-uuid")
-        .env("CUDA_VISIBLE_DEVICES", GPU1)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = Killed(cmd.spawn().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let (child, line) = held(hold_memory(&gpu, "by-uuid", GPU1, ("hold", 64, "0")));
     let st = gpu.wait_container_state("by-uuid");
     let used = (
         st.device(0).used.load(Acquire),
