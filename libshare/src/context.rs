@@ -13,7 +13,8 @@ use crate::process::shim;
 use crate::types::*;
 
 thread_local! {
-    /// Device of this thread's current context (updated when it changes).
+    /// Device of this thread's current context, as the node's GPU index (`devmap.rs`: converted
+    /// when the context changes, so a launch reads it as it is).
     static DEVICE: Cell<u32> = const { Cell::new(0) };
 }
 
@@ -24,12 +25,14 @@ pub fn device_fast() -> usize {
     DEVICE.with(|d| d.get()) as usize % libshare_abi::MAX_DEVICES
 }
 
-/// The device of the current context, asked of the driver (allocation paths can afford it).
+/// The device (node index) of the current context, asked of the driver (allocation paths can
+/// afford it).
 pub fn current_device() -> Option<usize> {
     REAL.ctx_device()
 }
 
-/// After a context was made current or created: track its device.
+/// After a context was made current or created: track its device (`ctx_device` gives the node
+/// index).
 fn refresh_device(r: CUresult) {
     if r == CUDA_SUCCESS {
         if let Some(d) = REAL.ctx_device() {
@@ -38,8 +41,9 @@ fn refresh_device(r: CUresult) {
     }
 }
 
+/// The node index of the caller's CUDA ordinal `dev` (None: not a device).
 fn device_index(dev: CUdevice) -> Option<usize> {
-    (dev >= 0 && (dev as usize) < libshare_abi::MAX_DEVICES).then_some(dev as usize)
+    (dev >= 0 && (dev as usize) < libshare_abi::MAX_DEVICES).then(|| crate::devmap::node_of(dev))
 }
 
 /// Charges the context overhead on `dev` the first time this process makes a context there,
@@ -101,7 +105,8 @@ pub fn primary_release(call: impl FnOnce() -> CUresult, dev: CUdevice) -> R {
     let ctx = primary_of(dev);
     let l = ledger::of(sh);
     let r = call();
-    if r == CUDA_SUCCESS && ctx != 0 && l.ops.primary_active(dev as usize) == Some(false) {
+    let node = device_index(dev);
+    if r == CUDA_SUCCESS && ctx != 0 && node.and_then(|d| l.ops.primary_active(d)) == Some(false) {
         l.settle_context(ctx);
     }
     rc(r)

@@ -268,7 +268,8 @@ fn move_some(dev: usize, bytes: u64, demote: bool) -> (u64, u32) {
                     let to = if demote {
                         CU_DEVICE_CPU
                     } else {
-                        a.dev as CUdevice
+                        // The node's GPU, named to the driver by its CUDA ordinal.
+                        crate::devmap::ordinal_of(a.dev).unwrap_or(0)
                     };
                     let sz = a.size as usize;
                     advise(a.ptr, sz, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, to) == CUDA_SUCCESS

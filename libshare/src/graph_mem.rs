@@ -111,7 +111,7 @@ fn charged_node(
                 && p.pool_props.location.id >= 0
                 && p.bytesize > 0 =>
         {
-            let dev = p.pool_props.location.id as usize % libshare_abi::MAX_DEVICES;
+            let dev = crate::devmap::node_of(p.pool_props.location.id);
             let bytes = p.bytesize as u64;
             l.charged_then(dev, bytes, call, |_, _| {
                 adopt(graph, dptr_after(), dev, bytes)

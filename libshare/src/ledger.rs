@@ -433,7 +433,10 @@ fn quota_without_cuda(dev: usize) -> (u64, u64) {
     match from_file {
         Some((q, used)) if q > 0 || !view.env_applies => (q, used),
         _ => (
-            view.cfg.memory_limit[dev].unwrap_or(0),
+            // The environment's limits are per CUDA ordinal: the one that is this GPU.
+            crate::devmap::ordinal_of(dev)
+                .and_then(|o| view.cfg.memory_limit[o as usize % libshare_abi::MAX_DEVICES])
+                .unwrap_or(0),
             from_file.map_or(0, |f| f.1),
         ),
     }

@@ -61,6 +61,8 @@ fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
     let (Some(alloc), Some(dev)) = (real.cuMemAllocManaged, current_device()) else {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     };
+    // The advice names the device to the driver: its CUDA ordinal.
+    let ordinal = crate::devmap::ordinal_of(dev).unwrap_or(0);
     if dptr.is_null() || size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -85,7 +87,7 @@ fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
                         CU_MEM_ADVISE_SET_ACCESSED_BY,
                     ] {
                         // SAFETY: the real driver's cuMemAdvise on the range it just made.
-                        unsafe { advise(out, size as usize, advice, dev as CUdevice) };
+                        unsafe { advise(out, size as usize, advice, ordinal) };
                     }
                 }
             }
@@ -434,7 +436,7 @@ pub fn create(
                 && !handle.is_null()
                 && size > 0 =>
         {
-            let dev = p.location.id as usize % libshare_abi::MAX_DEVICES;
+            let dev = crate::devmap::node_of(p.location.id);
             l.charged(Kind::Handle, dev, size as u64, call, || {
                 handle.get().unwrap_or(0)
             })
@@ -657,8 +659,7 @@ pub fn get_info_v1(_call: impl FnOnce() -> CUresult, free: Out<u32>, total: Out<
 fn total<T: Word>(call: impl FnOnce() -> CUresult, bytes: Out<T>, dev: CUdevice) -> R {
     rc(call())?;
     if let (Some(real_total), true) = (bytes.get(), dev >= 0) {
-        let d = dev as usize % libshare_abi::MAX_DEVICES;
-        let (_, t) = ledger::visible(d, u64::MAX, real_total.to_u64());
+        let (_, t) = ledger::visible(crate::devmap::node_of(dev), u64::MAX, real_total.to_u64());
         bytes.set(T::saturating_from(t));
     }
     Ok(())

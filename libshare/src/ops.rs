@@ -23,10 +23,12 @@ pub enum EventState {
     Gone,
 }
 
+/// Device indices (`usize`) here are the node's GPU indices (`devmap.rs`); the real driver's
+/// implementation converts to and from CUDA ordinals.
 pub trait DriverOps: Sync {
     /// The current context of this thread.
     fn current_ctx(&self) -> Option<Handle>;
-    /// The device of this thread's current context.
+    /// The device (node index) of this thread's current context.
     fn ctx_device(&self) -> Option<usize>;
     /// Whether `dev`'s primary context is active.
     fn primary_active(&self, dev: usize) -> Option<bool>;
@@ -70,7 +72,8 @@ pub trait DriverOps: Sync {
     /// Device `dev`'s memory bandwidth, bytes per second, from its attributes: the memory clock
     /// (kHz) × 2 (double data rate) × the bus width (bits) ÷ 8 (None: not reported).
     fn memory_bandwidth(&self, dev: usize) -> Option<u64>;
-    /// (count of devices, total memory of each) for checking limits at init.
+    /// (count of devices, total memory of each) for checking limits at init: by CUDA ordinal,
+    /// as the environment's limits are.
     fn device_totals(&self) -> Option<Vec<u64>>;
 }
 
@@ -100,16 +103,15 @@ impl DriverOps for RealDriver {
         let f = real().cuCtxGetDevice?;
         let mut d: CUdevice = 0;
         // SAFETY: see the impl's comment.
-        (unsafe { f(&mut d) } == CUDA_SUCCESS && d >= 0)
-            .then_some(d as usize % libshare_abi::MAX_DEVICES)
+        (unsafe { f(&mut d) } == CUDA_SUCCESS && d >= 0).then(|| crate::devmap::node_of(d))
     }
 
     fn primary_active(&self, dev: usize) -> Option<bool> {
         let f = real().cuDevicePrimaryCtxGetState?;
+        let dev = crate::devmap::ordinal_of(dev)?;
         let (mut flags, mut active) = (0u32, 0i32);
         // SAFETY: see the impl's comment.
-        (unsafe { f(dev as CUdevice, &mut flags, &mut active) } == CUDA_SUCCESS)
-            .then_some(active != 0)
+        (unsafe { f(dev, &mut flags, &mut active) } == CUDA_SUCCESS).then_some(active != 0)
     }
 
     fn pointer_ctx(&self, ptr: CUdeviceptr) -> Option<Handle> {
@@ -144,10 +146,11 @@ impl DriverOps for RealDriver {
 
     fn memory_bandwidth(&self, dev: usize) -> Option<u64> {
         let f = real().cuDeviceGetAttribute?;
+        let dev = crate::devmap::ordinal_of(dev)?;
         let attr = |a: c_uint| {
             let mut v = 0i32;
             // SAFETY: see the impl's comment; the attribute is an int.
-            (unsafe { f(&mut v, a, dev as CUdevice) } == CUDA_SUCCESS && v > 0).then_some(v as u64)
+            (unsafe { f(&mut v, a, dev) } == CUDA_SUCCESS && v > 0).then_some(v as u64)
         };
         let khz = attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?;
         let bits = attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?;
@@ -170,10 +173,10 @@ impl DriverOps for RealDriver {
 
     fn current_pool(&self, dev: usize) -> Option<Handle> {
         let f = real().cuDeviceGetMemPool?;
+        let dev = crate::devmap::ordinal_of(dev)?;
         let mut p: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: see the impl's comment.
-        (unsafe { f(&mut p, dev as CUdevice) } == CUDA_SUCCESS && !p.is_null())
-            .then_some(p as Handle)
+        (unsafe { f(&mut p, dev) } == CUDA_SUCCESS && !p.is_null()).then_some(p as Handle)
     }
 
     fn pool_reserved(&self, pool: Handle) -> Option<u64> {

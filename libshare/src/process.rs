@@ -262,10 +262,13 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
             );
         }
     }
-    for (d, limit) in cfg.memory_limit.iter().enumerate().take(devices) {
+    // The environment's limits are per CUDA ordinal (as HAMi documents them); the state's
+    // quotas per node GPU (`devmap.rs`).
+    for (o, limit) in cfg.memory_limit.iter().enumerate().take(devices) {
         let Some(l) = limit.filter(|_| env_applies) else {
             continue;
         };
+        let d = crate::devmap::node_of(o as CUdevice);
         let cur = state.device(d).quota.load(Acquire);
         if !managed {
             state.set_quota(d, l);
@@ -274,8 +277,8 @@ fn build(ops: &dyn DriverOps) -> Result<Shim, String> {
             // ceiling: never a larger quota than the one the job was started with.
             state.set_quota(d, l);
             eprintln!(
-                "libshare: the container's quota on device {d} is set by the daemon, but {} is lower: {} applies",
-                cfg.memory_limit_source[d],
+                "libshare: the container's quota on GPU {d} is set by the daemon, but {} is lower: {} applies",
+                cfg.memory_limit_source[o],
                 libshare_abi::units::format_size(l)
             );
         }

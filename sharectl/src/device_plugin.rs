@@ -226,10 +226,10 @@ fn pod_choices(
     Ok((class, compute))
 }
 
-/// The allocation's quotas by the CUDA ordinal the container sees: its GPUs are visible in
-/// increasing index order (`CUDA_VISIBLE_DEVICES`), so GPU 3 alone is the container's device 0
-/// (the daemon's and the shim's quotas are per CUDA ordinal).
-fn per_ordinal(alloc: &Allocation) -> Result<Vec<(u32, u64)>> {
+/// The allocation's quotas by the node's GPU index (NVML's, as the allocation names its GPUs):
+/// the daemon's and the shim's quotas are per node GPU, whatever ordinal the container's CUDA
+/// gives it (GPU 3 alone is the container's CUDA device 0, still GPU 3 to libshare).
+fn per_gpu(alloc: &Allocation) -> Result<Vec<(u32, u64)>> {
     let mut gpus: Vec<(u32, u64)> = alloc
         .quota
         .iter()
@@ -240,11 +240,7 @@ fn per_ordinal(alloc: &Allocation) -> Result<Vec<(u32, u64)>> {
         })
         .collect::<Result<_>>()?;
     gpus.sort();
-    Ok(gpus
-        .into_iter()
-        .enumerate()
-        .map(|(ordinal, (_, b))| (ordinal as u32, b))
-        .collect())
+    Ok(gpus)
 }
 
 /// At createRuntime: sets the allocation's quota per GPU and the pod's class (annotation, else
@@ -264,10 +260,10 @@ pub fn bind(
     let container = container_name(id)?;
     let class = class.unwrap_or(alloc.default_class);
     let mut reqs: Vec<SetRequest> = Vec::new();
-    for (ordinal, bytes) in per_ordinal(&alloc)? {
+    for (gpu, bytes) in per_gpu(&alloc)? {
         reqs.push(SetRequest {
             container: container.clone(),
-            device: Some(ordinal),
+            device: Some(gpu),
             memory: Some(bytes),
             ..Default::default()
         });
@@ -364,14 +360,14 @@ mod tests {
     }
 
     #[test]
-    fn quotas_go_to_the_ordinals_the_container_sees() {
+    fn quotas_go_to_the_nodes_gpus_whatever_ordinal_the_container_sees() {
         let a = Allocation {
             name: "k8s-gpu2-share0-x3".into(),
             ids: Vec::new(),
             quota: [("10".to_string(), 1u64), ("2".to_string(), 2)].into(),
             default_class: Class::Production,
         };
-        // CUDA_VISIBLE_DEVICES=2,10: GPU 2 is ordinal 0, GPU 10 ordinal 1.
-        assert_eq!(per_ordinal(&a).unwrap(), [(0, 2), (1, 1)]);
+        // CUDA_VISIBLE_DEVICES=2,10: GPU 2 is the container's ordinal 0, still GPU 2 to libshare.
+        assert_eq!(per_gpu(&a).unwrap(), [(2, 2), (10, 1)]);
     }
 }

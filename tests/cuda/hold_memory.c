@@ -1,5 +1,6 @@
-/* hold_memory hold MIB   allocate MIB of device memory, print {"check":"held",...}, then sleep
- * hold_memory try MIB    try to allocate MIB, print {"check":"try","result":<CUresult>}, exit
+/* hold_memory hold MIB [ORD]  allocate MIB of device memory (on CUDA ordinal ORD, default 0),
+ *                        print {"check":"held",...}, then sleep
+ * hold_memory try MIB [ORD]   try to allocate MIB, print {"check":"try","result":<CUresult>}, exit
  * hold_memory init 0     time cuInit (where the shim registers with a daemon), print
  *                        {"check":"init","ns":<ns>,"result":<CUresult>}, exit
  * hold_memory init wait  the same, once standard input reaches end of file (a start signal:
@@ -32,7 +33,7 @@ int main(int argc, char **argv) {
     CUdevice d;
     CUcontext c;
     CUdeviceptr p;
-    if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c)) {
+    if (cuInit(0) || cuDeviceGet(&d, argc > 3 ? atoi(argv[3]) : 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c)) {
         printf("{\"check\":\"init\",\"ok\":false}\n");
         return 1;
     }
