@@ -4,6 +4,7 @@
 #   scripts/compare.sh BASE                   M1/M2, 3 rounds (~2 min after the builds)
 #   scripts/compare.sh BASE --rounds 5
 #   scripts/compare.sh BASE --bench S1,S3     also `sharectl bench` of those scenarios, both trees
+#   scripts/compare.sh BASE --bench all -- --policy exclusive,libshare   (after --: bench options)
 #   scripts/compare.sh BASE --build-only      build both sides now, measure later (when idle)
 # BASE is any commit (e.g. the one before an issue's first merge). Its tree is checked out with
 # `git worktree` under target/compare/<sha> and built there, in a target directory of its own
@@ -15,9 +16,10 @@ die() { echo "compare.sh: $*" >&2; exit 2; }
 [ $# -ge 1 ] || die "usage: scripts/compare.sh BASE [--rounds N] [--bench S1,S2,...]"
 base=$(git rev-parse --verify --quiet "$1^{commit}") || die "$1 is not a commit here"
 shift
-rounds=3 scenarios="" build_only=""
+rounds=3 scenarios="" build_only="" bench_args=()
 while [ $# -gt 0 ]; do
   case $1 in
+    --) shift; bench_args=("$@"); break ;;
     --build-only) build_only=1; shift ;;
     --rounds) rounds=${2:?--rounds needs a number}; shift 2 ;;
     --bench) scenarios=${2:?--bench needs scenarios, e.g. S1,S3}; shift 2 ;;
@@ -81,7 +83,7 @@ if [ -n "$scenarios" ]; then
     for side in base head; do
       if [ $side = base ]; then t=$base_target; else t=$head_target; fi
       echo; echo "== $s, $side"
-      "$t/release/sharectl" bench "$s" --markdown
+      "$t/release/sharectl" bench "$s" --markdown "${bench_args[@]}"
     done
   done
 fi
