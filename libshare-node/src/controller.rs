@@ -55,7 +55,8 @@ pub struct ControllerConfig {
     /// Exclusive turns between oversubscribing containers whose working sets do not fit
     /// (`turns.rs`), None: never. They need each device's memory (`device_totals`).
     pub turns: Option<crate::turns::TurnConfig>,
-    /// Each device's total memory (NVML), by CUDA index; None: unknown (no turns).
+    /// Each device's total memory (NVML), by the node's GPU index (NVML's, as every device
+    /// index of the daemon); None: unknown (no turns).
     pub device_totals: Option<Vec<u64>>,
 }
 
