@@ -789,13 +789,6 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     // Twice as long as the others: at 20 requests/s a p99 needs a few hundred requests.
     let d = 2.0 * ctx.d;
     let infer = production_infer(S3_INFER, d);
-    let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
-        rec.job("prod")
-            .spans("request")
-            .filter(|(s, _, _)| *s >= a && *s <= b)
-            .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
-            .collect()
-    };
     let solo = run_policy(
         ctx,
         Policy::Exclusive,
@@ -832,31 +825,58 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
             } else {
                 run_policy(ctx, p, &jobs, &[], false)?
             };
-            let (a, b) = window(&rec, 1.0)?;
-            let lat = latencies(&rec, a, b);
-            let p99 = metrics::percentile(&lat, 99.0);
-            let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
-            let opp = rec.jobs.iter().find(|j| j.container == "opp");
-            let opp_gpu = opp.map_or(0.0, |j| opportunistic_in(j, a, b));
-            let mut m = row("S3", p);
-            if p != Policy::Exclusive && !part.is_empty() {
-                m.insert("op".into(), part.into());
-            }
-            m.insert("production_ratio".into(), num(rate / solo_rate));
-            m.insert(
-                "opportunistic_harvest".into(),
-                opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
-            );
-            m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
-            m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
-            m.insert("p99_ms".into(), opt(p99));
-            m.insert("solo_p99_ms".into(), num(solo_p99));
-            m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
+            let op = (p != Policy::Exclusive && !part.is_empty()).then(|| ("op", part.into()));
+            let m = latency_row("S3", p, &rec, (solo_rate, solo_p99), op.into_iter())?;
             let part = if p == Policy::Exclusive { "" } else { part };
             Ok((m, vec![(part.to_string(), rec)]))
         });
     }
     Ok(())
+}
+
+/// The latencies (ms) of production's requests (container `prod`) that started in `[a, b]`.
+fn latencies(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
+    rec.job("prod")
+        .spans("request")
+        .filter(|(s, _, _)| *s >= a && *s <= b)
+        .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
+        .collect()
+}
+
+/// The row of a latency scenario's run (S3, S9): production inference in container `prod`
+/// against its solo `(requests/s, p99 ms)`, every opportunistic job's harvest, then `extra`
+/// figures, then the latencies.
+fn latency_row(
+    scenario: &str,
+    p: Policy,
+    rec: &RunRecord,
+    (solo_rate, solo_p99): (f64, f64),
+    extra: impl Iterator<Item = (&'static str, Value)>,
+) -> anyhow::Result<Map<String, Value>> {
+    let (a, b) = window(rec, 1.0)?;
+    let lat = latencies(rec, a, b);
+    let p99 = metrics::percentile(&lat, 99.0);
+    let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
+    // A fold from +0.0: an empty f64 `sum()` is -0.0, which the table would print as "-0.000".
+    let opp_gpu = rec
+        .jobs
+        .iter()
+        .filter(|j| j.class == Class::Opportunistic)
+        .map(|j| opportunistic_in(j, a, b))
+        .fold(0.0, |s, x| s + x);
+    let mut m = row(scenario, p);
+    m.extend(extra.map(|(k, v)| (k.to_string(), v)));
+    m.insert("production_ratio".into(), num(rate / solo_rate));
+    m.insert(
+        "opportunistic_harvest".into(),
+        opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
+    );
+    m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
+    m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
+    m.insert("p99_ms".into(), opt(p99));
+    m.insert("solo_p99_ms".into(), num(solo_p99));
+    m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
+    Ok(m)
 }
 
 /// S6's production trainers: ~30 % of the GPU each.
@@ -1146,13 +1166,6 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
         Cpus::ByClass => "by-class",
         Cpus::Shared => "shared",
     };
-    let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
-        rec.job("prod")
-            .spans("request")
-            .filter(|(s, _, _)| *s >= a && *s <= b)
-            .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
-            .collect()
-    };
     let train_rate = |rec: &RunRecord, a: f64, b: f64| -> f64 {
         let spans: Vec<(f64, f64)> = rec
             .job("opp")
@@ -1258,13 +1271,6 @@ const S9_PROCESSES: [usize; 4] = [1, 2, 4, 8];
 /// `native` has no containers (one row per N). p99 ratio against production alone (one solo run).
 fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let d = 2.0 * ctx.d;
-    let latencies = |rec: &RunRecord, a: f64, b: f64| -> Vec<f64> {
-        rec.job("prod")
-            .spans("request")
-            .filter(|(s, _, _)| *s >= a && *s <= b)
-            .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
-            .collect()
-    };
     let solo = run_policy(ctx, Policy::Exclusive, &[infer40(d)], &[], false)
         .context("S9: production alone (the solo baseline)")?;
     let (sa, sb) = window(&solo, 1.0)?;
@@ -1294,36 +1300,13 @@ fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                 jobs.extend(s9_opportunistic(n, one, d));
                 let res = (|| -> anyhow::Result<Map<String, Value>> {
                     let rec = run_policy(ctx, p, &jobs, &[], false)?;
-                    let (a, b) = window(&rec, 1.0)?;
-                    let lat = latencies(&rec, a, b);
-                    let p99 = metrics::percentile(&lat, 99.0);
-                    let (rate, prod_gpu) = production_in(rec.job("prod"), "request", a, b);
-                    let opp_gpu: f64 = rec
-                        .jobs
-                        .iter()
-                        .filter(|j| j.class == Class::Opportunistic)
-                        .map(|j| opportunistic_in(j, a, b))
-                        .sum();
-                    let mut m = row("S9", p);
-                    m.insert("production_ratio".into(), num(rate / solo_rate));
-                    m.insert(
-                        "opportunistic_harvest".into(),
-                        opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
-                    );
-                    m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
-                    m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
-                    m.insert("processes".into(), n.into());
-                    m.insert(
-                        "containers".into(),
-                        if p == Policy::Native {
-                            Value::Null
-                        } else {
-                            Value::from(if one { 1 } else { n })
-                        },
-                    );
-                    m.insert("p99_ms".into(), opt(p99));
-                    m.insert("solo_p99_ms".into(), num(solo_p99));
-                    m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));
+                    let containers = if p == Policy::Native {
+                        Value::Null
+                    } else {
+                        Value::from(if one { 1 } else { n })
+                    };
+                    let extra = [("processes", n.into()), ("containers", containers)];
+                    let m = latency_row("S9", p, &rec, (solo_rate, solo_p99), extra.into_iter())?;
                     out.plot("S9", p, &part, &rec);
                     Ok(m)
                 })();
