@@ -28,12 +28,6 @@ pub struct DevMap {
 }
 
 impl DevMap {
-    /// Every ordinal is the node's GPU of the same number.
-    pub const IDENTITY: DevMap = DevMap {
-        node: identity(),
-        len: 0,
-    };
-
     /// The node index of `ordinal`.
     #[inline]
     pub fn node_of(&self, ordinal: usize) -> usize {
@@ -80,14 +74,8 @@ impl DevMap {
     }
 }
 
-const fn identity() -> [u8; MAX_DEVICES] {
-    let mut a = [0u8; MAX_DEVICES];
-    let mut i = 0;
-    while i < MAX_DEVICES {
-        a[i] = i as u8;
-        i += 1;
-    }
-    a
+fn identity() -> [u8; MAX_DEVICES] {
+    std::array::from_fn(|i| i as u8)
 }
 
 /// A `CUDA_VISIBLE_DEVICES` of node indices (`"3"`, `"1,0"`), or None if it names devices
@@ -226,8 +214,10 @@ mod tests {
 
     #[test]
     fn identity_before_the_driver_answers() {
-        assert_eq!(DevMap::IDENTITY.node_of(7), 7);
-        assert_eq!(DevMap::IDENTITY.ordinal_of(7), Some(7));
-        assert_eq!(DevMap::IDENTITY.ordinal_of(MAX_DEVICES), None);
+        // Before the driver counts its devices, the table is the environment's, here none.
+        let (m, _) = DevMap::build(&[], None, None);
+        assert_eq!(m.node_of(7), 7);
+        assert_eq!(m.ordinal_of(7), Some(7));
+        assert_eq!(m.ordinal_of(MAX_DEVICES), None);
     }
 }
