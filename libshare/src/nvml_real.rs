@@ -33,10 +33,13 @@ unsafe impl Pod for Memory {}
 // SAFETY: as for `Memory`.
 unsafe impl Pod for MemoryV2 {}
 
+/// `nvmlDeviceGetMemoryInfo`.
+type MemoryInfo = unsafe extern "C" fn(*mut c_void, *mut Memory) -> NvmlReturn;
+
 /// The real NVML's functions the shim calls (None: not exported, or no NVML).
 pub struct Nvml {
     base: usize,
-    pub get_info: Option<unsafe extern "C" fn(*mut c_void, *mut Memory) -> NvmlReturn>,
+    pub get_info: Option<MemoryInfo>,
     pub get_info_v2: Option<unsafe extern "C" fn(*mut c_void, *mut MemoryV2) -> NvmlReturn>,
     pub get_index: Option<unsafe extern "C" fn(*mut c_void, *mut u32) -> NvmlReturn>,
     get_uuid: Option<unsafe extern "C" fn(*mut c_void, *mut std::ffi::c_char, u32) -> NvmlReturn>,
@@ -53,42 +56,42 @@ pub fn nvml() -> &'static Nvml {
         let path =
             std::env::var("LIBSHARE_REAL_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".into());
         let h = crate::loader::dlopen_local(&path);
-        let sym = |n: &std::ffi::CStr| {
-            if h.is_null() {
-                std::ptr::null_mut()
-            } else {
-                // SAFETY: `h` is a non-NULL handle from `dlopen`; `n` a NUL-terminated name.
-                unsafe { crate::loader::real_dlsym(h, n.as_ptr()) }
-            }
-        };
-        let (a, b, c) = (
-            sym(c"nvmlDeviceGetMemoryInfo"),
-            sym(c"nvmlDeviceGetMemoryInfo_v2"),
-            sym(c"nvmlDeviceGetIndex"),
-        );
-        let u = sym(c"nvmlDeviceGetUUID");
-        let (i, sd, n, bi) = (
-            sym(c"nvmlInit_v2"),
-            sym(c"nvmlShutdown"),
-            sym(c"nvmlDeviceGetCount_v2"),
-            sym(c"nvmlDeviceGetHandleByIndex_v2"),
-        );
-        // SAFETY: each transmute is of a non-NULL address of the real NVML's export of that
-        // name, whose prototype (nvml.h) is the field's type.
+        // SAFETY: each name's prototype in nvml.h is the type of the field it fills.
         unsafe {
+            let get_info = export(h, c"nvmlDeviceGetMemoryInfo");
             Nvml {
-                base: crate::loader::object_base(a),
-                get_info: (!a.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(a)),
-                get_info_v2: (!b.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(b)),
-                get_index: (!c.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(c)),
-                get_uuid: (!u.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(u)),
-                init: (!i.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(i)),
-                shutdown: (!sd.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(sd)),
-                count: (!n.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(n)),
-                by_index: (!bi.is_null()).then(|| std::mem::transmute::<*mut c_void, _>(bi)),
+                base: crate::loader::object_base(
+                    get_info.map_or(std::ptr::null(), |f: MemoryInfo| f as *const c_void),
+                ),
+                get_info,
+                get_info_v2: export(h, c"nvmlDeviceGetMemoryInfo_v2"),
+                get_index: export(h, c"nvmlDeviceGetIndex"),
+                get_uuid: export(h, c"nvmlDeviceGetUUID"),
+                init: export(h, c"nvmlInit_v2"),
+                shutdown: export(h, c"nvmlShutdown"),
+                count: export(h, c"nvmlDeviceGetCount_v2"),
+                by_index: export(h, c"nvmlDeviceGetHandleByIndex_v2"),
             }
         }
     })
+}
+
+/// The real NVML's export `name` from `dlopen` handle `h` (NULL: none), as the function
+/// pointer type `F`; None if it lacks it.
+///
+/// # Safety
+///
+/// `F` is an `unsafe extern "C" fn` with `name`'s prototype in nvml.h.
+unsafe fn export<F: Copy>(h: *mut c_void, name: &std::ffi::CStr) -> Option<F> {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: `h` is a non-NULL handle from `dlopen`; `name` is NUL-terminated.
+    let p = unsafe { crate::loader::real_dlsym(h, name.as_ptr()) };
+    // SAFETY: `p` is the non-NULL address of that export, and `F` a function pointer of its
+    // prototype (the caller's contract) and of a pointer's size (checked above).
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
 }
 
 pub fn library_base() -> usize {
