@@ -5,13 +5,10 @@
 use std::ffi::c_void;
 
 use crate::boundary::{FromCuda, Out, Scope};
+use crate::nvml_real::nvml;
 pub use crate::nvml_real::{library_base, Memory, MemoryV2};
-use crate::nvml_real::{nvml, uuid_of};
-use crate::types::{
-    CUdevice, CUuuid, NvmlReturn, CUDA_SUCCESS, NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN,
-    NVML_SUCCESS,
-};
-use shim_headers::{format_uuid, guard};
+use crate::types::{NvmlReturn, NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NVML_SUCCESS};
+use shim_headers::guard;
 
 /// An NVML export through the shim's boundary, as `hook_fn!` makes the driver's: the real
 /// NVML's function (`nvml().$real`; NVML_ERROR_UNINITIALIZED without it), the panic guard, and
@@ -58,45 +55,19 @@ pub fn hook_ptr(name: &str) -> Option<*mut c_void> {
     }
 }
 
-/// The node's GPU index of an NVML device (quotas are per node GPU), or None if CUDA does not
-/// see it (no quota applies then). NVML's index is the node's; whether CUDA sees the device
-/// (CUDA_VISIBLE_DEVICES) is asked by UUID. Without a CUDA driver in this process (an NVML-only
-/// tool), NVML's index. `dev` is the caller's NVML handle, a value only NVML dereferences (as
-/// driver handles are at the boundary).
+/// The node's GPU index of an NVML device (quotas are per node GPU: NVML's index is the node's),
+/// or None if this process's CUDA does not see it (`CUDA_VISIBLE_DEVICES`; no quota applies
+/// then), which `devmap.rs` knows. An NVML-only tool (no CUDA driver answering) sees what a
+/// numeric `CUDA_VISIBLE_DEVICES` lists, else every GPU. `dev` is the caller's NVML handle, a
+/// value only NVML dereferences (as driver handles are at the boundary).
 fn node_index(dev: *mut c_void) -> Option<usize> {
-    if let Some(found) = cuda_ordinal_by_uuid(dev) {
-        return found.map(|o| crate::devmap::node_of(o as CUdevice));
-    }
     let mut i = 0u32;
-    match nvml().get_index {
+    let node = match nvml().get_index {
         // SAFETY: NVML's `nvmlDeviceGetIndex` with the caller's handle and a live local.
-        Some(f) if unsafe { f(dev, &mut i) } == NVML_SUCCESS => {
-            Some(i as usize % libshare_abi::MAX_DEVICES)
-        }
-        _ => Some(0),
-    }
-}
-
-/// Some(Some(ordinal)) or Some(None) (CUDA does not see it) when CUDA can be asked; None if not.
-fn cuda_ordinal_by_uuid(dev: *mut c_void) -> Option<Option<usize>> {
-    let nvml_uuid = uuid_of(dev)?;
-    let r = crate::driver::real();
-    let (count, uuid_of) = (r.cuDeviceGetCount?, r.cuDeviceGetUuid?);
-    let mut n = 0;
-    // SAFETY: the driver's `cuDeviceGetCount` with a live local.
-    if unsafe { count(&mut n) } != CUDA_SUCCESS {
-        return None;
-    }
-    Some(
-        (0..n.clamp(0, libshare_abi::MAX_DEVICES as i32)).find_map(|d| {
-            let mut u = CUuuid([0; 16]);
-            // SAFETY: the driver's `cuDeviceGetUuid` with a live local and an ordinal below
-            // the device count (else an error, not UB).
-            (unsafe { uuid_of(&mut u, d) } == CUDA_SUCCESS
-                && nvml_uuid.eq_ignore_ascii_case(&format_uuid(&u.0)))
-            .then_some(d as usize)
-        }),
-    )
+        Some(f) if unsafe { f(dev, &mut i) } == NVML_SUCCESS => i as usize,
+        _ => 0,
+    };
+    crate::devmap::ordinal_of(node).map(|_| node)
 }
 
 /// (free, total) of an NVML device as the job sees it: the quota of the CUDA device it is, or the

@@ -99,7 +99,7 @@ pub fn library_base() -> usize {
 }
 
 /// The UUID (`GPU-…`) of an NVML device handle, or None if NVML cannot say.
-pub(crate) fn uuid_of(dev: *mut c_void) -> Option<String> {
+fn uuid_of(dev: *mut c_void) -> Option<String> {
     let get_uuid = nvml().get_uuid?;
     let mut buf = [0 as std::ffi::c_char; 96];
     // SAFETY: NVML's `nvmlDeviceGetUUID` with the caller's handle and a local buffer of the
