@@ -120,6 +120,15 @@ fn open_at(dir: libc::c_int, name: &CString, flags: libc::c_int, mode: libc::c_u
 /// Opens (creating if `create`, 0700) the directory `path`, checking every component as the
 /// module doc says. Returns the open directory.
 pub(crate) fn open_dir(path: &Path, create: bool) -> Result<OwnedFd, StateError> {
+    open_dir_with(path, create, 0o700)
+}
+
+/// [`open_dir`], creating missing directories with `mode` (exactly, whatever the umask).
+pub(crate) fn open_dir_with(
+    path: &Path,
+    create: bool,
+    mode: libc::mode_t,
+) -> Result<OwnedFd, StateError> {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -239,9 +248,9 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<OwnedFd, StateError>
         // SAFETY: `fd` is a fresh descriptor from openat, owned by nobody else.
         let next = unsafe { OwnedFd::from_raw_fd(fd) };
         if created {
-            // The umask may have removed bits; make it exactly 0700.
+            // The umask may have removed bits; make it exactly `mode`.
             // SAFETY: `next` is an open descriptor.
-            unsafe { libc::fchmod(next.as_raw_fd(), 0o700) };
+            unsafe { libc::fchmod(next.as_raw_fd(), mode) };
         }
         check_dir(&fstat(next.as_raw_fd(), &shown)?, &shown)?;
         cur = next;
@@ -401,4 +410,156 @@ pub(crate) fn private_dir_of(path: &Path, uid: u32) -> Result<bool, String> {
             }
         }
     }
+}
+
+/// `name` in `dir`, created (0755) if missing, opened as a directory without following a link
+/// (whoever owns it): a link is refused.
+pub(crate) fn open_subdir_nofollow(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    path: &Path,
+) -> Result<OwnedFd, StateError> {
+    let c = cstr(name, path)?;
+    // SAFETY: `dir` is an open directory, `c` a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } != 0
+        && errno().raw_os_error() != Some(libc::EEXIST)
+    {
+        return Err(StateError::io("create", path, errno()));
+    }
+    let fd = open_at(
+        dir.as_raw_fd(),
+        &c,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    );
+    if fd < 0 {
+        let e = errno();
+        // SAFETY: an all-zero `stat` is valid; `dir`/`c` as above, `st` a live local.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let r = unsafe {
+            libc::fstatat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        return Err(if r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            StateError::Symlink { path: path.into() }
+        } else if r == 0 {
+            StateError::WrongType {
+                path: path.into(),
+                kind: kind(st.st_mode),
+                expected: "directory",
+            }
+        } else {
+            StateError::io("open", path, e)
+        });
+    }
+    // SAFETY: a fresh descriptor from openat, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Device and inode of an open descriptor.
+pub fn fd_dev_ino(fd: &OwnedFd) -> std::io::Result<(u64, u64)> {
+    let st = fstat(fd.as_raw_fd(), Path::new("(descriptor)"))
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// The one checked atomic writer: `bytes` replace `path`'s content all at once, with `mode`.
+/// The content goes to a new file beside it (in the same directory, opened once: the steps below
+/// are relative to that descriptor) with an unpredictable name, created `O_CREAT|O_EXCL|
+/// O_NOFOLLOW` with mode 0600 (a link or a file planted at a name is never opened: another
+/// name is drawn), written, given `mode`, `fsync`ed, renamed over `path`, and the directory
+/// `fsync`ed, so a crash leaves the old content or the new one. The directory must exist.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: libc::mode_t) -> std::io::Result<()> {
+    use std::io::Write;
+    let (Some(name), Some(parent)) = (path.file_name(), path.parent()) else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: not a file path", path.display()),
+        ));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let cpath = |p: &std::ffi::OsStr| {
+        CString::new(p.as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let dir_c = cpath(parent.as_os_str())?;
+    let dfd = open_at(
+        libc::AT_FDCWD,
+        &dir_c,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+    );
+    if dfd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: a fresh descriptor from openat, owned by nobody else.
+    let dir = unsafe { OwnedFd::from_raw_fd(dfd) };
+    let final_c = cpath(name)?;
+    let (tmp_c, file) = loop {
+        let mut r = [0u8; 8];
+        // SAFETY: `r` is a live local of the length passed; getrandom fills it (or fails).
+        let n = unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+        if n != r.len() as isize {
+            return Err(errno());
+        }
+        let mut tmp = std::ffi::OsString::from(".");
+        tmp.push(name);
+        tmp.push(format!(".tmp-{:016x}", u64::from_ne_bytes(r)));
+        let tmp_c = cpath(&tmp)?;
+        let fd = open_at(
+            dir.as_raw_fd(),
+            &tmp_c,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        );
+        if fd >= 0 {
+            // SAFETY: a fresh descriptor from openat, owned by nobody else.
+            break (tmp_c, unsafe { File::from_raw_fd(fd) });
+        }
+        if errno().raw_os_error() != Some(libc::EEXIST) {
+            return Err(errno());
+        }
+    };
+    let unlink = || {
+        // SAFETY: `dir` is open and `tmp_c` NUL-terminated; removes our own temporary file.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp_c.as_ptr(), 0) };
+    };
+    let written = (|| {
+        let mut f = &file;
+        f.write_all(bytes)?;
+        // SAFETY: `file` is an open descriptor of the file we created.
+        if unsafe { libc::fchmod(file.as_raw_fd(), mode) } != 0 {
+            return Err(errno());
+        }
+        file.sync_all()?;
+        // SAFETY: both names NUL-terminated, relative to the open directory.
+        if unsafe {
+            libc::renameat(
+                dir.as_raw_fd(),
+                tmp_c.as_ptr(),
+                dir.as_raw_fd(),
+                final_c.as_ptr(),
+            )
+        } != 0
+        {
+            return Err(errno());
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        unlink();
+        return Err(e);
+    }
+    // SAFETY: `dir` is an open directory descriptor.
+    unsafe { libc::fsync(dir.as_raw_fd()) };
+    Ok(())
 }
