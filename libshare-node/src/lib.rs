@@ -32,6 +32,7 @@ pub mod register;
 pub mod registry;
 pub mod server;
 pub mod settings;
+pub mod sockdir;
 pub mod turns;
 pub mod view;
 

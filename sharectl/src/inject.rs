@@ -8,10 +8,14 @@
 //!   into every glibc program, beside a user's `LD_PRELOAD`; works with a read-only root). An
 //!   image with its own `/etc/ld.so.preload` gets a per-container file holding both (see
 //!   `hook.rs`);
-//! - the daemon's registration socket at [`SOCKET_IN_CONTAINER`] — never its admin socket nor
-//!   any state file: the shim finds it through its default state directory `/run/libshare`
-//!   (root's, 0755, made by the runtime), the daemon names the container from the caller's
-//!   cgroup and passes it its own state file;
+//! - the directory holding the daemon's registration socket alone (`<state dir>/register`),
+//!   read-only, at [`SOCKET_DIR_IN_CONTAINER`] (`/dev/libshare`) — never its admin socket nor
+//!   any state file. The directory, not the socket file: a daemon restarted later binds a new
+//!   socket in the same directory, which a running container then sees (a file's bind mount
+//!   would keep the dead socket). `/dev` is the runtime's tmpfs, so no link of the image is on
+//!   the way, and a read-only mount point can be neither changed nor renamed inside the
+//!   container: the shim trusts exactly that (`libshare_abi::socket_dir`), the daemon names the
+//!   container from the caller's cgroup and passes it its own state file;
 //! - on a simulated node (`--simgpu-lib`, `--simgpu-state`), simgpu's libraries where a driver's
 //!   are (`/usr/lib/x86_64-linux-gnu/libcuda.so.1`, `libnvidia-ml.so.1`) and its state directory
 //!   where simgpu looks by default (`/dev/shm/simgpu-<uid>`). On a GPU node the driver comes from
@@ -26,8 +30,8 @@ use std::path::{Component, Path, PathBuf};
 pub const SHIM_IN_CONTAINER: &str = "/usr/lib/libshare/libshare.so";
 /// The loader's preload list, which the injected file covers.
 pub const PRELOAD_IN_CONTAINER: &str = "/etc/ld.so.preload";
-/// Where the daemon's registration socket appears in a container (the shim's default).
-pub const SOCKET_IN_CONTAINER: &str = "/run/libshare/register.sock";
+/// Where the directory of the daemon's registration socket appears in a container.
+pub const SOCKET_DIR_IN_CONTAINER: &str = libshare_abi::socket_dir::IN_CONTAINER;
 /// Where a driver's libraries are on Debian-family images (simulated node only).
 pub const SIM_LIB_DIR_IN_CONTAINER: &str = "/usr/lib/x86_64-linux-gnu";
 /// simgpu's libraries mounted from `--simgpu-lib`.
@@ -56,8 +60,9 @@ pub struct InjectArgs {
         default_value = "/usr/lib/libshare/ld.so.preload"
     )]
     pub preload_file: PathBuf,
-    /// The daemon's state directory: its register.sock is mounted (never admin.sock), and
-    /// per-container files go to <DIR>/inject/.
+    /// The daemon's state directory: the directory of its registration socket
+    /// (<DIR>/register) is mounted read-only (never admin.sock), and per-container files go to
+    /// <DIR>/inject/.
     #[arg(long, value_name = "DIR", default_value = "/run/libshare")]
     pub state_dir: PathBuf,
     /// Simulated node: the directory holding simgpu's libcuda.so.1 and libnvidia-ml.so.1.
@@ -77,9 +82,15 @@ pub struct Mount {
 }
 
 impl InjectArgs {
+    /// The directory of the host's registration socket (mounted into containers).
+    pub fn socket_dir(&self) -> PathBuf {
+        self.state_dir.join(libshare_abi::socket_dir::SOCKET_DIR)
+    }
+
     /// The host's registration socket.
     pub fn socket(&self) -> PathBuf {
-        self.state_dir.join("register.sock")
+        self.socket_dir()
+            .join(libshare_abi::socket_dir::SOCKET_NAME)
     }
 
     /// Where per-container files (merged preload lists, the hook's log) live.
@@ -161,9 +172,9 @@ impl InjectArgs {
                 readonly: true,
             },
             Mount {
-                host: self.socket(),
-                container: SOCKET_IN_CONTAINER.into(),
-                readonly: false,
+                host: self.socket_dir(),
+                container: SOCKET_DIR_IN_CONTAINER.into(),
+                readonly: true,
             },
         ];
         if let (Some(lib), Some(state)) = (&self.simgpu_lib, &self.simgpu_state) {
@@ -212,34 +223,16 @@ pub fn sharectl_exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the sharectl binary (/proc/self/exe)")
 }
 
-/// Writes `bytes` to `path` through a temporary file beside it and a rename.
+/// Writes `bytes` to `path` (its directory created if missing) with the one checked atomic
+/// writer (`libshare_abi::write_atomic`: a new file of an unpredictable name, never through a
+/// planted link, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = path
         .parent()
         .ok_or_else(|| anyhow!("{}: no directory", path.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        anyhow!("cannot write {}: {e}", path.display())
-    })
+    libshare_abi::write_atomic(path, bytes, mode)
+        .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
 }
 
 /// `path` (absolute, as the container will see it) resolved inside `root` the way the
