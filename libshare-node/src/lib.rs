@@ -27,6 +27,7 @@ pub mod identity;
 pub mod metrics;
 pub mod nvml;
 pub mod peer;
+pub mod pins;
 pub mod policy;
 pub mod register;
 pub mod registry;

@@ -187,12 +187,15 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if cfg.turns.is_some() && totals.is_none() {
         tracing::info!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
     }
-    cfg.authority = Some(libshare_node::authority::Authority::new(
-        settings.clone(),
-        devices,
-        args.trust_env,
-        cfg.health.restores.clone(),
-    ));
+    cfg.authority = Some(
+        libshare_node::authority::Authority::new(
+            settings.clone(),
+            devices,
+            args.trust_env,
+            cfg.health.restores.clone(),
+        )
+        .with_pin_bound(cfg.device_totals.is_some()),
+    );
     let admin =
         libshare_node::server::Server::bind(ServerConfig::new(dir.join("admin.sock"), 0o600))
             .map_err(|e| {
