@@ -33,6 +33,7 @@ pub mod register;
 pub mod registry;
 pub mod server;
 pub mod settings;
+pub mod sockdiag;
 pub mod turns;
 pub mod view;
 

@@ -31,9 +31,14 @@ pub struct DaemonArgs {
     /// Time-slice quantum (policy time-slice).
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub quantum: u64,
-    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400).
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400)
+    /// to root, the daemon's user and --metrics-allow-uid; anyone else gets 403.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// A user that may read --metrics-addr besides root and the daemon's user (repeatable; e.g.
+    /// Prometheus' uid).
+    #[arg(long, value_name = "UID")]
+    pub metrics_allow_uid: Vec<u32>,
     /// Also write the metrics to this file every --metrics-interval (for node-exporter's
     /// textfile collector; written beside it and renamed over it).
     #[arg(long, value_name = "PATH")]
@@ -267,7 +272,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             .spawn(move || register.serve(&mut service, &STOP))?
     };
     if let Some(addr) = args.metrics_addr {
-        libshare_node::metrics::serve_http(addr, dir.clone(), cfg.health.clone(), &STOP)?;
+        libshare_node::metrics::serve_http(
+            addr,
+            dir.clone(),
+            cfg.health.clone(),
+            libshare_node::metrics::Access::new(&args.metrics_allow_uid),
+            &STOP,
+        )?;
     }
     if let Some(path) = &args.metrics_textfile {
         if !(100_000_000..=3_600_000_000_000).contains(&args.metrics_interval) {
