@@ -238,7 +238,12 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let caps = match libshare_node::caps::Driver::probe() {
         Ok(d) => {
             tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
-            Some(Arc::new(libshare_node::caps::Caps::new(d)))
+            let caps = libshare_node::caps::Caps::new(d);
+            Some(Arc::new(if args.hami {
+                caps.without_guarantees()
+            } else {
+                caps
+            }))
         }
         Err(why) => {
             tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
