@@ -16,10 +16,11 @@
 //! memory on a device ([`State::pinned`]) is Σ over its claimed slots (dead ones included until
 //! reclaimed) of net − managed. Ordering keeps it from ever reading low: a process raises
 //! `managed` only after its net was charged and lowers it before its net is uncharged, and
-//! changes it only under the container's **pin lock** (a POSIX lock on byte [`PIN_LOCK`] of the
+//! raises it only under the container's **pin lock** (a POSIX lock on byte [`PIN_LOCK`] of the
 //! state file, plus a lock between the process's threads) while the container is bounded; the
-//! pinned figure is read under that lock. A charge of non-managed memory anywhere, or a free of
-//! anything, can only make a reading high (a charge is made before the driver allocates, a free
+//! pinned figure is read under that lock, each slot's net before its managed part. A charge of
+//! non-managed memory anywhere, or a free of anything (managed part first), can only make a
+//! reading high (a charge is made before the driver allocates, a free
 //! is returned after the driver freed).
 //!
 //! # The protocol

@@ -96,7 +96,7 @@ pub fn split(room: u64, members: &[Member], caps: &mut Vec<Option<u64>>) {
         .iter()
         .filter(|m| m.fixed.is_none() && m.active)
         .count() as u64;
-    let fair = if n > 0 { free / n } else { 0 };
+    let fair = free.checked_div(n).unwrap_or(0);
     caps.extend(members.iter().zip(&granted).map(|(m, &g)| {
         m.fixed.is_none().then(|| {
             m.pinned
