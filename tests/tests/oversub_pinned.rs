@@ -10,7 +10,6 @@
 use libshare_tests::cgroups::start_daemon;
 use libshare_tests::{compile_gcc, json_check, ok, Daemon, Running, SimGpu};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 const OOM: i64 = 2; // CUDA_ERROR_OUT_OF_MEMORY
 
@@ -57,18 +56,7 @@ fn take(gpu: &SimGpu, container: &str, kind: &str, mib: u64) -> (Running, serde_
     let mut h = gpu.spawn(c);
     h.wait_for_line(r#"{"check":"ready"}"#);
     h.send("go\n");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let v = loop {
-        if let Some(l) = h
-            .poll_lines()
-            .iter()
-            .find(|l| l.contains(r#""check":"take""#))
-        {
-            break serde_json::from_str::<serde_json::Value>(l).unwrap();
-        }
-        assert!(Instant::now() < deadline, "no take line: {:?}", h.lines);
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let v = h.wait_for_check("take");
     (h, v)
 }
 

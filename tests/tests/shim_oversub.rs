@@ -392,25 +392,6 @@ fn take_managed(gpu: &SimGpu, cg: &MemoryCgroup, n: u32) -> libshare_tests::Runn
     h
 }
 
-fn taken(h: &mut libshare_tests::Running) -> serde_json::Value {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        if let Some(l) = h
-            .poll_lines()
-            .iter()
-            .find(|l| l.contains(r#""check":"take""#))
-        {
-            return serde_json::from_str(l).unwrap();
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "no take line: {:?}",
-            h.lines
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 fn oversubscribing_gpu() -> SimGpu {
     machine("opportunistic")
         .env("CUDA_OVERSUBSCRIBE", "true")
@@ -428,7 +409,7 @@ fn the_host_check_counts_the_containers_whole_managed_footprint() {
     let gpu = oversubscribing_gpu();
     let mut h = take_managed(&gpu, &cg, 3);
     h.send("go\n");
-    let v = taken(&mut h);
+    let v = h.wait_for_check("take");
     assert_eq!((&v["ok"], &v["error"]), (&1.into(), &OOM.into()), "{v}");
     let out = h.finish();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -451,7 +432,7 @@ fn two_racing_processes_cannot_both_pass_the_host_check() {
         let (mut a, mut b) = (take_managed(&gpu, &cg, 1), take_managed(&gpu, &cg, 1));
         a.send("go\n");
         b.send("go\n");
-        let (va, vb) = (taken(&mut a), taken(&mut b));
+        let (va, vb) = (a.wait_for_check("take"), b.wait_for_check("take"));
         let oks = va["ok"].as_i64().unwrap() + vb["ok"].as_i64().unwrap();
         assert_eq!(oks, 1, "round {round}: {va} {vb}");
         a.finish();
