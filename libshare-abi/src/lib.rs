@@ -109,6 +109,7 @@ mod fsafe;
 pub mod hami;
 mod lock;
 pub mod names;
+pub mod pin;
 pub mod rate;
 pub mod register;
 mod sigbus;

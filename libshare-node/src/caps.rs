@@ -215,12 +215,14 @@ unsafe fn sym<T>(lib: *mut c_void, name: &std::ffi::CStr) -> Option<T> {
     (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
 }
 
-/// The limits the daemon wants for a container on one device: (soft, hard).
-pub fn wanted(class: Class, quota: u64) -> (u64, u64) {
+/// The limits the daemon wants for a container on one device: (soft, hard). `guarantee`: a
+/// production container's quota is also its soft limit (the memory the driver guarantees it);
+/// off in HAMi mode, where the class and quota come from the tenant's environment.
+pub fn wanted(class: Class, quota: u64, guarantee: bool) -> (u64, u64) {
     match (quota, class) {
         (0, _) => (0, NO_LIMIT),
-        (q, Class::Production) => (q, q),
-        (q, Class::Opportunistic) => (0, q),
+        (q, Class::Production) if guarantee => (q, q),
+        (q, _) => (0, q),
     }
 }
 
@@ -228,6 +230,8 @@ pub fn wanted(class: Class, quota: u64) -> (u64, u64) {
 pub struct Caps {
     driver: Driver,
     inner: Mutex<Inner>,
+    /// Production's quota is its soft limit too ([`wanted`]).
+    guarantee: bool,
 }
 
 #[derive(Default)]
@@ -245,7 +249,15 @@ impl Caps {
         Caps {
             driver,
             inner: Mutex::new(Inner::default()),
+            guarantee: true,
         }
+    }
+
+    /// HAMi mode (issue 30, B5b): settings adopted from a tenant's environment never become a
+    /// soft (guaranteed) limit in the driver; hard limits only.
+    pub fn without_guarantees(mut self) -> Caps {
+        self.guarantee = false;
+        self
     }
 
     pub fn driver(&self) -> &Driver {
@@ -283,7 +295,7 @@ impl Caps {
                 .map(|c| {
                     c.devices
                         .iter()
-                        .map(|d| (d.device, wanted(c.class, d.quota)))
+                        .map(|d| (d.device, wanted(c.class, d.quota, self.guarantee)))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -354,8 +366,13 @@ mod tests {
 
     #[test]
     fn production_is_guaranteed_its_quota_opportunistic_only_capped() {
-        assert_eq!(wanted(Class::Production, 1 << 30), (1 << 30, 1 << 30));
-        assert_eq!(wanted(Class::Opportunistic, 1 << 30), (0, 1 << 30));
-        assert_eq!(wanted(Class::Production, 0), (0, NO_LIMIT));
+        assert_eq!(wanted(Class::Production, 1 << 30, true), (1 << 30, 1 << 30));
+        assert_eq!(wanted(Class::Opportunistic, 1 << 30, true), (0, 1 << 30));
+        assert_eq!(wanted(Class::Production, 0, true), (0, NO_LIMIT));
+        assert_eq!(
+            wanted(Class::Production, 1 << 30, false),
+            (0, 1 << 30),
+            "HAMi mode: no guarantee from the tenant's environment"
+        );
     }
 }

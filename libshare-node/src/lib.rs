@@ -27,11 +27,13 @@ pub mod identity;
 pub mod metrics;
 pub mod nvml;
 pub mod peer;
+pub mod pins;
 pub mod policy;
 pub mod register;
 pub mod registry;
 pub mod server;
 pub mod settings;
+pub mod sockdiag;
 pub mod turns;
 pub mod view;
 

@@ -929,6 +929,32 @@ impl Running {
         }
     }
 
+    /// Reads stdout lines until a JSON line with `"check":"<check>"` (the programs' result
+    /// lines) and returns it. Panics if the program ends first or the machine's timeout passes.
+    pub fn wait_for_check(&mut self, check: &str) -> serde_json::Value {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => {
+                    let v = serde_json::from_str::<serde_json::Value>(&l).ok();
+                    self.lines.push(l);
+                    if let Some(v) = v.filter(|v| v["check"] == check) {
+                        return v;
+                    }
+                }
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let out = self.finish_inner();
+                    panic!(
+                        "no {check:?} line from the program ({e})\n{}",
+                        describe(&out)
+                    );
+                }
+            }
+        }
+    }
+
     /// The stdout lines printed so far, without waiting (read into [`Running::lines`]).
     pub fn poll_lines(&mut self) -> &[String] {
         while let Ok(l) = self.rx.try_recv() {

@@ -242,3 +242,47 @@ fn driver_caps_older_driver_is_said_once_and_the_shim_alone_enforces() {
         lines[0]
     );
 }
+
+/// Issue 30, B5b: in HAMi mode the daemon adopted `CUDA_DEVICE_MEMORY_LIMIT_0=…
+/// CUDA_TASK_PRIORITY=0` from the first registering process's environment — which the tenant
+/// writes — as production with the driver's soft (guaranteed) limit at the quota. The quota may
+/// still come from there (it only limits the container), but never a guarantee.
+#[test]
+fn hami_mode_sets_no_guarantee_from_the_tenants_environment() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("the driver takes memory limits from root only: run the test as root");
+        return;
+    }
+    let Some(cg) = Cgroups::create(&["capped"]) else {
+        return;
+    };
+    let gpu = SimGpu::new()
+        .memory("4GiB")
+        .env("SIMGPU_DRIVER_VERSION", R615)
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "256m")
+        .env("CUDA_TASK_PRIORITY", "0")
+        .with_shim();
+    std::fs::set_permissions(gpu.state_dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let mut cmd = untrusting_daemon_cmd(&gpu, &cg.prefix, &["--hami"]);
+    cmd.stderr(Stdio::piped());
+    let d = start_daemon(&gpu, cmd);
+    let ns = std::path::Path::new("/sys/fs/cgroup/pids")
+        .join(cg.prefix.trim_start_matches('/'))
+        .join("capped");
+    let mut job = holder_in(&gpu, &cg, "capped", "capped", 64);
+    let mut v = serde_json::Value::Null;
+    until(Duration::from_secs(10), || {
+        v = limits(&gpu, &ns);
+        v["hard"].as_u64() == Some(256 * MIB)
+    })
+    .unwrap_or_else(|| panic!("the daemon never set the adopted hard limit: {v}"));
+    assert_eq!(
+        v["soft"].as_u64(),
+        Some(0),
+        "a guarantee from the environment: {v}"
+    );
+    let _ = job.kill();
+    let _ = job.wait();
+    stop(d);
+}

@@ -31,9 +31,14 @@ pub struct DaemonArgs {
     /// Time-slice quantum (policy time-slice).
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub quantum: u64,
-    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400).
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400)
+    /// to root, the daemon's user and --metrics-allow-uid; anyone else gets 403.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// A user that may read --metrics-addr besides root and the daemon's user (repeatable; e.g.
+    /// Prometheus' uid).
+    #[arg(long, value_name = "UID")]
+    pub metrics_allow_uid: Vec<u32>,
     /// Also write the metrics to this file every --metrics-interval (for node-exporter's
     /// textfile collector; written beside it and renamed over it).
     #[arg(long, value_name = "PATH")]
@@ -187,12 +192,15 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if cfg.turns.is_some() && totals.is_none() {
         tracing::info!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
     }
-    cfg.authority = Some(libshare_node::authority::Authority::new(
-        settings.clone(),
-        devices,
-        args.trust_env,
-        cfg.health.restores.clone(),
-    ));
+    cfg.authority = Some(
+        libshare_node::authority::Authority::new(
+            settings.clone(),
+            devices,
+            args.trust_env,
+            cfg.health.restores.clone(),
+        )
+        .with_pin_bound(cfg.device_totals.is_some()),
+    );
     let admin =
         libshare_node::server::Server::bind(ServerConfig::new(dir.join("admin.sock"), 0o600))
             .map_err(|e| {
@@ -230,7 +238,12 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let caps = match libshare_node::caps::Driver::probe() {
         Ok(d) => {
             tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
-            Some(Arc::new(libshare_node::caps::Caps::new(d)))
+            let caps = libshare_node::caps::Caps::new(d);
+            Some(Arc::new(if args.hami {
+                caps.without_guarantees()
+            } else {
+                caps
+            }))
         }
         Err(why) => {
             tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
@@ -264,7 +277,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             .spawn(move || register.serve(&mut service, &STOP))?
     };
     if let Some(addr) = args.metrics_addr {
-        libshare_node::metrics::serve_http(addr, dir.clone(), cfg.health.clone(), &STOP)?;
+        libshare_node::metrics::serve_http(
+            addr,
+            dir.clone(),
+            cfg.health.clone(),
+            libshare_node::metrics::Access::new(&args.metrics_allow_uid),
+            &STOP,
+        )?;
     }
     if let Some(path) = &args.metrics_textfile {
         if !(100_000_000..=3_600_000_000_000).contains(&args.metrics_interval) {
