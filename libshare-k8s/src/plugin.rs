@@ -68,6 +68,9 @@ pub struct Config {
     /// CDI kind (`libshare.dev/gpu`).
     pub cdi_kind: String,
     pub default_class: Class,
+    /// Namespaces whose pods may be production (`*`: all), recorded with each allocation for
+    /// the hook.
+    pub production_namespaces: Vec<String>,
     /// Mounts for a kubelet without CDI (empty: CDI only).
     pub legacy_mounts: Vec<LegacyMount>,
 }
@@ -188,6 +191,7 @@ impl DevicePlugin for Plugin {
                     .map(|(gpu, n)| (gpu.to_string(), *n as u64 * self.cfg.share_bytes))
                     .collect(),
                 default_class: self.cfg.default_class,
+                production_namespaces: self.cfg.production_namespaces.clone(),
             };
             self.record(&a, &g.visible()).map_err(|e| {
                 tracing::error!("{e}");
@@ -292,14 +296,9 @@ pub fn spec_path(cdi_dir: &Path, kind: &str, name: &str) -> PathBuf {
     cdi_dir.join(format!("{}-{name}.json", kind.replace('/', "_")))
 }
 
+/// An allocation's files: root's, replaced atomically (`libshare_abi::fsafe`).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", path.display())
-        })
+    libshare_abi::fsafe::write_atomic(path, bytes, 0o644).map_err(|e| e.to_string())
 }
 
 /// The devices NVML reports now, as shares; unhealthy (the last list) when NVML fails.
