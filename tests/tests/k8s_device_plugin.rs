@@ -8,7 +8,7 @@
 use libshare_tests::containers::Node;
 use libshare_tests::kubelet::{check_allocate, FakeKubelet};
 use libshare_tests::{file_names, gpus_file, SimGpu};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 

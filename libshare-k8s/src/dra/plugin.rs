@@ -595,32 +595,41 @@ async fn publish(shared: Arc<Shared>) {
     }
 }
 
+fn log_inventory(inv: &Result<Inventory, String>) {
+    match inv {
+        Ok(inv) => {
+            let gpus: Vec<String> = inv
+                .gpus
+                .iter()
+                .map(|g| format!("gpu-{} ({})", g.index, quantity::format(g.memory)))
+                .collect();
+            tracing::info!("the node's GPUs: {}", gpus.join(", "));
+        }
+        Err(e) => {
+            tracing::warn!("cannot list the node's GPUs ({e}): the slice keeps the last list")
+        }
+    }
+}
+
+/// The node's GPUs, asked in a blocking task (the node runs a probe process).
+async fn inventory(node: &Arc<dyn Node>) -> Result<Inventory, String> {
+    let n = node.clone();
+    tokio::task::spawn_blocking(move || n.inventory())
+        .await
+        .unwrap_or_else(|e| Err(format!("the NVML probe panicked: {e}")))
+}
+
 /// Asks the node for its GPUs every `rescan`; a change goes to `tx` (and so to the slice).
 async fn scan(node: Arc<dyn Node>, rescan: Duration, tx: watch::Sender<Result<Inventory, String>>) {
     let mut tick = tokio::time::interval(rescan);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let n = node.clone();
-        let now = tokio::task::spawn_blocking(move || n.inventory())
-            .await
-            .unwrap_or_else(|e| Err(format!("the NVML probe panicked: {e}")));
+        let now = inventory(&node).await;
         if *tx.borrow() == now {
             continue;
         }
-        match &now {
-            Ok(inv) => {
-                let gpus: Vec<String> = inv
-                    .gpus
-                    .iter()
-                    .map(|g| format!("gpu-{} ({})", g.index, quantity::format(g.memory)))
-                    .collect();
-                tracing::info!("the node's GPUs: {}", gpus.join(", "));
-            }
-            Err(e) => {
-                tracing::warn!("cannot list the node's GPUs ({e}): the slice keeps the last list")
-            }
-        }
+        log_inventory(&now);
         if tx.send(now).is_err() {
             return;
         }
@@ -638,7 +647,10 @@ pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
         })?;
     }
     let client = client(&cfg).await?;
-    let (tx, rx) = watch::channel(Err("not asked yet".to_string()));
+    // The GPUs are known before the kubelet can ask for a claim.
+    let first = inventory(&node).await;
+    log_inventory(&first);
+    let (tx, rx) = watch::channel(first);
     tokio::spawn(scan(node.clone(), cfg.rescan, tx));
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
