@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -391,10 +392,23 @@ pub fn check(cfg: &Config) -> Result<(), PluginError> {
     Ok(())
 }
 
+/// SIGTERM's and SIGINT's streams (what stops a plugin).
+pub(crate) fn signals() -> Result<(Signal, Signal), PluginError> {
+    let on = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|err| PluginError::Serve {
+            path: name.into(),
+            err,
+        })
+    };
+    Ok((
+        on(SignalKind::terminate(), "SIGTERM")?,
+        on(SignalKind::interrupt(), "SIGINT")?,
+    ))
+}
+
 /// Runs until SIGTERM or SIGINT: serves, registers, re-registers after a kubelet restart, and
 /// rescans the GPUs.
 pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
-    use tokio::signal::unix::{signal, SignalKind};
     check(&cfg)?;
     for d in [&cfg.plugin_dir, &cfg.cdi_dir] {
         std::fs::create_dir_all(d).map_err(|err| PluginError::Serve {
@@ -410,14 +424,7 @@ pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
         cfg.share_bytes >> 20
     );
     let (tx, rx) = watch::channel(first);
-    let mut term = signal(SignalKind::terminate()).map_err(|err| PluginError::Serve {
-        path: "SIGTERM".into(),
-        err,
-    })?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|err| PluginError::Serve {
-        path: "SIGINT".into(),
-        err,
-    })?;
+    let (mut term, mut int) = signals()?;
     let sock = cfg.plugin_dir.join(&cfg.endpoint);
     let kubelet = cfg.plugin_dir.join("kubelet.sock");
     let mut rescan = tokio::time::interval(cfg.rescan);

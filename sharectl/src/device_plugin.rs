@@ -9,7 +9,7 @@
 //! processes from their cgroup, so nothing the container says (`LIBSHARE_MEMORY_LIMIT`,
 //! `LIBSHARE_CLASS`) counts.
 
-use crate::cdi::{spec_with, valid_kind};
+use crate::cdi::{bound_spec, valid_kind};
 use crate::commands::daemon::parse_duration;
 use crate::commands::set::{ask, class_parser, parse_compute, parse_memory};
 use crate::inject::InjectArgs;
@@ -21,7 +21,7 @@ use libshare_k8s::allocation::{
     self, Allocation, ALLOCATION_ANNOTATION, CLASS_ANNOTATION, COMPUTE_ANNOTATION,
 };
 use libshare_k8s::plugin::{Config, LegacyMount, Node};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,22 +99,7 @@ impl Node for HostNode {
     }
 
     fn cdi_spec(&self, a: &Allocation, visible: &str) -> Value {
-        let device = json!({
-            "name": a.name,
-            "containerEdits": {
-                "env": [
-                    format!("CUDA_VISIBLE_DEVICES={visible}"),
-                    format!("LIBSHARE_VISIBLE_DEVICES={visible}"),
-                ],
-            },
-        });
-        spec_with(
-            &self.inject,
-            &self.kind,
-            vec![device],
-            &["--allocation".into(), a.name.clone()],
-        )
-        .unwrap_or_else(|e| json!({ "error": e.to_string() }))
+        bound_spec(&self.inject, &self.kind, &a.name, visible, "--allocation")
     }
 }
 
@@ -171,11 +156,19 @@ pub fn run(a: DevicePluginArgs) -> Result<()> {
         inject: a.inject,
         kind: a.kind,
     });
+    serve(libshare_k8s::plugin::run(cfg, node))
+}
+
+/// Runs a plugin (the device plugin's or the DRA plugin's `run`) on a current-thread runtime,
+/// logging as the daemon does.
+pub(crate) fn serve(
+    plugin: impl std::future::Future<Output = Result<(), libshare_k8s::plugin::PluginError>>,
+) -> Result<()> {
     crate::commands::daemon::init_logging();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(libshare_k8s::plugin::run(cfg, node))?;
+    rt.block_on(plugin)?;
     Ok(())
 }
 

@@ -9,10 +9,10 @@
 //! and oversubscription; at poststop it forgets them. A container using two claims gets both:
 //! their memory on a GPU adds up, the lower class and the smaller cap win.
 
-use crate::cdi::{spec_with, valid_kind};
+use crate::cdi::{bound_spec, valid_kind};
 use crate::commands::daemon::parse_duration;
 use crate::commands::set::{ask, parse_memory};
-use crate::device_plugin::{apply_settings, container_name, release};
+use crate::device_plugin::{apply_settings, container_name, release, serve};
 use crate::inject::InjectArgs;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
@@ -22,7 +22,7 @@ use libshare_k8s::dra::claim::{Policy, Prepared};
 use libshare_k8s::dra::plugin::{Config, Node};
 use libshare_k8s::dra::slice::{Gpu, Inventory, MemoryPolicy};
 use libshare_k8s::dra::{store, PRODUCTION_CLASS};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,23 +94,7 @@ impl Node for HostNode {
     }
 
     fn cdi_spec(&self, p: &Prepared) -> Value {
-        let visible = p.visible();
-        let device = json!({
-            "name": p.uid,
-            "containerEdits": {
-                "env": [
-                    format!("CUDA_VISIBLE_DEVICES={visible}"),
-                    format!("LIBSHARE_VISIBLE_DEVICES={visible}"),
-                ],
-            },
-        });
-        spec_with(
-            &self.inject,
-            &self.kind,
-            vec![device],
-            &["--claim".into(), p.uid.clone()],
-        )
-        .unwrap_or_else(|e| json!({ "error": e.to_string() }))
+        bound_spec(&self.inject, &self.kind, &p.uid, &p.visible(), "--claim")
     }
 }
 
@@ -176,12 +160,7 @@ pub fn run(a: DraPluginArgs) -> Result<()> {
         inject: a.inject,
         kind: a.kind,
     });
-    crate::commands::daemon::init_logging();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(libshare_k8s::dra::plugin::run(cfg, node))?;
-    Ok(())
+    serve(libshare_k8s::dra::plugin::run(cfg, node))
 }
 
 /// The daemon's settings for `container` now (none for a container it does not know).

@@ -638,7 +638,6 @@ async fn scan(node: Arc<dyn Node>, rescan: Duration, tx: watch::Sender<Result<In
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
-    use tokio::signal::unix::{signal, SignalKind};
     check(&cfg)?;
     for d in [&cfg.registry_dir, &cfg.plugin_dir, &cfg.cdi_dir] {
         std::fs::create_dir_all(d).map_err(|err| PluginError::Serve {
@@ -659,14 +658,7 @@ pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
         inventory: rx,
         one: tokio::sync::Mutex::new(()),
     });
-    let mut term = signal(SignalKind::terminate()).map_err(|err| PluginError::Serve {
-        path: "SIGTERM".into(),
-        err,
-    })?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|err| PluginError::Serve {
-        path: "SIGINT".into(),
-        err,
-    })?;
+    let (mut term, mut int) = crate::plugin::signals()?;
 
     let service = cfg.plugin_dir.join(SERVICE_SOCKET);
     let listener = bind(&service)?;
