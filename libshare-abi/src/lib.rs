@@ -105,7 +105,7 @@
 pub mod admin;
 pub mod demote;
 mod error;
-mod fsafe;
+pub mod fsafe;
 pub mod hami;
 mod lock;
 pub mod names;

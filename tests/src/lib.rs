@@ -1028,9 +1028,11 @@ impl Drop for Running {
     }
 }
 
+pub mod apiserver;
 pub mod cgroups;
 pub mod containers;
 pub mod debian;
+pub mod dra_kubelet;
 pub mod kubelet;
 
 /// A `sharectl daemon` the test started (`target/release/sharectl`), killed with SIGKILL when
@@ -1114,6 +1116,31 @@ pub fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The names of the entries of `dir`, sorted (none if it does not exist).
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A simgpu configuration file with one GPU per entry of `mem` (its memory), in `dir`; rewritten
+/// to "restart" simgpu with other GPUs (NVML reads it again in a new process).
+pub fn gpus_file(dir: &Path, mem: &[&str]) -> PathBuf {
+    let path = dir.join("simgpu.toml");
+    let text: String = mem
+        .iter()
+        .map(|m| format!("[[device]]\nmemory = \"{m}\"\n"))
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 /// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.
