@@ -8,7 +8,7 @@
 //! not root) the daemon says so once and the shim alone enforces quotas, as before.
 //!
 //! A container's cgroup is learnt when one of its processes registers (the cgroup that named
-//! it, [`crate::identity::container_cgroup`]); [`Caps::reconcile`] (every 100 ms, its own
+//! it, [`crate::identity::naming`]); [`Caps::reconcile`] (every 100 ms, its own
 //! thread) writes the quotas the containers' state files hold into the driver.
 
 use crate::view::NodeView;

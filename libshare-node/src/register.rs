@@ -6,7 +6,7 @@
 //! open and one `sendmsg` per process: O(1), no lock held across clients.
 
 use crate::authority::Authority;
-use crate::identity::{container_of_cgroups, resolve, IdentityConfig};
+use crate::identity::{container_of_cgroups, naming, unmapped, IdentityConfig};
 use crate::server::{Peer, Refusal, Reply, Service};
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{container_dir, State};
@@ -97,14 +97,14 @@ impl RegisterService {
         let Some(cgroups) = peer.cgroups.as_deref() else {
             return Err(Refusal::Unidentified.message().into());
         };
-        let name = resolve(cgroups, &hello.claimed, &self.identity);
+        let named = naming(cgroups, &self.identity);
+        let name = match &named {
+            Some(n) => n.name.clone(),
+            None => unmapped(&hello.claimed, &self.identity),
+        };
         self.adopt_hami(&name, peer.pid)?;
-        if let Some(caps) = &self.caps {
-            if let Some((c, dir)) = crate::identity::container_cgroup(cgroups, &self.identity) {
-                if c == name {
-                    caps.learn(&c, dir);
-                }
-            }
+        if let (Some(caps), Some(n)) = (&self.caps, &named) {
+            caps.learn(&n.name, n.dir.clone());
         }
         self.until_sweep -= 1;
         if self.until_sweep == 0 {
@@ -197,8 +197,8 @@ mod tests {
     fn a_removed_containers_state_is_closed_within_a_sweep() {
         let dir = tempfile::tempdir().unwrap();
         let identity = IdentityConfig {
-            prefixes: Vec::new(),
             trust_env: true,
+            ..Default::default()
         };
         let mut svc = RegisterService::new(dir.path().to_path_buf(), identity, None);
         // A cgroup no rule maps: the trusted claim names the container.

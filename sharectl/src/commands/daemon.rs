@@ -55,9 +55,17 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub trust_env: bool,
     /// A cgroup path prefix whose children are containers: PREFIX/<name>/... is container
-    /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in).
+    /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in). Only
+    /// root may be able to create cgroups in PREFIX (root-owned, not group/other-writable):
+    /// a child someone else could make names nothing.
     #[arg(long, value_name = "PREFIX")]
     pub cgroup_prefix: Vec<String>,
+    /// A parent cgroup a container runtime is configured to create its containers under
+    /// (repeatable), besides the runtimes' defaults (/system.slice, /machine.slice,
+    /// /kubepods.slice, /kubepods, /docker, /libpod_parent): a runtime's id names a container
+    /// only under one of them, in a cgroup root made.
+    #[arg(long, value_name = "CGROUP")]
+    pub runtime_cgroup_parent: Vec<String>,
     /// HAMi mode: a container with no settings adopts HAMi's variables from its first
     /// registering process (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
     /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE); use with --register-socket
@@ -254,6 +262,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             libshare_node::identity::IdentityConfig {
                 prefixes: args.cgroup_prefix.clone(),
                 trust_env: args.trust_env,
+                runtime_parents: args.runtime_cgroup_parent.clone(),
+                fs: libshare_node::identity::CgroupFs::host(),
             },
             cfg.authority.clone(),
         )
