@@ -201,6 +201,22 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         args.trust_env,
         cfg.health.restores.clone(),
     ));
+    let identity = libshare_node::identity::IdentityConfig {
+        prefixes: args.cgroup_prefix.clone(),
+        trust_env: args.trust_env,
+        runtime_parents: args.runtime_cgroup_parent.clone(),
+        fs: libshare_node::identity::CgroupFs::host(),
+    };
+    let caps = match libshare_node::caps::Driver::probe() {
+        Ok(d) => {
+            tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
+            Some(Arc::new(libshare_node::caps::Caps::new(d)))
+        }
+        Err(why) => {
+            tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
+            None
+        }
+    };
     let admin =
         libshare_node::server::Server::bind(ServerConfig::new(dir.join("admin.sock"), 0o600))
             .map_err(|e| {
@@ -215,7 +231,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             settings.clone(),
             totals,
             args.trust_env,
-        );
+        )
+        .with_identity(identity.clone(), caps.clone());
         std::thread::Builder::new()
             .name("admin".into())
             .spawn(move || admin.serve(&mut service, &STOP))?
@@ -235,16 +252,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             register_path.display()
         )
     })?;
-    let caps = match libshare_node::caps::Driver::probe() {
-        Ok(d) => {
-            tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
-            Some(Arc::new(libshare_node::caps::Caps::new(d)))
-        }
-        Err(why) => {
-            tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
-            None
-        }
-    };
     let caps_thread = match &caps {
         Some(c) => {
             let (c, dir) = (c.clone(), dir.clone());
@@ -259,12 +266,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let register_thread = {
         let mut service = libshare_node::register::RegisterService::new(
             dir.clone(),
-            libshare_node::identity::IdentityConfig {
-                prefixes: args.cgroup_prefix.clone(),
-                trust_env: args.trust_env,
-                runtime_parents: args.runtime_cgroup_parent.clone(),
-                fs: libshare_node::identity::CgroupFs::host(),
-            },
+            identity,
             cfg.authority.clone(),
         )
         .with_caps(caps)
