@@ -220,6 +220,9 @@ pub struct Authority {
     devices: usize,
     env_trusted: bool,
     pub restores: Arc<Restores>,
+    /// Who made which container, and when each last registered ([`crate::book`]): the
+    /// registration service limits new containers by it, the registry forgets idle ones.
+    book: Option<Arc<crate::book::Book>>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -245,7 +248,23 @@ impl Authority {
             devices,
             env_trusted,
             restores,
+            book: None,
         }
+    }
+
+    /// Limits new containers and forgets idle ones by `book`.
+    pub fn with_book(mut self, book: crate::book::Book) -> Self {
+        self.book = Some(Arc::new(book));
+        self
+    }
+
+    pub fn book(&self) -> Option<&crate::book::Book> {
+        self.book.as_deref()
+    }
+
+    /// Whether the operator has settings of `name`'s own (not only the defaults).
+    pub fn has_settings(&self, name: &str) -> bool {
+        self.lock().get(name).is_some()
     }
 
     /// The settings' generation (changes with every `set` and `reset`).

@@ -66,6 +66,18 @@ pub struct DaemonArgs {
     /// only under one of them, in a cgroup root made.
     #[arg(long, value_name = "CGROUP")]
     pub runtime_cgroup_parent: Vec<String>,
+    /// New containers a non-root user's processes may name themselves (--trust-env) that
+    /// exist at once; past it, a registration that would create one is refused.
+    #[arg(long, value_name = "N", default_value_t = libshare_node::book::Limits::default().per_uid)]
+    pub max_containers_per_uid: usize,
+    /// New containers registrations may create from one cgroup (for a runtime's containers,
+    /// the cgroup they are made in: /machine.slice, a pod's) that exist at once.
+    #[arg(long, value_name = "N", default_value_t = libshare_node::book::Limits::default().per_cgroup)]
+    pub max_containers_per_cgroup: usize,
+    /// A container with no live process, nothing held and no settings is forgotten (its
+    /// state removed) this long after its last registration (1s..1h).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub forget_after: u64,
     /// HAMi mode: a container with no settings adopts HAMi's variables from its first
     /// registering process (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
     /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE); use with --register-socket
@@ -195,12 +207,28 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if cfg.turns.is_some() && totals.is_none() {
         tracing::info!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
     }
-    cfg.authority = Some(libshare_node::authority::Authority::new(
-        settings.clone(),
-        devices,
-        args.trust_env,
-        cfg.health.restores.clone(),
-    ));
+    if !(1_000_000_000..=3_600_000_000_000).contains(&args.forget_after) {
+        return Err(anyhow!("--forget-after must be between 1s and 1h"));
+    }
+    if args.max_containers_per_uid == 0 || args.max_containers_per_cgroup == 0 {
+        return Err(anyhow!(
+            "--max-containers-per-uid and --max-containers-per-cgroup must be at least 1"
+        ));
+    }
+    let book = libshare_node::book::Book::new(libshare_node::book::Limits {
+        per_uid: args.max_containers_per_uid,
+        per_cgroup: args.max_containers_per_cgroup,
+        forget_after: std::time::Duration::from_nanos(args.forget_after),
+    });
+    cfg.authority = Some(
+        libshare_node::authority::Authority::new(
+            settings.clone(),
+            devices,
+            args.trust_env,
+            cfg.health.restores.clone(),
+        )
+        .with_book(book),
+    );
     let identity = libshare_node::identity::IdentityConfig {
         prefixes: args.cgroup_prefix.clone(),
         trust_env: args.trust_env,
