@@ -132,6 +132,7 @@ impl AdminService {
         if let Some(caps) = &self.caps {
             caps.learn_and_apply(&self.state_dir, &n.name, n.dir.clone());
         }
+        tracing::info!(container = %n.name, pid, cgroup = %n.cgroup, caps = self.caps.is_some(), "container's cgroup taken at createRuntime");
         let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         self.report(&n.name, &settings)
     }
