@@ -17,7 +17,7 @@
 //! for every cgroup learnt while it exists.
 
 use crate::view::NodeView;
-use libshare_abi::Class;
+use libshare_abi::{Class, State};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CString};
 use std::path::{Path, PathBuf};
@@ -297,21 +297,30 @@ impl Caps {
     }
 
     /// Reconciles with the states of the containers its cgroups name, in `state_dir`, every
-    /// `every` until `stop` (it reads only those: its cost follows the cgroups learnt, not the
-    /// containers on the node).
+    /// `every` until `stop`. Those states stay mapped between rounds (reopened when removed or
+    /// replaced): a round's cost follows the cgroups learnt, not the containers on the node.
     pub fn run(
         &self,
         state_dir: &Path,
         every: std::time::Duration,
         stop: &std::sync::atomic::AtomicBool,
     ) {
+        let mut open: HashMap<String, State> = HashMap::new();
         while !stop.load(std::sync::atomic::Ordering::Acquire) {
             let names: std::collections::BTreeSet<String> =
                 self.lock().cgroups.values().cloned().collect();
+            open.retain(|n, st| names.contains(n) && st.check_path().is_ok());
+            for n in &names {
+                if !open.contains_key(n) {
+                    if let Ok(st) = State::open_existing(&state_path(state_dir, n)) {
+                        open.insert(n.clone(), st);
+                    }
+                }
+            }
             let view = NodeView {
-                containers: names
+                containers: open
                     .iter()
-                    .filter_map(|n| one_container(state_dir, n))
+                    .map(|(n, st)| crate::view::container(n, st))
                     .collect(),
                 errors: Vec::new(),
             };
@@ -321,10 +330,13 @@ impl Caps {
     }
 }
 
+fn state_path(state_dir: &Path, name: &str) -> PathBuf {
+    libshare_abi::container_dir(state_dir, name).join(libshare_abi::STATE_FILE)
+}
+
 /// Container `name`'s figures, if its state exists.
 fn one_container(state_dir: &Path, name: &str) -> Option<crate::view::ContainerView> {
-    let path = libshare_abi::container_dir(state_dir, name).join(libshare_abi::STATE_FILE);
-    let st = libshare_abi::State::snapshot(&path).ok()?;
+    let st = State::snapshot(&state_path(state_dir, name)).ok()?;
     Some(crate::view::container(name, &st))
 }
 
