@@ -234,6 +234,9 @@ pub struct Authority {
     env_trusted: bool,
     pin_bound: bool,
     pub restores: Arc<Restores>,
+    /// Who made which container, and when each last registered ([`crate::book`]): the
+    /// registration service limits new containers by it, the registry forgets idle ones.
+    book: Option<Arc<crate::book::Book>>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -260,6 +263,7 @@ impl Authority {
             env_trusted,
             pin_bound: false,
             restores,
+            book: None,
         }
     }
 
@@ -268,6 +272,21 @@ impl Authority {
     pub fn with_pin_bound(mut self, on: bool) -> Self {
         self.pin_bound = on;
         self
+    }
+
+    /// Limits new containers and forgets idle ones by `book`.
+    pub fn with_book(mut self, book: crate::book::Book) -> Self {
+        self.book = Some(Arc::new(book));
+        self
+    }
+
+    pub fn book(&self) -> Option<&crate::book::Book> {
+        self.book.as_deref()
+    }
+
+    /// Whether the operator has settings of `name`'s own (not only the defaults).
+    pub fn has_settings(&self, name: &str) -> bool {
+        self.lock().get(name).is_some()
     }
 
     /// The settings' generation (changes with every `set` and `reset`).

@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod authority;
+pub mod book;
 pub mod caps;
 pub mod controller;
 pub mod demote;

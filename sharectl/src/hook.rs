@@ -265,6 +265,10 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     if let Some(line) = bound {
         log_line(inj, &line);
     }
+    // The daemon sets the driver's limits on the container's cgroup now (never fails the start).
+    if let Some(line) = crate::commands::set::started(&inj.state_dir, &st.id, pid) {
+        log_line(inj, &line);
+    }
     let ns = format!("/proc/{pid}/ns/mnt");
     if !Path::new(&ns).exists() {
         bail!("the container's process {pid} is gone ({ns})");

@@ -1143,6 +1143,20 @@ pub fn gpus_file(dir: &Path, mem: &[&str]) -> PathBuf {
     path
 }
 
+/// CPU time (user + system) of process `pid` so far, seconds (at 100 clock ticks a second).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    // Fields 14 and 15 (utime, stime), counted from the state letter (field 3).
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
 /// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.
 pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
