@@ -3,7 +3,7 @@
 //! Each subcommand lives in its own module: `demo`, `bench`, and `commands/` (`daemon`,
 //! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
 //! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`;
-//! Kubernetes: `device_plugin` (over crate `libshare-k8s`).
+//! Kubernetes: `device_plugin` and `dra_plugin` (over crate `libshare-k8s`).
 
 mod bench;
 mod cdi;
@@ -12,6 +12,7 @@ mod commands;
 mod daemon_child;
 mod demo;
 mod device_plugin;
+mod dra_plugin;
 mod hook;
 mod inject;
 mod platform;
@@ -70,6 +71,10 @@ enum Command {
     /// (libshare.dev/gpu-memory), answers Allocate with a CDI device whose hook binds the
     /// allocation's quota and the pod's class to the container on the daemon.
     DevicePlugin(device_plugin::DevicePluginArgs),
+    /// Kubernetes DRA kubelet plugin, driver gpu.libshare.dev: publishes each GPU as a
+    /// shareable device (consumable memory and compute) and prepares claims: the memory a claim
+    /// consumes becomes its containers' quota, its DeviceClass their class.
+    DraPlugin(dra_plugin::DraPluginArgs),
     /// Exit 0 when the daemon answers on its admin socket within 5 s (a liveness probe).
     Health(commands::health::HealthArgs),
 }
@@ -94,7 +99,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Daemon(_) | Command::Demo(_) | Command::Bench(_) | Command::DevicePlugin(_)
+        Command::Daemon(_)
+            | Command::Demo(_)
+            | Command::Bench(_)
+            | Command::DevicePlugin(_)
+            | Command::DraPlugin(_)
     ) {
         // The daemon must outlive a client that closes its socket early (its sockets are
         // written with MSG_NOSIGNAL, but its metrics' TCP writes are not); the demo and the
@@ -115,6 +124,7 @@ fn main() -> ExitCode {
         Command::Hook(args) => hook::run(args),
         Command::Runtime(args) => runtime::run(args),
         Command::DevicePlugin(args) => device_plugin::run(args),
+        Command::DraPlugin(args) => dra_plugin::run(args),
         Command::Health(args) => commands::health::run(args),
     };
     match result {

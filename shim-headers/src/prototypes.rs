@@ -244,7 +244,7 @@ pub const RUST_STRUCTS: &[(&str, &str)] = &[
     ("CUmemLocation_v1", "MemLocation"),
     ("CUmemPoolProps_v1", "MemPoolProps"),
     ("CUuuid", "CUuuid"),
-    // simgpu (`driver/array.rs`, `graph.rs`, `ipc.rs`):
+    // simgpu (`driver/memory/array.rs`, `graph/`, `memory/ipc.rs`):
     ("CUDA_ARRAY_MEMORY_REQUIREMENTS_v1", "ArrayMemReq"),
     ("CUDA_HOST_NODE_PARAMS_v1", "HostNodeParams"),
     ("CUDA_MEMSET_NODE_PARAMS_v1", "MemsetNodeParams"),

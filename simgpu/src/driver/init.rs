@@ -133,7 +133,7 @@ driver! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let edges = crate::sim::Edges {
-            forked: super::managed::forget_all,
+            forked: super::memory::managed::forget_all,
             exit: super::stats::write_stats_file,
         };
         match crate::sim::init(&edges) {

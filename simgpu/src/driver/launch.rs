@@ -120,7 +120,7 @@ unsafe fn kernel_op_on(
     Ok(Arc::new(move || {
         let mut op = Op::new(Resource::Compute(dev), dur);
         op.is_kernel = true;
-        op.extra = super::managed::touch_for_kernel(s, dev, ptr_args.clone());
+        op.extra = super::memory::managed::touch_for_kernel(s, dev, ptr_args.clone());
         if let Some(out) = written.clone() {
             op = op.with_effect(move || out.write(s));
         }

@@ -1,11 +1,25 @@
 //! Device and host memory: allocation, freeing, page-locked host memory, pointer attributes;
-//! copies and memsets are in `copy`. Device memory is real host memory (an anonymous mapping per
+//! copies and memsets are in `copy`, and each other kind of device memory has its submodule
+//! (`array`, `ipc`, `managed`, `pool`, `vmm`; `handle` is the trailer of their shareable file
+//! descriptors). The kinds allocate through this module's `charge`/`insert_live`, and freeing
+//! any pointer comes back here (`free_device` dispatches on its `Kind`). Device memory is real host memory (an anonymous mapping per
 //! allocation), so device pointers are host addresses and copies move real bytes. Usage is
 //! accounted per device in the shared state, across processes.
 
+pub mod array;
 mod copy;
+pub mod handle;
+pub mod ipc;
+pub mod managed;
+pub mod pool;
+pub mod vmm;
 
+pub use array::*;
 pub use copy::*;
+pub use ipc::*;
+pub use managed::*;
+pub use pool::*;
+pub use vmm::*;
 
 use libshare_abi::SlotTable;
 use std::ffi::c_void;
@@ -78,7 +92,7 @@ pub fn charge(s: &Sim, dev: usize, bytes: u64) -> R {
         if over == 0 {
             break;
         }
-        if crate::driver::managed::evict_bytes(s, dev, over) == 0 {
+        if managed::evict_bytes(s, dev, over) == 0 {
             break;
         }
         over = d.mem_used.load(Acquire).saturating_sub(total);
@@ -186,7 +200,7 @@ pub fn free_device(p: u64) -> R {
         return Ok(());
     }
     let s = sim()?;
-    if super::ipc::is_imported(p) {
+    if ipc::is_imported(p) {
         return Err(CUDA_ERROR_INVALID_VALUE); // imported memory is closed, not freed
     }
     let pool = match s.mem.lock().map.get(&p) {
@@ -205,12 +219,12 @@ pub fn free_device(p: u64) -> R {
             _ => return Err(CUDA_ERROR_INVALID_VALUE), // freed by another thread meanwhile
         }
     };
-    super::ipc::forget_export(p);
+    ipc::forget_export(p);
     if a.kind == Kind::Managed {
-        crate::driver::managed::forget(s, p, &a);
+        managed::forget(s, p, &a);
     }
     if a.pool != 0 {
-        super::pool::released(a.pool, a.charged); // a pool allocation freed synchronously
+        pool::released(a.pool, a.charged); // a pool allocation freed synchronously
     }
     uncharge(s, a.device, a.charged);
     unmap(p, a.size);
@@ -235,7 +249,7 @@ pub fn free_allocations(s: &Sim, list: &[(u64, Kind)]) -> usize {
     wait_for_users(s);
     list.iter()
         .filter(|(p, kind)| match kind {
-            Kind::Array => super::array::destroy_at(*p),
+            Kind::Array => array::destroy_at(*p),
             _ => free_device(*p).is_ok(),
         })
         .count()
@@ -261,7 +275,7 @@ pub fn device_range(s: &Sim, p: u64, len: u64) -> Option<(Kind, usize)> {
 pub fn writable_device_range(s: &Sim, p: u64, len: u64) -> Option<usize> {
     match device_range(s, p, len)? {
         (Kind::Device | Kind::Managed | Kind::Host | Kind::Registered, d) => Some(d),
-        (Kind::Reserved, d) if super::vmm::is_mapped(p, len) => Some(d),
+        (Kind::Reserved, d) if vmm::is_mapped(p, len) => Some(d),
         _ => None,
     }
 }
@@ -308,7 +322,7 @@ driver! {
         if let Some(r) = crate::model::capture::free_graph_alloc(p) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
         }
-        if let Some(r) = super::ipc::free_pool_import(p) {
+        if let Some(r) = ipc::free_pool_import(p) {
             return r; // imported from another process's pool: unmapped here
         }
         free_device(p)

@@ -9,41 +9,31 @@ use crate::engine::{Op, StreamId};
 use crate::sim::{sim, Context, Sim};
 use crate::types::*;
 
-pub mod array;
 pub mod context;
 pub mod device;
 pub mod event;
 pub mod export_tables;
 pub mod graph;
 pub mod init;
-pub mod ipc;
 pub mod launch;
 pub mod link;
-pub mod managed;
 pub mod memory;
 pub mod module;
-pub mod pool;
 pub mod results;
 pub mod stats;
 pub mod stream;
-pub mod vmm;
 
-pub use array::*;
 pub use context::*;
 pub use device::*;
 pub use event::*;
 pub use export_tables::cuGetExportTable;
 pub use graph::*;
 pub use init::*;
-pub use ipc::*;
 pub use launch::*;
 pub use link::*;
-pub use managed::*;
 pub use memory::*;
 pub use module::*;
-pub use pool::*;
 pub use stream::*;
-pub use vmm::*;
 
 pub type R = Result<(), CUresult>;
 

@@ -30,7 +30,7 @@ fn classify(s: &Sim, p: u64, len: u64) -> Result<Option<usize>, CUresult> {
     match device_range(s, p, len) {
         Some((Kind::Device | Kind::Managed | Kind::Array, d)) => Ok(Some(d)),
         // Inside a VMM reservation only mapped pages hold memory (touching the rest would fault).
-        Some((Kind::Reserved, d)) if crate::driver::vmm::is_mapped(p, len) => Ok(Some(d)),
+        Some((Kind::Reserved, d)) if super::vmm::is_mapped(p, len) => Ok(Some(d)),
         Some((Kind::Reserved, _)) => Err(CUDA_ERROR_INVALID_VALUE),
         Some(_) => Ok(None),
         None => {
@@ -137,7 +137,7 @@ fn copy_side(
 ) -> Result<(u64, u64, u64), CUresult> {
     if mt == CU_MEMORYTYPE_ARRAY {
         // A CUDA array: its own pitch and height; the region must lie inside it.
-        let a = crate::driver::array::array(array)?;
+        let a = super::array::array(array)?;
         let (ap, rows) = (a.pitch(), a.rows());
         let inside =
             |at: u64, len: u64, limit: u64| at.checked_add(len).is_some_and(|e| e <= limit);
@@ -340,7 +340,7 @@ unsafe fn peer_copy(p: *const c_void) -> Result<Copy3D, CUresult> {
 
 /// The address of byte `off` of an array, if `n` bytes from there lie inside it.
 fn array_at(a: *mut c_void, off: usize, n: usize) -> Result<u64, CUresult> {
-    let a = crate::driver::array::array(a)?;
+    let a = super::array::array(a)?;
     if (off as u64)
         .checked_add(n as u64)
         .is_none_or(|end| end > a.size())

@@ -28,8 +28,8 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
 
-use super::memory::{map_anon, Alloc, Kind};
-use super::{current_ctx, out, stream_ref, submit, R};
+use super::{map_anon, Alloc, Kind};
+use crate::driver::{current_ctx, out, stream_ref, submit, R};
 use crate::engine::{Extra, Op, Resource};
 use crate::shared::{owner_word, SlotTable, CHUNK};
 use crate::sim::{sim, Sim};
@@ -529,9 +529,9 @@ driver! {
             size: size as u64, kind: Kind::Managed, device: ctx.device, charged: 0,
             ctx: std::sync::Arc::as_ptr(&ctx) as usize, pool: 0, id: 0, host_flags: 0,
         };
-        if let Err(e) = super::memory::insert_live(s, base, a) {
+        if let Err(e) = super::insert_live(s, base, a) {
             STATE.lock().remove(&base);
-            super::memory::unmap(base, size as u64);
+            super::unmap(base, size as u64);
             return Err(e);
         }
         s.shared.slot(s.slot).dev[ctx.device].allocs.fetch_add(1, AcqRel);

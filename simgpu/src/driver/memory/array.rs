@@ -12,9 +12,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
-use super::memory::{charge, map_anon, uncharge, unmap, Alloc, Kind};
-use super::{current_ctx, out, R};
+use super::{charge, map_anon, uncharge, unmap, Alloc, Kind};
 use crate::driver;
+use crate::driver::{current_ctx, out, R};
 use crate::sim::{sim, Registry};
 use crate::types::*;
 
@@ -228,7 +228,7 @@ fn create(d: Array3DDesc, mip_level: bool) -> Result<usize, CUresult> {
         id: 0,
         host_flags: 0,
     };
-    if let Err(e) = super::memory::insert_live(s, base, entry) {
+    if let Err(e) = super::insert_live(s, base, entry) {
         arrays().remove(h);
         uncharge(s, ctx.device, size);
         unmap(base, size);
@@ -241,7 +241,7 @@ fn create(d: Array3DDesc, mip_level: bool) -> Result<usize, CUresult> {
 /// synchronises like cuMemFree).
 fn destroy(h: usize) {
     let Some(s) = crate::sim::get() else { return };
-    super::memory::wait_for_users(s);
+    super::wait_for_users(s);
     let Some(a) = arrays().remove(h) else { return };
     if s.mem.lock().map.remove(&a.base).is_some() {
         uncharge(s, a.device, a.size());
@@ -300,9 +300,7 @@ fn check_resource(res: &[u8; RESOURCE_DESC_SIZE], surface: bool) -> R {
                     + field::<usize>(res, 24)
                         * array_element_size(format, channels).unwrap_or(1) as usize
             };
-            if handle == 0
-                || super::memory::device_range(s, handle as u64, len.max(1) as u64).is_none()
-            {
+            if handle == 0 || super::device_range(s, handle as u64, len.max(1) as u64).is_none() {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
         }

@@ -5,9 +5,9 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 
-use super::memory::{charge, uncharge, Alloc, Kind};
-use super::out;
+use super::{charge, uncharge, Alloc, Kind};
 use crate::driver;
+use crate::driver::out;
 use crate::sim::sim;
 use crate::types::*;
 
@@ -78,7 +78,7 @@ driver! {
         if p == libc::MAP_FAILED {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let dev = super::current_ctx_opt().map_or(0, |c| c.device);
+        let dev = crate::driver::current_ctx_opt().map_or(0, |c| c.device);
         s.mem.lock().insert(p as u64, Alloc { size: size as u64, kind: Kind::Reserved, device: dev, charged: 0, ctx: 0, pool: 0, id: 0, host_flags: 0 });
         out(ptr, p as u64)
     }
@@ -88,7 +88,7 @@ driver! {
             Some(a) if a.kind == Kind::Reserved => {}
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
-        super::memory::wait_for_users(s);
+        super::wait_for_users(s);
         let a = s.mem.lock().map.remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         libc::munmap(ptr as *mut c_void, a.size.max(size as u64) as usize);
         Ok(())
@@ -104,7 +104,7 @@ driver! {
         if !host && prop.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let dev = if host { super::current_ctx_opt().map_or(0, |c| c.device) } else { s.device(prop.location.id)? };
+        let dev = if host { crate::driver::current_ctx_opt().map_or(0, |c| c.device) } else { s.device(prop.location.id)? };
         if !host {
             s.api_allocs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             charge(s, dev, size as u64)?;
@@ -139,7 +139,7 @@ driver! {
         if offset as u64 + size as u64 > p.size {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        match super::memory::device_range(s, ptr, size as u64) {
+        match super::device_range(s, ptr, size as u64) {
             Some((Kind::Reserved, _)) => {}
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
@@ -158,7 +158,7 @@ driver! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // Synchronous, like cuMemFree: queued work may still use the range.
-        super::memory::wait_for_users(s);
+        super::wait_for_users(s);
         let mut phys = PHYS.lock();
         let (_, h) = MAPS.lock().remove(&ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // SAFETY: turning our own mapped range back into a PROT_NONE reservation.
@@ -213,7 +213,7 @@ driver! {
         sim()?;
         let phys = PHYS.lock();
         let p = phys.get(&(handle as usize)).filter(|p| p.refs > 0).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+        if kind != super::handle::HANDLE_TYPE_POSIX_FD {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         // Only what cuMemCreate was asked to make shareable that way (requestedHandleTypes).
@@ -224,26 +224,26 @@ driver! {
         // owns (and closes) the new descriptor.
         let mut prop = [0u8; 32];
         std::ptr::copy_nonoverlapping(&p.prop as *const MemAllocationProp as *const u8, prop.as_mut_ptr(), 32);
-        let t = super::ipc::Trailer { kind: super::ipc::SHARED_VMM, dev: p.dev as u32, size: p.size, prop };
-        super::ipc::write_trailer(p.fd, &t)?;
-        let fd = super::ipc::dup_fd(p.fd)?;
+        let t = super::handle::Trailer { kind: super::handle::SHARED_VMM, dev: p.dev as u32, size: p.size, prop };
+        super::handle::write_trailer(p.fd, &t)?;
+        let fd = super::handle::dup_fd(p.fd)?;
         *(shareable as *mut i32) = fd;
         Ok(())
     }
     fn cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, kind: u32) {
         sim()?;
-        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+        if kind != super::handle::HANDLE_TYPE_POSIX_FD {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         if handle.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // A POSIX descriptor is passed by value in the pointer; the application keeps it.
-        let t = super::ipc::read_trailer(os_handle as usize as i32)?;
-        if t.kind != super::ipc::SHARED_VMM {
+        let t = super::handle::read_trailer(os_handle as usize as i32)?;
+        if t.kind != super::handle::SHARED_VMM {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let fd = super::ipc::dup_fd(os_handle as usize as i32)?;
+        let fd = super::handle::dup_fd(os_handle as usize as i32)?;
         let mut prop: MemAllocationProp = std::mem::zeroed();
         std::ptr::copy_nonoverlapping(t.prop.as_ptr(), &mut prop as *mut MemAllocationProp as *mut u8, 32);
         prop.win32_handle_meta_data = std::ptr::null_mut();

@@ -17,9 +17,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use super::memory::{Alloc, Kind};
-use super::{out, R};
+use super::{Alloc, Kind};
 use crate::driver;
+use crate::driver::{out, R};
 use crate::sim::sim;
 use crate::types::*;
 
@@ -31,86 +31,12 @@ const MAGIC: u32 = 0x5049_4753; // "SGIP"
 pub struct IpcHandle(pub [u8; 64]);
 
 /// `CUmemPoolPtrExportData`'s magic: a pool allocation's export (same layout as an IPC handle).
-const POOL_PTR_MAGIC: u32 = 0x5050_4753; // "SGPP"
+pub const POOL_PTR_MAGIC: u32 = 0x5050_4753; // "SGPP"
 
 /// Exported allocations (base → memfd) and imported mappings (address → (size, imported from a
 /// pool: freed with cuMemFree(Async) rather than closed)).
 static EXPORTED: Mutex<Option<HashMap<u64, i32>>> = Mutex::new(None);
 static IMPORTED: Mutex<Option<HashMap<u64, (u64, bool)>>> = Mutex::new(None);
-
-/// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-pub const HANDLE_TYPE_POSIX_FD: u32 = 1;
-
-/// What a shareable descriptor names (its trailer's kind).
-pub const SHARED_VMM: u32 = 1;
-pub const SHARED_POOL: u32 = 2;
-const TRAILER_MAGIC: u32 = 0x4853_4753; // "SGSH"
-const TRAILER: usize = 64;
-
-/// The trailer of a shareable descriptor: kind, device, size and (VMM) the allocation's
-/// properties, written past the `size` bytes of the file (mappings never reach it).
-#[derive(Clone, Copy)]
-pub struct Trailer {
-    pub kind: u32,
-    pub dev: u32,
-    pub size: u64,
-    pub prop: [u8; 32],
-}
-
-/// Writes `t` at offset `t.size` of `fd` (growing the file by the trailer).
-pub fn write_trailer(fd: i32, t: &Trailer) -> R {
-    let mut b = [0u8; TRAILER];
-    b[0..4].copy_from_slice(&TRAILER_MAGIC.to_le_bytes());
-    b[4..8].copy_from_slice(&t.kind.to_le_bytes());
-    b[8..12].copy_from_slice(&t.dev.to_le_bytes());
-    b[16..24].copy_from_slice(&t.size.to_le_bytes());
-    b[24..56].copy_from_slice(&t.prop);
-    // SAFETY: `b` is a local buffer of TRAILER bytes; `fd` is the caller's open descriptor.
-    let n = unsafe { libc::pwrite(fd, b.as_ptr() as *const c_void, TRAILER, t.size as i64) };
-    if n != TRAILER as isize {
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    Ok(())
-}
-
-/// Reads the trailer of a descriptor an application passes in: CUDA_ERROR_INVALID_VALUE if it
-/// is not a shareable handle of this simulated machine.
-pub fn read_trailer(fd: i32) -> Result<Trailer, CUresult> {
-    // SAFETY: `stat` is plain data, valid all-zero.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into the local struct; an invalid `fd` fails.
-    if fd < 0 || unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_size as usize) < TRAILER {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let mut b = [0u8; TRAILER];
-    let at = st.st_size as i64 - TRAILER as i64;
-    // SAFETY: reads at most TRAILER bytes into the local buffer.
-    let n = unsafe { libc::pread(fd, b.as_mut_ptr() as *mut c_void, TRAILER, at) };
-    let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-    if n != TRAILER as isize || word(0) != TRAILER_MAGIC {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let t = Trailer {
-        kind: word(4),
-        dev: word(8),
-        size: u64::from_le_bytes(b[16..24].try_into().unwrap()),
-        prop: b[24..56].try_into().unwrap(),
-    };
-    if t.size != at as u64 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    Ok(t)
-}
-
-/// A new descriptor (close-on-exec) for the same file as `fd`, or CUDA_ERROR_INVALID_VALUE.
-pub fn dup_fd(fd: i32) -> Result<i32, CUresult> {
-    // SAFETY: F_DUPFD_CLOEXEC on the caller's descriptor; fails (-1) if it is not open.
-    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if d < 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    Ok(d)
-}
 
 /// A pointer imported from another process's pool (`cuMemPoolImportPointer`)? Then
 /// `cuMemFree` of it unmaps it here (the exporter's allocation and charge are its own).
@@ -136,7 +62,7 @@ pub fn is_pool_import(p: u64) -> bool {
 
 /// Unmaps imported mapping `dptr` (after the work that may use it).
 fn close(s: &crate::sim::Sim, dptr: u64) -> R {
-    super::memory::wait_for_users(s); // queued copies may still use the mapping
+    super::wait_for_users(s); // queued copies may still use the mapping
     let (size, _) = IMPORTED
         .lock()
         .as_mut()
@@ -245,20 +171,6 @@ driver! {
         close(s, dptr)
     }
 
-    fn cuMemPoolExportPointer(data: *mut u8, dptr: CUdeviceptr) {
-        // CUmemPoolPtrExportData: 64 opaque bytes, laid out as an IPC handle. Only allocations
-        // of a pool made exportable (cuMemPoolCreate with a handle type).
-        out(data as *mut IpcHandle, IpcHandle(export(dptr, POOL_PTR_MAGIC, super::pool::exportable)?))
-    }
-
-    fn cuMemPoolImportPointer(dptr: *mut CUdeviceptr, pool: *mut c_void, data: *mut u8) {
-        if !super::pool::imported(pool as usize) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let h = *(data as *const IpcHandle).as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        open(dptr, h, POOL_PTR_MAGIC)
-    }
-
     fn cuIpcGetEventHandle(handle: *mut IpcHandle, event: CUevent) {
         sim()?.events.get(event as usize).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let mut h = [0u8; 64];
@@ -271,7 +183,7 @@ driver! {
         if u32::from_le_bytes(handle.0[0..4].try_into().unwrap()) != MAGIC {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        super::cuEventCreate(event, CU_EVENT_DISABLE_TIMING);
+        crate::driver::cuEventCreate(event, CU_EVENT_DISABLE_TIMING);
         Ok(())
     }
 }
@@ -279,7 +191,7 @@ driver! {
 /// The 64 bytes naming the device allocation holding `dptr` for another process (`magic`
 /// first), whose pool `allowed` accepts (0 for cuMemAlloc memory); the allocation is re-backed
 /// with a file the first time.
-fn export(
+pub fn export(
     dptr: CUdeviceptr,
     magic: u32,
     allowed: impl Fn(usize) -> bool,
@@ -300,7 +212,7 @@ fn export(
         Some(fd) => *fd,
         None => {
             // No queued work may write the allocation while its bytes move to the file.
-            super::memory::wait_for_users(s);
+            super::wait_for_users(s);
             // SAFETY: (base, size) is a device allocation found in `s.mem`, made by `map_anon`
             // and not imported (checked above), and no queued work uses it any more (waited for
             // above; new work from other threads is not excluded).
@@ -321,7 +233,7 @@ fn export(
 /// Maps the allocation `h` names (an IPC handle, or a pool pointer's export data: `magic`).
 ///
 /// Safety: `dptr` is NULL or writable (cuIpcOpenMemHandle's out-argument).
-unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, magic: u32) -> R {
+pub(super) unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, magic: u32) -> R {
     let s = sim()?;
     if dptr.is_null() || u32::from_le_bytes(h.0[0..4].try_into().unwrap()) != magic {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -356,7 +268,7 @@ unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, magic: u32) -> R {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let base = p as u64;
-    let dev = super::current_ctx_opt().map_or(0, |c| c.device);
+    let dev = crate::driver::current_ctx_opt().map_or(0, |c| c.device);
     s.mem.lock().insert(
         base,
         Alloc {

@@ -13,8 +13,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
-use super::memory::{alloc_device, free_device, insert_live, Alloc, Kind};
-use super::{current_ctx, out, stream_ref, submit, R};
+use super::ipc::{self, IpcHandle, POOL_PTR_MAGIC};
+use super::{alloc_device, free_device, insert_live, Alloc, Kind};
+use crate::driver::{current_ctx, out, stream_ref, submit, R};
 use crate::engine::Op;
 use crate::sim::sim;
 use crate::types::*;
@@ -69,9 +70,9 @@ impl Pool {
             self.cached.fetch_sub(size, AcqRel);
             crate::shared::sub_saturating(&self.reserved, size);
             if let Some(s) = s {
-                super::memory::uncharge(s, self.dev, size);
+                super::uncharge(s, self.dev, size);
             }
-            super::memory::unmap(base, size);
+            super::unmap(base, size);
         }
     }
 
@@ -105,7 +106,7 @@ pub fn exportable(ph: usize) -> bool {
         .lock()
         .0
         .get(&ph)
-        .is_some_and(|t| t & super::ipc::HANDLE_TYPE_POSIX_FD != 0)
+        .is_some_and(|t| t & super::handle::HANDLE_TYPE_POSIX_FD != 0)
 }
 
 /// Pool `ph` was imported from another process.
@@ -262,7 +263,7 @@ driver! {
     fn cuMemPoolCreate(p: *mut *mut c_void, props: *const MemPoolProps) {
         let props = props.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let d = sim()?.device(props.location.id)?;
-        if props.handle_types & !super::ipc::HANDLE_TYPE_POSIX_FD != 0 {
+        if props.handle_types & !super::handle::HANDLE_TYPE_POSIX_FD != 0 {
             return Err(CUDA_ERROR_NOT_SUPPORTED); // Win32 and fabric handles: not on Linux here
         }
         let h = new_pool(d);
@@ -273,7 +274,7 @@ driver! {
     }
     fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, p: *mut c_void, kind: u32, _flags: u64) {
         let pl = pool(p)?;
-        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+        if kind != super::handle::HANDLE_TYPE_POSIX_FD {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         if handle_out.is_null() || !exportable(p as usize) {
@@ -284,8 +285,8 @@ driver! {
         if fd < 0 {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let t = super::ipc::Trailer { kind: super::ipc::SHARED_POOL, dev: pl.dev as u32, size: 0, prop: [0; 32] };
-        if let Err(e) = super::ipc::write_trailer(fd, &t) {
+        let t = super::handle::Trailer { kind: super::handle::SHARED_POOL, dev: pl.dev as u32, size: 0, prop: [0; 32] };
+        if let Err(e) = super::handle::write_trailer(fd, &t) {
             libc::close(fd);
             return Err(e);
         }
@@ -294,15 +295,15 @@ driver! {
     }
     fn cuMemPoolImportFromShareableHandle(pool_out: *mut *mut c_void, handle: *mut c_void, kind: u32, _flags: u64) {
         sim()?;
-        if kind != super::ipc::HANDLE_TYPE_POSIX_FD {
+        if kind != super::handle::HANDLE_TYPE_POSIX_FD {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         if pool_out.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // The descriptor is passed by value in the pointer, as CUDA does for POSIX handles.
-        let t = super::ipc::read_trailer(handle as usize as i32)?;
-        if t.kind != super::ipc::SHARED_POOL {
+        let t = super::handle::read_trailer(handle as usize as i32)?;
+        if t.kind != super::handle::SHARED_POOL {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let h = new_pool(t.dev as usize);
@@ -362,6 +363,20 @@ driver! {
         pool(p)?;
         out(flags, 3)
     }
+
+    fn cuMemPoolExportPointer(data: *mut u8, dptr: CUdeviceptr) {
+        // CUmemPoolPtrExportData: 64 opaque bytes, laid out as an IPC handle. Only allocations
+        // of a pool made exportable (cuMemPoolCreate with a handle type).
+        out(data as *mut IpcHandle, IpcHandle(ipc::export(dptr, POOL_PTR_MAGIC, exportable)?))
+    }
+
+    fn cuMemPoolImportPointer(dptr: *mut CUdeviceptr, pool: *mut c_void, data: *mut u8) {
+        if !imported(pool as usize) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = *(data as *const IpcHandle).as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        ipc::open(dptr, h, POOL_PTR_MAGIC)
+    }
 }
 
 driver_ptds! {
@@ -384,10 +399,10 @@ driver_ptds! {
         if let Some(r) = crate::model::capture::free_graph_alloc(ptr) {
             return r; // a graph allocation: freed, its address kept for the graph's next launch
         }
-        if super::ipc::is_pool_import(ptr) {
+        if ipc::is_pool_import(ptr) {
             // Imported from another process's pool: unmapped here when the stream reaches it.
             submit(s, &r, Op::marker().with_effect(move || {
-                let _ = super::ipc::free_pool_import(ptr);
+                let _ = ipc::free_pool_import(ptr);
             }));
             return Ok(());
         }
@@ -397,7 +412,7 @@ driver_ptds! {
                 // Out of the allocation table (the pointer is no longer the application's),
                 // into the pool.
                 let a = crate::sim::get()?.mem.lock().map.remove(&ptr)?;
-                super::ipc::forget_export(ptr);
+                ipc::forget_export(ptr);
                 p.give_back(ptr, a.charged);
                 Some(())
             });
