@@ -39,6 +39,8 @@ pub enum StateError {
     Replaced { path: PathBuf },
     #[error("no safe default state directory ({why}): set LIBSHARE_STATE_DIR to a directory only you can write")]
     NoSafeDefault { why: String },
+    #[error("the state file the daemon passed {why}: it is not the daemon's (check what serves the registration socket)")]
+    NotTheDaemons { why: String },
     #[error("more than {max} processes in this container: stop some")]
     NoFreeSlot { max: usize },
 }

@@ -120,6 +120,15 @@ fn open_at(dir: libc::c_int, name: &CString, flags: libc::c_int, mode: libc::c_u
 /// Opens (creating if `create`, 0700) the directory `path`, checking every component as the
 /// module doc says. Returns the open directory.
 pub(crate) fn open_dir(path: &Path, create: bool) -> Result<OwnedFd, StateError> {
+    open_dir_with(path, create, 0o700)
+}
+
+/// [`open_dir`], creating missing directories with `mode` (exactly, whatever the umask).
+pub(crate) fn open_dir_with(
+    path: &Path,
+    create: bool,
+    mode: libc::mode_t,
+) -> Result<OwnedFd, StateError> {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -239,9 +248,9 @@ pub(crate) fn open_dir(path: &Path, create: bool) -> Result<OwnedFd, StateError>
         // SAFETY: `fd` is a fresh descriptor from openat, owned by nobody else.
         let next = unsafe { OwnedFd::from_raw_fd(fd) };
         if created {
-            // The umask may have removed bits; make it exactly 0700.
+            // The umask may have removed bits; make it exactly `mode`.
             // SAFETY: `next` is an open descriptor.
-            unsafe { libc::fchmod(next.as_raw_fd(), 0o700) };
+            unsafe { libc::fchmod(next.as_raw_fd(), mode) };
         }
         check_dir(&fstat(next.as_raw_fd(), &shown)?, &shown)?;
         cur = next;
@@ -401,6 +410,62 @@ pub(crate) fn private_dir_of(path: &Path, uid: u32) -> Result<bool, String> {
             }
         }
     }
+}
+
+/// `name` in `dir`, created (0755) if missing, opened as a directory without following a link
+/// (whoever owns it): a link is refused.
+pub(crate) fn open_subdir_nofollow(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    path: &Path,
+) -> Result<OwnedFd, StateError> {
+    let c = cstr(name, path)?;
+    // SAFETY: `dir` is an open directory, `c` a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } != 0
+        && errno().raw_os_error() != Some(libc::EEXIST)
+    {
+        return Err(StateError::io("create", path, errno()));
+    }
+    let fd = open_at(
+        dir.as_raw_fd(),
+        &c,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    );
+    if fd < 0 {
+        let e = errno();
+        // SAFETY: an all-zero `stat` is valid; `dir`/`c` as above, `st` a live local.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let r = unsafe {
+            libc::fstatat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        return Err(if r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            StateError::Symlink { path: path.into() }
+        } else if r == 0 {
+            StateError::WrongType {
+                path: path.into(),
+                kind: kind(st.st_mode),
+                expected: "directory",
+            }
+        } else {
+            StateError::io("open", path, e)
+        });
+    }
+    // SAFETY: a fresh descriptor from openat, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Device and inode of an open descriptor.
+pub fn fd_dev_ino(fd: &OwnedFd) -> std::io::Result<(u64, u64)> {
+    let st = fstat(fd.as_raw_fd(), Path::new("(descriptor)"))
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// Splits `path` into its directory (`.` when it has none) and its last component.

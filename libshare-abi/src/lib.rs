@@ -114,6 +114,7 @@ pub mod rate;
 pub mod register;
 mod sigbus;
 pub mod slots;
+pub mod socket_dir;
 pub mod units;
 pub mod wire;
 

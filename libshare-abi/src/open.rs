@@ -433,6 +433,33 @@ impl State {
 
     /// Maps a state handed over as a descriptor (a daemon's sealed memfd, or an initialised
     /// file): it must be at least FILE_SIZE long; a zero header is initialised.
+    /// [`State::from_fd`] for a file the daemon passed at registration, which must be what the
+    /// daemon makes (`fsafe`): a regular file owned by `daemon_uid` (the registration socket's
+    /// peer, as the kernel gave it), mode 0600; a fake daemon cannot hand over a file of the
+    /// real one's.
+    pub fn from_daemon(f: File, daemon_uid: u32) -> Result<State, StateError> {
+        let st = fsafe::fstat(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            Path::new(DESCRIPTOR_PATH),
+        )?;
+        let why = if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            Some("is not a regular file".to_string())
+        } else if st.st_uid != daemon_uid {
+            Some(format!(
+                "belongs to uid {}, not to the daemon's uid {daemon_uid}",
+                st.st_uid
+            ))
+        } else if st.st_mode & 0o7777 != 0o600 {
+            Some(format!("has mode {:o}, not 600", st.st_mode & 0o7777))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(StateError::NotTheDaemons { why }),
+            None => State::from_fd(f),
+        }
+    }
+
     pub fn from_fd(f: File) -> Result<State, StateError> {
         let path = PathBuf::from(DESCRIPTOR_PATH);
         let f = HeldFile::new(f, &path)?;

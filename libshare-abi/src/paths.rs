@@ -56,8 +56,43 @@ pub fn open_operator_file(path: &Path) -> Result<Option<File>, StateError> {
 /// whether rights of group or others beyond search (an older shim's or an operator's `mkdir`)
 /// were removed.
 pub fn claim_state_dir(path: &Path) -> Result<bool, StateError> {
+    claim_dir(path, STATE_DIR_MODE)
+}
+
+/// The directory that holds the daemon's registration socket alone (`<state dir>/register`,
+/// `socket_dir::SOCKET_DIR`), claimed as [`claim_state_dir`] claims the state directory, with
+/// mode 0755: any process, in any container it is mounted into, may reach the socket in it;
+/// only the daemon writes it. Never removed: a restarted daemon binds its new socket in the
+/// same directory, which containers have mounted.
+pub fn claim_socket_dir(path: &Path) -> Result<(), StateError> {
+    claim_dir(path, 0o755).map(drop)
+}
+
+/// A directory to mount the socket's directory on (`sharectl daemon --hami`:
+/// `/tmp/vgpulock/libshare`): its parent opened with every component checked as state
+/// directories are (never through a link someone else owns, nothing on the way writable by
+/// others but root's sticky `/tmp`), missing ones created 0755; the directory itself created
+/// (0755) if missing and opened without following a link of anyone's, root's included (a root
+/// container that shares the parent could have put one there).
+pub fn open_mount_point(path: &Path) -> Result<std::os::fd::OwnedFd, StateError> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(StateError::WrongType {
+            path: path.into(),
+            kind: "root directory",
+            expected: "directory under it",
+        });
+    };
+    let dir = fsafe::open_dir_with(parent, true, 0o755)?;
+    fsafe::open_subdir_nofollow(&dir, name, path)
+}
+
+pub use fsafe::{fd_dev_ino, write_atomic};
+
+/// Creates (`mode`) or opens `path` as the daemon's own directory and makes its mode exactly
+/// `mode`; whether rights of group or others were removed.
+fn claim_dir(path: &Path, mode: libc::mode_t) -> Result<bool, StateError> {
     use std::os::fd::AsRawFd;
-    let dir = fsafe::open_dir(path, true)?;
+    let dir = fsafe::open_dir_with(path, true, mode)?;
     let st = fsafe::fstat(dir.as_raw_fd(), path)?;
     let uid = fsafe::euid();
     if st.st_uid != uid {
@@ -67,18 +102,18 @@ pub fn claim_state_dir(path: &Path) -> Result<bool, StateError> {
             uid,
         });
     }
-    if st.st_mode & 0o7777 == STATE_DIR_MODE {
+    if st.st_mode & 0o7777 == mode {
         return Ok(false);
     }
     // SAFETY: fchmod on the directory descriptor we just opened and own.
-    if unsafe { libc::fchmod(dir.as_raw_fd(), STATE_DIR_MODE) } != 0 {
+    if unsafe { libc::fchmod(dir.as_raw_fd(), mode) } != 0 {
         return Err(StateError::io(
             "chmod",
             path,
             std::io::Error::last_os_error(),
         ));
     }
-    Ok(st.st_mode & 0o066 != 0)
+    Ok(st.st_mode & !mode & 0o066 != 0)
 }
 
 /// The mode of the daemon's state directory ([`claim_state_dir`]).

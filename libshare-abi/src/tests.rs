@@ -1148,3 +1148,69 @@ fn scans_stop_at_the_highest_slot_ever_claimed() {
     assert_eq!(st.reclaim_dead(), 0);
     assert_eq!(st.live_slots().len(), 2);
 }
+
+#[test]
+fn the_socket_dir_is_0755_and_a_mount_point_is_never_a_link() {
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("run/register");
+    std::fs::create_dir_all(d.path().join("run")).unwrap();
+    claim_socket_dir(&sock).unwrap();
+    assert_eq!(std::fs::metadata(&sock).unwrap().mode() & 0o7777, 0o755);
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o700)).unwrap();
+    claim_socket_dir(&sock).unwrap();
+    assert_eq!(std::fs::metadata(&sock).unwrap().mode() & 0o7777, 0o755);
+    // One others could write is not the daemon's alone: refused, as a state directory is.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(matches!(
+        claim_socket_dir(&sock),
+        Err(StateError::OpenToOthers { .. })
+    ));
+    // The mount point: made where missing, a directory opened as is; a link (even one the
+    // daemon's own user made) refused, never followed.
+    let at = d.path().join("vgpulock/libshare");
+    let fd = open_mount_point(&at).unwrap();
+    assert_eq!(fd_dev_ino(&fd).unwrap(), {
+        let m = std::fs::metadata(&at).unwrap();
+        (m.dev(), m.ino())
+    });
+    std::fs::remove_dir(&at).unwrap();
+    std::os::unix::fs::symlink(d.path().join("run"), &at).unwrap();
+    match open_mount_point(&at) {
+        Err(StateError::Symlink { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    std::fs::remove_file(&at).unwrap();
+    std::fs::write(&at, b"").unwrap();
+    match open_mount_point(&at) {
+        Err(StateError::WrongType { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_atomic_writer_never_writes_through_a_planted_link() {
+    let d = tempfile::tempdir().unwrap();
+    let target = d.path().join("config.json");
+    std::fs::write(&target, "old").unwrap();
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "untouched").unwrap();
+    // Whatever names someone plants beside it, the writer's own name is not one of them.
+    for n in 0..64 {
+        std::os::unix::fs::symlink(&victim, d.path().join(format!(".config.json.tmp{n}"))).unwrap();
+    }
+    write_atomic(&target, b"new", 0o640).unwrap();
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+    let m = std::fs::symlink_metadata(&target).unwrap();
+    assert!(m.file_type().is_file());
+    assert_eq!(m.mode() & 0o7777, 0o640);
+    // Nothing of the writer's left behind.
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".config.json.") && n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(write_atomic(&target.join("x"), b"", 0o600).is_err(), "a file is no directory");
+}

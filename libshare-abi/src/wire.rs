@@ -72,7 +72,25 @@ pub fn call(
     body: &[u8],
     timeout: Duration,
 ) -> Result<(Vec<u8>, Option<OwnedFd>), WireError> {
+    ask(path, body, timeout).map(|a| (a.body, a.fd))
+}
+
+/// An answer, with who sent it.
+pub struct Answer {
+    pub body: Vec<u8>,
+    /// The descriptor passed with it, if any.
+    pub fd: Option<OwnedFd>,
+    /// The uid of the process that listens on the socket (`SO_PEERCRED`, as this process's
+    /// user namespace sees it).
+    pub peer_uid: u32,
+}
+
+/// [`call`], also saying which user answered.
+pub fn ask(path: &Path, body: &[u8], timeout: Duration) -> Result<Answer, WireError> {
     let s = connect_within(path, timeout)?;
+    let peer_uid = nix::sys::socket::getsockopt(&s, sockopt::PeerCredentials)
+        .map_err(std::io::Error::from)?
+        .uid();
     s.set_read_timeout(Some(timeout))?;
     match send_all(&s, &frame(body)) {
         // The daemon answered and closed before reading (a refusal at accept, e.g. busy): its
@@ -85,7 +103,11 @@ pub fn call(
     let mut fd = None;
     loop {
         if let Framed::Complete(r) = parse_frame(&buf[..have], MAX_FRAME) {
-            return Ok((buf[r].to_vec(), fd));
+            return Ok(Answer {
+                body: buf[r].to_vec(),
+                fd,
+                peer_uid,
+            });
         }
         if let Framed::TooLong(_) = parse_frame(&buf[..have], MAX_FRAME) {
             return Err(WireError::Malformed("frame too long"));

@@ -35,6 +35,7 @@ pub mod registry;
 pub mod server;
 pub mod settings;
 pub mod sockdiag;
+pub mod sockdir;
 pub mod turns;
 pub mod view;
 

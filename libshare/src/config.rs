@@ -34,6 +34,9 @@ pub struct Config {
     /// The daemon's registration socket to try first: `LIBSHARE_SOCKET`, else
     /// `<state dir>/register.sock` (none when `LIBSHARE_CONTAINER_DIR` names the file's place).
     pub socket: Option<PathBuf>,
+    /// HAMi mode (`CUDA_DEVICE_MEMORY_SHARED_CACHE` set): a socket in `/tmp/vgpulock/libshare`
+    /// that is not on a read-only mount is refused (`register.rs`).
+    pub hami: bool,
     /// How long a process whose registration socket exists waits for the daemon to register it
     /// (`LIBSHARE_REGISTER_TIMEOUT`, default 10 s) before `cuInit` fails.
     pub register_timeout: Duration,
@@ -304,6 +307,7 @@ impl Config {
             container,
             container_dir,
             socket,
+            hami: hami.shared_cache.is_some(),
             register_timeout,
             compute_percent,
             oversubscribe,
@@ -355,6 +359,7 @@ impl Config {
 mod tests {
     use super::*;
     use libshare_abi::units::{GIB, KIB, MIB};
+    use std::path::Path;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config, String> {
         Config::from_vars(
@@ -397,6 +402,12 @@ mod tests {
         assert_eq!(c.compute_percent, Some(25), "the smallest of the devices'");
         assert_eq!(c.container_dir, PathBuf::from("/usr/local/vgpu/libshare"));
         assert_eq!(c.socket, Some(PathBuf::from(HAMI_SOCKET)));
+        assert!(c.hami);
+        assert_eq!(
+            PathBuf::from(HAMI_SOCKET),
+            Path::new(libshare_abi::socket_dir::HAMI_DIR)
+                .join(libshare_abi::socket_dir::SOCKET_NAME)
+        );
         let c = cfg(&[
             ("CUDA_TASK_PRIORITY", "1"),
             ("LIBSHARE_CLASS", "production"),

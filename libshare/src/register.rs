@@ -3,8 +3,20 @@
 //! container from the process's cgroup and passes the file's descriptor; a process then needs
 //! no path to (and no permission on) any state file.
 //!
-//! No socket file (`LIBSHARE_SOCKET`, else `<state dir>/register.sock`): no daemon, and the shim
-//! works as without one (its environment's container and limits, the file by path).
+//! Which socket ([`target`]): first the daemon's socket directory as a container runtime
+//! mounts it, read-only (`libshare_abi::socket_dir`: `/dev/libshare` from libshare's CDI spec,
+//! hook or runc wrapper; HAMi's `/tmp/vgpulock/libshare`, wherever the container's `/tmp` went).
+//! Such a mount means a daemon decides, whatever the container did to other paths, to modes, to
+//! links or to `LIBSHARE_SOCKET`/`LIBSHARE_STATE_DIR`/`LIBSHARE_CONTAINER_DIR` (ignored then,
+//! one line), and whether or not the socket is there at the moment (a daemon restarting: the
+//! shim waits for it). A `/dev/libshare` that is not such a mount, and (in HAMi mode) a
+//! socket in `/tmp/vgpulock/libshare` that is not on one, are refused with one line: the job
+//! does not run. The peer must be the directory's owner (`SO_PEERCRED`), and the state file it
+//! passes a regular file of that owner, mode 0600 (`State::from_daemon`).
+//!
+//! Without such a mount (a plain host): `LIBSHARE_SOCKET`, else `<state dir>/register.sock`.
+//! No socket file there: no daemon, and the shim works as without one (its environment's
+//! container and limits, the file by path). The peer must be root or this process's user.
 //!
 //! A socket file means a daemon decides: a process that cannot register **never** takes its
 //! identity or limits from its environment (else filling the daemon's connection cap, or
@@ -23,6 +35,7 @@
 
 use crate::config::Config;
 use libshare_abi::register::{Hello, Welcome};
+use libshare_abi::socket_dir::{self, Found, SocketDir};
 use libshare_abi::wire::WireError;
 use libshare_abi::State;
 use std::io::ErrorKind;
@@ -62,6 +75,21 @@ pub enum RegisterError {
         error: String,
         then: &'static str,
     },
+    /// A socket directory that is not what the runtime mounts (or, in HAMi mode, a socket
+    /// containers could have replaced).
+    #[error("libshare: {} {why}, so it may not be the daemon's: the job does not register there and does not run. {todo}", path.display())]
+    Untrusted {
+        path: PathBuf,
+        why: String,
+        todo: &'static str,
+    },
+    /// Something other than the daemon answered, or passed a file that is not the daemon's.
+    #[error("libshare: {} is not answered by the daemon ({why}); {then}. The node's operator must check what serves it", sock.display())]
+    NotTheDaemon {
+        sock: PathBuf,
+        why: String,
+        then: &'static str,
+    },
     /// Asked again until the deadline (`within`: " within 10s", or nothing when asked once).
     #[error("libshare: the daemon at {} did not register this process{within} ({why}); {then}. {todo}{raise}", sock.display())]
     NotRegistered {
@@ -94,6 +122,94 @@ enum Attempt {
     /// Final: the reason for the one line.
     Refused(String),
     Failed(String),
+    /// The peer or the file it passed is not the daemon's.
+    NotTheDaemon(String),
+}
+
+/// Where a process asks.
+pub(crate) enum Target {
+    /// The daemon's socket directory as a runtime mounts it (read-only, root's): a daemon
+    /// decides, and only the directory's owner may answer.
+    Mounted(SocketDir),
+    /// `LIBSHARE_SOCKET` or `<state dir>/register.sock` (a plain host): no socket file, no
+    /// daemon; root or this process's user may answer.
+    Configured(PathBuf),
+}
+
+impl Target {
+    /// The socket's path, as messages name it.
+    fn shown(&self) -> PathBuf {
+        match self {
+            Target::Mounted(d) => d.shown(),
+            Target::Configured(p) => p.clone(),
+        }
+    }
+}
+
+const DEV_TODO: &str = "The container runtime mounts the daemon's socket directory read-only \
+     there (sharectl cdi generate, sharectl hook, sharectl runtime): do not create or mount \
+     anything else at /dev/libshare";
+const HAMI_TODO: &str = "Any container could have replaced a socket there. The node's operator \
+     must mount the daemon's socket directory read-only at /tmp/vgpulock/libshare before pods \
+     start (sharectl daemon --hami does it when run as root) and restart this pod";
+
+/// Which socket this process asks (module doc); None: no daemon.
+pub(crate) fn target(cfg: &Config) -> Result<Option<Target>, RegisterError> {
+    let dev = Path::new(socket_dir::IN_CONTAINER);
+    match socket_dir::check(dev) {
+        Found::Trusted(d) => return Ok(Some(Target::Mounted(d))),
+        Found::Untrusted { why, .. } => {
+            return Err(RegisterError::Untrusted {
+                path: dev.to_path_buf(),
+                why,
+                todo: DEV_TODO,
+            })
+        }
+        Found::Absent => {}
+    }
+    let hami = Path::new(socket_dir::HAMI_DIR);
+    match socket_dir::check(hami) {
+        Found::Trusted(d) => return Ok(Some(Target::Mounted(d))),
+        Found::Untrusted {
+            why,
+            has_socket: true,
+        } if cfg.hami => {
+            return Err(RegisterError::Untrusted {
+                path: hami.join(socket_dir::SOCKET_NAME),
+                why: format!("is in a directory that {why}"),
+                todo: HAMI_TODO,
+            })
+        }
+        _ => {}
+    }
+    if let Some(d) = socket_dir::find_hami_mount() {
+        return Ok(Some(Target::Mounted(d)));
+    }
+    Ok(cfg.socket.clone().map(Target::Configured))
+}
+
+/// One line for each variable that would have sent this process elsewhere, ignored because
+/// the runtime mounted the daemon's socket at `dir`.
+fn ignored(dir: &SocketDir) -> Vec<String> {
+    let shown = dir.shown();
+    [
+        "LIBSHARE_SOCKET",
+        "LIBSHARE_STATE_DIR",
+        "LIBSHARE_CONTAINER_DIR",
+    ]
+    .into_iter()
+    .filter_map(|k| {
+        let v = std::env::var_os(k).filter(|v| !v.is_empty())?;
+        (k != "LIBSHARE_SOCKET" || Path::new(&v) != shown).then(|| {
+            format!(
+                "libshare: warning: {k}={} ignored: the container's runtime mounted the \
+                     daemon's socket at {}, and the daemon decides this process's container",
+                v.to_string_lossy(),
+                shown.display()
+            )
+        })
+    })
+    .collect()
 }
 
 /// The pause before the next attempt, after `failures` (≥ 1) attempts that may be retried and
@@ -153,12 +269,21 @@ fn consequence(patience: Patience) -> &'static str {
 /// stderr (the daemon refused, did not register the process in time, or answered nonsense):
 /// the process must not run on its environment's word.
 pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, RegisterError> {
-    let Some(sock) = &cfg.socket else {
-        return Ok(Outcome::NoDaemon);
+    let target = match target(cfg)? {
+        Some(t) => t,
+        None => return Ok(Outcome::NoDaemon),
     };
-    if !sock.exists() {
-        return Ok(Outcome::NoDaemon);
+    if let (Target::Mounted(dir), Patience::Wait(_)) = (&target, patience) {
+        for line in ignored(dir) {
+            eprintln!("{line}");
+        }
     }
+    if let Target::Configured(sock) = &target {
+        if !sock.exists() {
+            return Ok(Outcome::NoDaemon);
+        }
+    }
+    let sock = &target.shown();
     let hello = Hello {
         claimed: std::env::var("LIBSHARE_CONTAINER").unwrap_or_default(),
     }
@@ -176,7 +301,7 @@ pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, RegisterErr
             Patience::Wait(limit) => attempt_timeout(t0.elapsed(), limit),
             Patience::Once => ATTEMPT,
         };
-        let why = match attempt(sock, &hello, timeout, failures == 0) {
+        let why = match attempt(&target, &hello, timeout, failures == 0) {
             Attempt::Done(outcome) => {
                 if let Outcome::Registered { container, .. } = &outcome {
                     if announced {
@@ -207,6 +332,13 @@ pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, RegisterErr
                 return Err(RegisterError::Failed {
                     sock: sock.clone(),
                     error,
+                    then,
+                })
+            }
+            Attempt::NotTheDaemon(why) => {
+                return Err(RegisterError::NotTheDaemon {
+                    sock: sock.clone(),
+                    why,
                     then,
                 })
             }
@@ -248,13 +380,21 @@ pub fn register(cfg: &Config, patience: Patience) -> Result<Outcome, RegisterErr
     }
 }
 
-/// One request to the daemon. `first`: a socket file that vanishes before the first attempt
-/// is a daemon that stopped (and removed it): no daemon; later, a daemon restarting.
-fn attempt(sock: &Path, hello: &[u8], timeout: Duration, first: bool) -> Attempt {
-    let (body, fd) = match libshare_abi::wire::call(sock, hello, timeout) {
+/// One request to the daemon. `first`: a configured socket file that vanishes before the
+/// first attempt is a daemon that stopped (and removed it): no daemon; later, a daemon
+/// restarting. A mounted socket directory without its socket is always a daemon restarting.
+fn attempt(target: &Target, hello: &[u8], timeout: Duration, first: bool) -> Attempt {
+    let (sock, mounted) = match target {
+        Target::Mounted(d) => (d.socket_path(), true),
+        Target::Configured(p) => (p.clone(), false),
+    };
+    let answer = match libshare_abi::wire::ask(&sock, hello, timeout) {
         Ok(r) => r,
         Err(WireError::Connect { err, .. }) => {
             return match err.kind() {
+                ErrorKind::NotFound if mounted => Attempt::Again(
+                    "its socket is not there: the daemon is stopped or restarting".into(),
+                ),
                 ErrorKind::NotFound if first => Attempt::Done(Outcome::NoDaemon),
                 ErrorKind::NotFound => Attempt::Again("its socket file went away".into()),
                 ErrorKind::ConnectionRefused => Attempt::Again("nobody listens on it".into()),
@@ -276,20 +416,37 @@ fn attempt(sock: &Path, hello: &[u8], timeout: Duration, first: bool) -> Attempt
         }
         Err(e) => return Attempt::Failed(e.to_string()),
     };
-    match Welcome::decode(&body) {
+    // Who answered: the socket directory's owner where the runtime mounted it; root or this
+    // process's user for a configured socket.
+    let peer = answer.peer_uid;
+    let expected = match target {
+        Target::Mounted(d) => peer == d.owner,
+        Target::Configured(_) => peer == 0 || peer == euid(),
+    };
+    if !expected {
+        let want = match target {
+            Target::Mounted(d) => format!("uid {}, the owner of {}", d.owner, d.path.display()),
+            Target::Configured(_) => format!("root or uid {}", euid()),
+        };
+        return Attempt::NotTheDaemon(format!("a process of uid {peer} answers, not {want}"));
+    }
+    match Welcome::decode(&answer.body) {
         Ok(Welcome::Ok {
             container,
             env_trusted,
         }) => {
-            let Some(fd) = fd else {
+            let Some(fd) = answer.fd else {
                 return Attempt::Failed("no state file came with the answer".into());
             };
-            match State::from_fd(std::fs::File::from(fd)) {
+            match State::from_daemon(std::fs::File::from(fd), peer) {
                 Ok(state) => Attempt::Done(Outcome::Registered {
                     state: Box::new(state),
                     container,
                     env_trusted,
                 }),
+                Err(e @ libshare_abi::StateError::NotTheDaemons { .. }) => {
+                    Attempt::NotTheDaemon(e.to_string())
+                }
                 Err(e) => Attempt::Failed(e.to_string()),
             }
         }
@@ -297,6 +454,11 @@ fn attempt(sock: &Path, hello: &[u8], timeout: Duration, first: bool) -> Attempt
         Ok(Welcome::Refused { reason }) => Attempt::Refused(reason),
         Err(e) => Attempt::Failed(e),
     }
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 #[cfg(test)]

@@ -12,22 +12,29 @@
 //!   and then the image's own entries (`<state dir>/inject/<id>.preload`, removed by the
 //!   `poststop` stage), so both load.
 //! - otherwise (without `--cdi`) the mounts, made inside the container's mount namespace
-//!   (`setns` into `/proc/<pid>/ns/mnt` in a forked child); mount points are created with every
-//!   path resolved inside the root filesystem, so an image's symbolic link cannot point a mount
-//!   or a new file at the host.
+//!   (`setns` into `/proc/<pid>/ns/mnt` in a forked child), as runc makes its own: every path
+//!   resolved by the kernel inside the root filesystem (`openat2` with `RESOLVE_IN_ROOT`, from a
+//!   descriptor of the root), a missing mount point created relative to its parent's descriptor
+//!   (`O_CREAT|O_EXCL|O_NOFOLLOW`, `mkdirat`), the mount made on the opened mount point
+//!   (`/proc/self/fd/<n>`) and made read-only on the new mount's own root after checking it
+//!   shows the source. Neither an image's symbolic link nor someone renaming directories of the
+//!   image while the hook runs (a volume shared with a running container) can point a mount or
+//!   a new file outside the root.
 //!
 //! Bad input (state JSON, bundle, config) is one line on stderr and a non-zero exit, on which
 //! the runtime does not start the container; nothing is written on the host before the input
 //! is checked.
 
 use crate::inject::{
-    has_glibc, resolve_in_root, write_atomic, InjectArgs, Mount, ANNOTATION, PRELOAD_IN_CONTAINER,
-    SHIM_IN_CONTAINER,
+    has_glibc, in_root_error, open_in_root, open_root, write_atomic, InjectArgs, Mount, ANNOTATION,
+    PRELOAD_IN_CONTAINER, SHIM_IN_CONTAINER,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
+use nix::fcntl::OFlag;
 use serde_json::{json, Value};
 use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -220,16 +227,20 @@ pub fn log_line(inj: &InjectArgs, line: &str) {
 
 /// The image's own `/etc/ld.so.preload`, verbatim, if it names anything but the shim (glibc
 /// reads names separated by white space or ':', and '#' comments).
-fn image_preload(root: &Path) -> Result<Option<String>> {
-    let path = resolve_in_root(root, PRELOAD_IN_CONTAINER)?;
-    let Ok(m) = std::fs::symlink_metadata(&path) else {
+fn image_preload(root: &OwnedFd) -> Result<Option<String>> {
+    let Ok(fd) = open_in_root(
+        root,
+        PRELOAD_IN_CONTAINER,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+    ) else {
         return Ok(None);
     };
-    if !m.is_file() {
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(None);
     }
     let mut text = String::new();
-    std::fs::File::open(&path)?
+    std::fs::File::from(fd)
         .take(64 << 10)
         .read_to_string(&mut text)
         .with_context(|| format!("cannot read the image's {PRELOAD_IN_CONTAINER}"))?;
@@ -273,7 +284,8 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     if !Path::new(&ns).exists() {
         bail!("the container's process {pid} is gone ({ns})");
     }
-    if !has_glibc(&b.root) {
+    let root = open_root(&b.root)?;
+    if !has_glibc(&root) {
         log_line(
             inj,
             &format!(
@@ -285,9 +297,11 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
         if a.cdi {
             let root = b.root.clone();
             in_mount_ns(pid, move || {
+                let root = open_root(&root)?;
                 for p in [PRELOAD_IN_CONTAINER, SHIM_IN_CONTAINER] {
-                    let t = resolve_in_root(&root, p)?;
-                    nix::mount::umount2(&t, nix::mount::MntFlags::MNT_DETACH)
+                    let t = open_in_root(&root, p, OFlag::O_PATH)
+                        .map_err(|e| in_root_error(e, &format!("cannot find {p}")))?;
+                    nix::mount::umount2(proc_fd(&t).as_str(), nix::mount::MntFlags::MNT_DETACH)
                         .with_context(|| format!("cannot unmount {p}"))?;
                 }
                 Ok(())
@@ -295,7 +309,7 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
         }
         return Ok(());
     }
-    let own = image_preload(&b.root)?;
+    let own = image_preload(&root)?;
     let preload = match &own {
         None => {
             inj.ensure_preload_file()?;
@@ -323,6 +337,8 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     };
     let root = b.root.clone();
     in_mount_ns(pid, move || {
+        // The root as this mount namespace shows it (before pivot_root: the bundle's path).
+        let root = open_root(&root)?;
         for m in &mounts {
             bind(&root, m)?;
         }
@@ -330,38 +346,129 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     })
 }
 
-/// Bind-mounts `m` under `root` (the container's root before `pivot_root`), creating the
-/// mount point inside it.
-fn bind(root: &Path, m: &Mount) -> Result<()> {
-    use nix::mount::{mount, MsFlags};
-    let target = resolve_in_root(root, &m.container)?;
-    let is_dir = m.host.is_dir();
-    if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}'s directory in the image", m.container))?;
+fn proc_fd(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Where `fd` is, as this process sees it (`/proc/self/fd/<n>`).
+fn where_is(fd: &OwnedFd) -> Result<PathBuf> {
+    std::fs::read_link(proc_fd(fd)).context("cannot read /proc/self/fd")
+}
+
+/// Whether `fd` is `root` or under it.
+fn inside(root: &OwnedFd, fd: &OwnedFd) -> Result<bool> {
+    let (r, p) = (where_is(root)?, where_is(fd)?);
+    Ok(p.starts_with(&r))
+}
+
+fn dev_ino(st: &libc::stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+/// The mount point for `container` (absolute, as the container sees it) under `root`: opened
+/// (`O_PATH`) where it exists, else created (a directory where `dir`, else an empty file, and
+/// the directories on the way, 0755/0644) each inside its parent's descriptor with
+/// `O_CREAT|O_EXCL|O_NOFOLLOW` or `mkdirat`, the parent first checked to be under `root`, and
+/// opened again resolved in the root. Its kind must be `dir`'s.
+fn mount_point(root: &OwnedFd, container: &str, dir: bool) -> Result<OwnedFd> {
+    use nix::errno::Errno;
+    use nix::sys::stat::Mode;
+    let comps: Vec<&str> = container
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if comps.is_empty() || comps.contains(&"..") {
+        bail!("{container}: not a mount point path");
     }
-    if std::fs::symlink_metadata(&target).is_err() {
-        if is_dir {
-            std::fs::create_dir(&target)
-        } else {
-            std::fs::File::create(&target).map(drop)
+    let what = |e| in_root_error(e, &format!("cannot create the mount point {container}"));
+    let mut parent = open_in_root(root, "/", OFlag::O_PATH | OFlag::O_DIRECTORY).map_err(what)?;
+    for (i, name) in comps.iter().enumerate() {
+        let prefix = comps[..=i].join("/");
+        let is_dir = i + 1 < comps.len() || dir;
+        match open_in_root(root, &prefix, OFlag::O_PATH) {
+            Ok(fd) => {
+                parent = fd;
+                continue;
+            }
+            Err(Errno::ENOENT) => {}
+            Err(e) => return Err(what(e)),
         }
-        .with_context(|| format!("cannot create the mount point {}", m.container))?;
+        if !inside(root, &parent)? {
+            bail!("{container}: a directory on the way left the container's root");
+        }
+        let made = if is_dir {
+            nix::sys::stat::mkdirat(&parent, *name, Mode::from_bits_truncate(0o755))
+        } else {
+            nix::fcntl::openat(
+                &parent,
+                *name,
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_WRONLY
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            )
+            .map(drop)
+        };
+        match made {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(what(e)),
+        }
+        parent = open_in_root(root, &prefix, OFlag::O_PATH).map_err(what)?;
     }
+    let st = nix::sys::stat::fstat(&parent)?;
+    if (st.st_mode & libc::S_IFMT == libc::S_IFDIR) != dir {
+        bail!(
+            "{container} in the image is a {}, the mount needs a {}",
+            if dir { "file" } else { "directory" },
+            if dir { "directory" } else { "file" }
+        );
+    }
+    if !inside(root, &parent)? {
+        bail!("{container}: the mount point left the container's root");
+    }
+    Ok(parent)
+}
+
+/// Bind-mounts `m` under `root` (the container's root before `pivot_root`), on a mount point
+/// made inside it ([`mount_point`]), then nosuid, nodev and read-only where asked.
+fn bind(root: &OwnedFd, m: &Mount) -> Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let source = nix::sys::stat::stat(&m.host)
+        .with_context(|| format!("cannot find {}", m.host.display()))?;
+    let is_dir = source.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let target = mount_point(root, &m.container, is_dir)?;
     mount(
         Some(&m.host),
-        &target,
+        proc_fd(&target).as_str(),
         None::<&str>,
         MsFlags::MS_BIND,
         None::<&str>,
     )
     .with_context(|| format!("cannot mount {} at {}", m.host.display(), m.container))?;
+    // The new mount's own root, reached again: it must show the source before its flags change.
+    let top = open_in_root(root, &m.container, OFlag::O_PATH)
+        .map_err(|e| in_root_error(e, &format!("cannot find the mount at {}", m.container)))?;
+    if dev_ino(&nix::sys::stat::fstat(&top)?) != dev_ino(&source) {
+        bail!(
+            "{} changed while {} was mounted there",
+            m.container,
+            m.host.display()
+        );
+    }
     let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     if m.readonly {
         flags |= MsFlags::MS_RDONLY;
     }
-    mount(None::<&str>, &target, None::<&str>, flags, None::<&str>)
-        .with_context(|| format!("cannot make {} read-only", m.container))?;
+    mount(
+        None::<&str>,
+        proc_fd(&top).as_str(),
+        None::<&str>,
+        flags,
+        None::<&str>,
+    )
+    .with_context(|| format!("cannot make {} read-only", m.container))?;
     Ok(())
 }
 
@@ -451,12 +558,17 @@ mod tests {
     fn an_images_own_preload_is_kept() {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(d.path().join("etc")).unwrap();
-        assert!(image_preload(d.path()).unwrap().is_none());
+        let root = open_root(d.path()).unwrap();
+        assert!(image_preload(&root).unwrap().is_none());
         let p = d.path().join("etc/ld.so.preload");
         std::fs::write(&p, format!("{SHIM_IN_CONTAINER} # ours\n\n")).unwrap();
-        assert!(image_preload(d.path()).unwrap().is_none());
+        assert!(image_preload(&root).unwrap().is_none());
         let own = format!("/usr/lib/own.so:{SHIM_IN_CONTAINER}\n# x\n");
         std::fs::write(&p, &own).unwrap();
-        assert_eq!(image_preload(d.path()).unwrap(), Some(own));
+        assert_eq!(image_preload(&root).unwrap(), Some(own));
+        // A link to a host file is read inside the image (here: nothing there).
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", &p).unwrap();
+        assert!(image_preload(&root).unwrap().is_none());
     }
 }

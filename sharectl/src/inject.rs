@@ -8,10 +8,14 @@
 //!   into every glibc program, beside a user's `LD_PRELOAD`; works with a read-only root). An
 //!   image with its own `/etc/ld.so.preload` gets a per-container file holding both (see
 //!   `hook.rs`);
-//! - the daemon's registration socket at [`SOCKET_IN_CONTAINER`] — never its admin socket nor
-//!   any state file: the shim finds it through its default state directory `/run/libshare`
-//!   (root's, 0755, made by the runtime), the daemon names the container from the caller's
-//!   cgroup and passes it its own state file;
+//! - the directory holding the daemon's registration socket alone (`<state dir>/register`),
+//!   read-only, at [`SOCKET_DIR_IN_CONTAINER`] (`/dev/libshare`) — never its admin socket nor
+//!   any state file. The directory, not the socket file: a daemon restarted later binds a new
+//!   socket in the same directory, which a running container then sees (a file's bind mount
+//!   would keep the dead socket). `/dev` is the runtime's tmpfs, so no link of the image is on
+//!   the way, and a read-only mount point can be neither changed nor renamed inside the
+//!   container: the shim trusts exactly that (`libshare_abi::socket_dir`), the daemon names the
+//!   container from the caller's cgroup and passes it its own state file;
 //! - on a simulated node (`--simgpu-lib`, `--simgpu-state`), simgpu's libraries where a driver's
 //!   are (`/usr/lib/x86_64-linux-gnu/libcuda.so.1`, `libnvidia-ml.so.1`) and its state directory
 //!   where simgpu looks by default (`/dev/shm/simgpu-<uid>`). On a GPU node the driver comes from
@@ -19,15 +23,17 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use nix::fcntl::OFlag;
 use std::ffi::OsString;
-use std::path::{Component, Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 
 /// Where the shim appears in a container.
 pub const SHIM_IN_CONTAINER: &str = "/usr/lib/libshare/libshare.so";
 /// The loader's preload list, which the injected file covers.
 pub const PRELOAD_IN_CONTAINER: &str = "/etc/ld.so.preload";
-/// Where the daemon's registration socket appears in a container (the shim's default).
-pub const SOCKET_IN_CONTAINER: &str = "/run/libshare/register.sock";
+/// Where the directory of the daemon's registration socket appears in a container.
+pub const SOCKET_DIR_IN_CONTAINER: &str = libshare_abi::socket_dir::IN_CONTAINER;
 /// Where a driver's libraries are on Debian-family images (simulated node only).
 pub const SIM_LIB_DIR_IN_CONTAINER: &str = "/usr/lib/x86_64-linux-gnu";
 /// simgpu's libraries mounted from `--simgpu-lib`.
@@ -56,8 +62,9 @@ pub struct InjectArgs {
         default_value = "/usr/lib/libshare/ld.so.preload"
     )]
     pub preload_file: PathBuf,
-    /// The daemon's state directory: its register.sock is mounted (never admin.sock), and
-    /// per-container files go to <DIR>/inject/.
+    /// The daemon's state directory: the directory of its registration socket
+    /// (<DIR>/register) is mounted read-only (never admin.sock), and per-container files go to
+    /// <DIR>/inject/.
     #[arg(long, value_name = "DIR", default_value = "/run/libshare")]
     pub state_dir: PathBuf,
     /// Simulated node: the directory holding simgpu's libcuda.so.1 and libnvidia-ml.so.1.
@@ -77,9 +84,15 @@ pub struct Mount {
 }
 
 impl InjectArgs {
+    /// The directory of the host's registration socket (mounted into containers).
+    pub fn socket_dir(&self) -> PathBuf {
+        self.state_dir.join(libshare_abi::socket_dir::SOCKET_DIR)
+    }
+
     /// The host's registration socket.
     pub fn socket(&self) -> PathBuf {
-        self.state_dir.join("register.sock")
+        self.socket_dir()
+            .join(libshare_abi::socket_dir::SOCKET_NAME)
     }
 
     /// Where per-container files (merged preload lists, the hook's log) live.
@@ -161,9 +174,9 @@ impl InjectArgs {
                 readonly: true,
             },
             Mount {
-                host: self.socket(),
-                container: SOCKET_IN_CONTAINER.into(),
-                readonly: false,
+                host: self.socket_dir(),
+                container: SOCKET_DIR_IN_CONTAINER.into(),
+                readonly: true,
             },
         ];
         if let (Some(lib), Some(state)) = (&self.simgpu_lib, &self.simgpu_state) {
@@ -212,84 +225,50 @@ pub fn sharectl_exe() -> Result<PathBuf> {
     std::env::current_exe().context("cannot find the sharectl binary (/proc/self/exe)")
 }
 
-/// Writes `bytes` to `path` through a temporary file beside it and a rename.
+/// Writes `bytes` to `path` (its directory created if missing) with the one checked atomic
+/// writer (`libshare_abi::write_atomic`: a new file of an unpredictable name, never through a
+/// planted link, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = path
         .parent()
         .ok_or_else(|| anyhow!("{}: no directory", path.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        anyhow!("cannot write {}: {e}", path.display())
-    })
+    libshare_abi::write_atomic(path, bytes, mode)
+        .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
 }
 
-/// `path` (absolute, as the container will see it) resolved inside `root` the way the
-/// container's own view would resolve it: symbolic links followed with `root` as `/` (an
-/// absolute link target stays inside), `..` never above `root`, at most 40 links. The last
-/// component need not exist.
-pub fn resolve_in_root(root: &Path, path: &str) -> Result<PathBuf> {
-    let mut todo: Vec<OsString> = Path::new(path)
-        .components()
-        .rev()
-        .filter_map(|c| match c {
-            Component::Normal(s) => Some(s.to_owned()),
-            Component::ParentDir => Some("..".into()),
-            _ => None,
-        })
-        .collect();
-    let mut done: Vec<OsString> = Vec::new();
-    let mut links = 0;
-    while let Some(c) = todo.pop() {
-        if c == ".." {
-            done.pop();
-            continue;
-        }
-        let mut here = root.to_path_buf();
-        here.extend(&done);
-        here.push(&c);
-        match std::fs::symlink_metadata(&here) {
-            Ok(m) if m.file_type().is_symlink() => {
-                links += 1;
-                if links > 40 {
-                    bail!("{path}: too many symbolic links in the image");
-                }
-                let target = std::fs::read_link(&here)?;
-                if target.is_absolute() {
-                    done.clear();
-                }
-                for t in target.components().rev() {
-                    match t {
-                        Component::Normal(s) => todo.push(s.to_owned()),
-                        Component::ParentDir => todo.push("..".into()),
-                        _ => {}
-                    }
-                }
-            }
-            _ => done.push(c),
-        }
+/// The container's root filesystem (`<bundle>/<root.path>`), opened: what [`open_in_root`]
+/// resolves against.
+pub fn open_root(root: &Path) -> Result<OwnedFd> {
+    nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .with_context(|| format!("cannot open the container's root {}", root.display()))
+}
+
+/// `path` (absolute, as the container will see it) opened under `root` the way the container's
+/// own view resolves it, by the kernel (`openat2` with `RESOLVE_IN_ROOT |
+/// RESOLVE_NO_MAGICLINKS`, as runc does): symbolic links followed with `root` as `/`, `..` never
+/// above it, even while someone renames directories on the way. Linux ≥ 5.6.
+pub fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag) -> nix::Result<OwnedFd> {
+    use nix::fcntl::{openat2, OpenHow, ResolveFlag};
+    let rel = path.trim_start_matches('/');
+    let rel = if rel.is_empty() { "." } else { rel };
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2(root, rel, how)
+}
+
+/// One line for an `openat2` error: ENOSYS is an old kernel.
+pub fn in_root_error(e: nix::Error, what: &str) -> anyhow::Error {
+    if e == nix::Error::ENOSYS {
+        anyhow!("{what}: this kernel has no openat2 (Linux 5.6 or later is needed to resolve paths inside a container's root safely)")
+    } else {
+        anyhow!("{what}: {e}")
     }
-    let mut out = root.to_path_buf();
-    out.extend(&done);
-    Ok(out)
 }
 
 /// The glibc dynamic loader's path on this architecture.
@@ -300,8 +279,11 @@ pub const GLIBC_LOADER: &str = "/lib/ld-linux-aarch64.so.1";
 
 /// Whether the image at `root` has glibc's loader (else: musl or static only, where a glibc
 /// shim is either ignored or kills every program).
-pub fn has_glibc(root: &Path) -> bool {
-    resolve_in_root(root, GLIBC_LOADER).is_ok_and(|p| p.is_file())
+pub fn has_glibc(root: &OwnedFd) -> bool {
+    open_in_root(root, GLIBC_LOADER, OFlag::O_PATH)
+        .ok()
+        .and_then(|fd| nix::sys::stat::fstat(&fd).ok())
+        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
 }
 
 #[cfg(test)]
@@ -314,25 +296,28 @@ mod tests {
         let root = d.path();
         std::fs::create_dir_all(root.join("lib/x86_64-linux-gnu")).unwrap();
         std::fs::write(root.join("lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"), b"").unwrap();
+        std::fs::write(root.join("lib/x86_64-linux-gnu/x"), b"x").unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("etc/passwd"), b"image").unwrap();
         std::os::unix::fs::symlink("/lib/x86_64-linux-gnu", root.join("lib64")).unwrap();
         std::os::unix::fs::symlink("../../../../etc", root.join("escape")).unwrap();
-        std::os::unix::fs::symlink("/etc/shadow", root.join("abs")).unwrap();
-        assert_eq!(
-            resolve_in_root(root, "/lib64/x").unwrap(),
-            root.join("lib/x86_64-linux-gnu/x")
-        );
-        assert_eq!(
-            resolve_in_root(root, "/escape/passwd").unwrap(),
-            root.join("etc/passwd")
-        );
-        assert_eq!(
-            resolve_in_root(root, "/abs").unwrap(),
-            root.join("etc/shadow")
-        );
+        std::os::unix::fs::symlink("/etc/passwd", root.join("abs")).unwrap();
+        let fd = open_root(root).unwrap();
+        let same = |path: &str, want: &Path| {
+            let a = open_in_root(&fd, path, OFlag::O_PATH).unwrap();
+            let (a, b) = (
+                nix::sys::stat::fstat(&a).unwrap(),
+                nix::sys::stat::stat(want).unwrap(),
+            );
+            assert_eq!((a.st_dev, a.st_ino), (b.st_dev, b.st_ino), "{path}");
+        };
+        same("/lib64/x", &root.join("lib/x86_64-linux-gnu/x"));
+        same("/escape/passwd", &root.join("etc/passwd"));
+        same("/abs", &root.join("etc/passwd"));
         std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
-        assert!(resolve_in_root(root, "/loop/x").is_err());
+        assert!(open_in_root(&fd, "/loop/x", OFlag::O_PATH).is_err());
         #[cfg(target_arch = "x86_64")]
-        assert!(has_glibc(root));
-        assert!(!has_glibc(&root.join("lib")));
+        assert!(has_glibc(&fd));
+        assert!(!has_glibc(&open_root(&root.join("lib")).unwrap()));
     }
 }

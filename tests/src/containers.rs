@@ -43,6 +43,8 @@ pub struct Node {
     pub gpu: SimGpu,
     pub state: tempfile::TempDir,
     pub daemon: Option<Daemon>,
+    /// The daemon's extra arguments, for [`Node::restart_daemon`].
+    daemon_args: Vec<String>,
 }
 
 impl Node {
@@ -62,24 +64,46 @@ impl Node {
             gpu,
             state,
             daemon: None,
+            daemon_args: daemon_args.iter().map(|a| a.to_string()).collect(),
         };
-        let mut cmd = node.sharectl(&["daemon"]);
-        cmd.args(daemon_args)
+        node.spawn_daemon();
+        node
+    }
+
+    /// Starts the daemon with the node's arguments and waits until both its sockets answer.
+    fn spawn_daemon(&mut self) {
+        let mut cmd = self.sharectl(&["daemon"]);
+        cmd.args(&self.daemon_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let d = Daemon(cmd.spawn().expect("start sharectl daemon"));
-        let dir = node.state_dir();
-        let register = daemon_args
+        let dir = self.state_dir();
+        let register = self
+            .daemon_args
             .iter()
             .position(|a| *a == "--register-socket")
-            .map_or_else(|| dir.join("register.sock"), |i| daemon_args[i + 1].into());
+            .map_or_else(
+                || dir.join("register.sock"),
+                |i| self.daemon_args[i + 1].clone().into(),
+            );
         until(Duration::from_secs(10), || {
             std::os::unix::net::UnixStream::connect(&register).is_ok()
                 && std::os::unix::net::UnixStream::connect(dir.join("admin.sock")).is_ok()
         })
         .expect("the daemon's sockets never appeared");
-        node.daemon = Some(d);
-        node
+        self.daemon = Some(d);
+    }
+
+    /// Restarts the daemon as a service manager would (`signal`: SIGTERM for `systemctl
+    /// restart`, SIGKILL for a crash; wait for it to end, start it again with the same
+    /// arguments) and waits until it answers.
+    pub fn restart_daemon(&mut self, signal: i32) {
+        if let Some(mut d) = self.daemon.take() {
+            // SAFETY: a signal to our own child, not yet reaped (its pid cannot be reused).
+            unsafe { libc::kill(d.0.id() as i32, signal) };
+            d.0.wait().expect("wait for the daemon to stop");
+        }
+        self.spawn_daemon();
     }
 
     /// The daemon's state directory.
@@ -344,7 +368,10 @@ impl Podman {
              [engine]\nruntime = \"runc\"\n",
         )
         .unwrap();
-        let image = format!("localhost/{}:latest", unique("image"));
+        // One image per call (a test may import several).
+        static IMAGES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = IMAGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let image = format!("localhost/{}:latest", unique(&format!("image{n}")));
         let tar = dir.path().join("image.tar");
         pack(rootfs_dir, &tar);
         let p = Podman {

@@ -100,7 +100,7 @@ fn a_container_cannot_reach_the_admin_socket_other_state_or_another_identity() {
         &[
             "/bin/sh",
             "-c",
-            "for f in /run/* /run/*/* /run/*/*/* /dev/shm/* /dev/shm/*/* /usr/lib/libshare/*; do echo $f; done",
+            "for f in /run/* /run/*/* /run/*/*/* /dev/* /dev/*/* /dev/shm/*/* /usr/lib/libshare/*; do echo $f; done",
         ],
     );
     let seen = ok(&seen);
@@ -110,7 +110,12 @@ fn a_container_cannot_reach_the_admin_socket_other_state_or_another_identity() {
             "{bad} visible in the container: {seen}"
         );
     }
-    assert!(seen.contains("/run/libshare/register.sock"), "{seen}");
+    // The socket's directory holds the socket alone.
+    let dir: Vec<&str> = seen
+        .lines()
+        .filter(|l| l.starts_with("/dev/libshare/"))
+        .collect();
+    assert_eq!(dir, ["/dev/libshare/register.sock"], "{seen}");
     let host_state = node.state_dir().display().to_string();
     let probe = format!("[ -e {host_state}/admin.sock ] && echo REACHED; echo done");
     assert_eq!(
@@ -213,5 +218,143 @@ fn bad_input_is_one_line_and_changes_nothing() {
         before,
         tree(node.state.path()),
         "nothing changed on the host"
+    );
+}
+
+/// A process of `pid`'s own in a private mount namespace (the hook's mounts land there and go
+/// with it), ended when dropped.
+struct MountNamespace(std::process::Child);
+
+impl MountNamespace {
+    fn new() -> MountNamespace {
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "600"])
+            .spawn()
+            .unwrap();
+        let ns = format!("/proc/{}/ns/mnt", child.id());
+        let mine = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+        libshare_tests::until(std::time::Duration::from_secs(10), || {
+            std::fs::read_link(&ns).is_ok_and(|l| l != mine)
+        })
+        .expect("unshare never entered its mount namespace");
+        MountNamespace(child)
+    }
+}
+
+impl Drop for MountNamespace {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 30, B1a: the hook resolves a mount's path and creates its mount point inside the
+/// container's root even while someone who can write the image (a volume shared with a running
+/// container) swaps a directory on the path for a link to a host directory, as the audit did
+/// (uid nobody, 40+ runs of `sharectl hook`): no file is ever created outside the root.
+#[test]
+fn the_hook_creates_nothing_outside_the_root_while_the_image_changes_under_it() {
+    let node = Node::start("8GiB", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    rootfs(&root, &[]);
+    std::fs::write(
+        dir.path().join("config.json"),
+        serde_json::json!({"root": {"path": "rootfs"}, "process": {"user": {"uid": 0}}})
+            .to_string(),
+    )
+    .unwrap();
+    // The host directory the link aims at, and the image's /usr/lib, writable by nobody.
+    let host = tempfile::tempdir().unwrap();
+    let lib = root.join("usr/lib");
+    std::fs::create_dir_all(lib.join("libshare")).unwrap();
+    std::os::unix::fs::symlink(host.path(), lib.join("libshare.link")).unwrap();
+    for p in [&lib, &lib.join("libshare"), &host.path().to_path_buf()] {
+        ok(&Command::new("chown")
+            .args(["-h", "nobody"])
+            .arg(p)
+            .output()
+            .unwrap());
+    }
+    ok(&Command::new("chown")
+        .args(["-h", "nobody"])
+        .arg(lib.join("libshare.link"))
+        .output()
+        .unwrap());
+    // uid nobody swaps /usr/lib/libshare (a directory) and a link to the host directory, as
+    // fast as it can (renameat2 RENAME_EXCHANGE: one of them is always there).
+    let flip = "import ctypes, os, sys\n\
+                libc = ctypes.CDLL(None, use_errno=True)\n\
+                a, b = sys.argv[1].encode(), sys.argv[2].encode()\n\
+                while True:\n    libc.renameat2(-100, a, -100, b, 2)\n";
+    let mut flipper = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "nobody",
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            flip,
+        ])
+        .arg(lib.join("libshare"))
+        .arg(lib.join("libshare.link"))
+        .spawn()
+        .unwrap();
+    let sharectl = artifacts().bin("sharectl");
+    let (mut ran, mut refused) = (0, 0);
+    // Runs that created something outside the root (removed after each, to count the next).
+    let mut leaked = Vec::new();
+    for i in 0..60 {
+        let ns = MountNamespace::new();
+        let state = serde_json::json!({
+            "ociVersion": "1.0.2", "id": format!("flip{i}"), "status": "creating",
+            "pid": ns.0.id(), "bundle": dir.path(),
+        });
+        let mut c = Command::new(&sharectl)
+            .arg("hook")
+            .args(node.inject_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(state.to_string().as_bytes())
+            .unwrap();
+        let out = c.wait_with_output().unwrap();
+        ran += 1;
+        if !out.status.success() {
+            refused += 1;
+        }
+        let outside = tree(host.path());
+        if !outside.is_empty() {
+            leaked.push((i, outside.clone()));
+            for p in outside {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    assert!(
+        flipper.try_wait().unwrap().is_none(),
+        "the flipper stopped: the test did not test the race"
+    );
+    let _ = flipper.kill();
+    let _ = flipper.wait();
+    eprintln!(
+        "{ran} hook runs, {refused} stopped the container, {} created files outside the root: {leaked:?}",
+        leaked.len()
+    );
+    assert!(
+        leaked.is_empty(),
+        "{} of {ran} hook runs created files outside the container's root: {leaked:?}",
+        leaked.len()
+    );
+    assert!(
+        refused < ran,
+        "the hook never succeeded: the test did not test it"
     );
 }

@@ -53,6 +53,16 @@ impl Hami {
         self.vgpulock.path().join("libshare/register.sock")
     }
 
+    /// `--hami --hami-dir <this vgpulock>`: the daemon mounts its socket's directory read-only
+    /// in it.
+    fn daemon_args(&self) -> Vec<String> {
+        vec![
+            "--hami".into(),
+            "--hami-dir".into(),
+            self.vgpulock.path().display().to_string(),
+        ]
+    }
+
     /// `podman create` arguments HAMi's Allocate would give container `ctr` of pod `pod`
     /// with `grant`, plus `extra` env.
     fn allocate(
@@ -117,6 +127,28 @@ impl Hami {
     }
 }
 
+impl Drop for Hami {
+    fn drop(&mut self) {
+        unmount(&self.vgpulock.path().join("libshare"));
+    }
+}
+
+/// [`unmount`] when dropped.
+struct Unmounted(PathBuf);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        unmount(&self.0);
+    }
+}
+
+/// Takes the daemon's read-only mount (which outlives it, as it must) off the host.
+fn unmount(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path alive for the call; a failure (nothing mounted) is fine.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
 fn hami_check() -> PathBuf {
     compile_gcc("hami_check.c", "hami_check", &["-lcuda"])
 }
@@ -124,8 +156,8 @@ fn hami_check() -> PathBuf {
 /// podman, HAMi's host side, and a node whose daemon runs in HAMi mode.
 fn hami_node(dir: &Path) -> Option<(Node, Podman, Hami)> {
     let hami = Hami::new();
-    let socket = hami.socket().display().to_string();
-    let node = Node::start("8GiB", &["--hami", "--register-socket", &socket]);
+    let args = hami.daemon_args();
+    let node = Node::start("8GiB", &args.iter().map(|a| a.as_str()).collect::<Vec<_>>());
     rootfs(dir, &[&hami_check()]);
     let podman = Podman::new(dir)?;
     Some((node, podman, hami))
@@ -301,4 +333,188 @@ fn hami_bad_input_is_one_line_and_nothing_is_allocated() {
         .unwrap();
     let v = libshare_tests::json_check(&out, "mem");
     assert_eq!(v["total"], 8u64 << 30, "{v}");
+}
+
+/// `podman create -i --name NAME --network none --pid host ARGS IMAGE /bin/sh -c CMD`, its id.
+fn create_sh(podman: &Podman, name: &str, args: &[String], cmd: &str) -> String {
+    let out = podman
+        .cmd(&[
+            "create",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "none",
+            "--pid",
+            "host",
+        ])
+        .args(args)
+        .arg(&podman.image)
+        .args(["/bin/sh", "-c", cmd])
+        .output()
+        .unwrap();
+    ok(&out).trim().to_string()
+}
+
+/// What a root container does to take over registrations: replace the shared socket with a
+/// daemon of its own that gives every container it registers 32 MiB (`sharectl daemon` from
+/// the image, the audit's `reg.py fake`). It asks for no preload of its own
+/// (`CUDA_DISABLE_CONTROL=true`: its own pod, its choice).
+const ATTACK: &str = "printf '[defaults.all]\\nmemory = 33554432\\n' > /tmp/evil.toml; \
+     rm -f /tmp/vgpulock/libshare/register.sock; \
+     exec /usr/bin/sharectl daemon --trust-env --state-dir /tmp/evil --config /tmp/evil.toml \
+     --register-socket /tmp/vgpulock/libshare/register.sock";
+
+/// A HAMi image with the attacker's tools: `hami_check`, `sharectl`, `mv`, `mkdir`, `rm`. It
+/// has no `/tmp`: the runtime makes one for HAMi's `/tmp/vgpulock` (a directory of the
+/// container's own layer, which it can rename; one of the image's could only be copied).
+fn attack_image(dir: &Path) -> Option<Podman> {
+    rootfs(
+        dir,
+        &[
+            &hami_check(),
+            &artifacts().bin("sharectl"),
+            Path::new("/bin/mv"),
+            Path::new("/bin/mkdir"),
+            Path::new("/bin/rm"),
+        ],
+    );
+    std::fs::remove_dir(dir.join("tmp")).unwrap();
+    Podman::new(dir)
+}
+
+/// Starts the attacker's container and waits until its daemon has replaced the socket at
+/// `socket` (its inode changed) or the container has ended (it could not).
+fn attack(podman: &Podman, name: &str, hami: &Hami, node: &Node, socket: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let before = std::fs::metadata(socket).map(|m| m.ino()).ok();
+    let args = hami.allocate(
+        node,
+        ("evil", "evil"),
+        Grant {
+            limit_mib: 64,
+            sm: 0,
+            priority: 0,
+        },
+        &["CUDA_DISABLE_CONTROL=true"],
+    );
+    create_sh(podman, name, &args, ATTACK);
+    ok(&podman.cmd(&["start", name]).output().unwrap());
+    libshare_tests::until(std::time::Duration::from_secs(20), || {
+        let replaced = std::fs::metadata(socket).map(|m| m.ino()).ok() != before
+            && std::os::unix::net::UnixStream::connect(socket).is_ok();
+        let running = podman
+            .cmd(&["inspect", "--format", "{{.State.Running}}", name])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true");
+        replaced || !running
+    })
+    .expect("the attacker's container neither replaced the socket nor ended");
+}
+
+/// Issue 30, B5c: a root container that replaces `/tmp/vgpulock/libshare/register.sock` (HAMi
+/// mounts `/tmp/vgpulock` read-write into every container) cannot answer another container's
+/// registrations: the daemon mounts its socket's directory read-only there, so the attacker's
+/// daemon never binds, and the victim gets HAMi's grant from the real daemon. A victim's
+/// process that moves `/tmp` away (and raises its own limit) still finds the daemon.
+#[test]
+fn hami_a_container_cannot_answer_other_containers_registrations() {
+    let dir = tempfile::tempdir().unwrap();
+    let hami = Hami::new();
+    let socket = hami.socket();
+    let args = hami.daemon_args();
+    let node = Node::start("8GiB", &args.iter().map(|a| a.as_str()).collect::<Vec<_>>());
+    let Some(podman) = attack_image(dir.path()) else {
+        return;
+    };
+    let (evil, victim) = (unique("hami-evil"), unique("hami-victim"));
+    let _c = podman.removing(&[&evil, &victim]);
+    attack(&podman, &evil, &hami, &node, &socket);
+    let args = hami.allocate(
+        &node,
+        ("pod5", "victim"),
+        Grant {
+            limit_mib: 1024,
+            sm: 0,
+            priority: 0,
+        },
+        &[],
+    );
+    let id = create_sh(&podman, &victim, &args, "exec /usr/bin/hami_check 1008");
+    // The victim's grant (1 GiB), from the real daemon: not the attacker's 32 MiB.
+    let held = Held::start(podman.cmd(&["start", "-ai", &victim]), 1024 * MIB);
+    node.assert_status(&[(&id[..12], "production", 1024 * MIB)]);
+    // A later process of the victim's that moved /tmp away (and raised its own limit):
+    // registered all the same, the container's adopted 1 GiB.
+    let out = podman
+        .cmd(&[
+            "exec",
+            &victim,
+            "/bin/sh",
+            "-c",
+            "mv /tmp /tmp.moved && mkdir /tmp && export CUDA_DEVICE_MEMORY_LIMIT_0=4g && \
+             exec /usr/bin/hami_check 8",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let mem = libshare_tests::json_check(&out, "mem");
+    assert_eq!(
+        mem["total"],
+        1024 * MIB,
+        "registered with the daemon: {mem}"
+    );
+    assert_eq!(mem["free"], 16 * MIB, "the container's usage: {mem}");
+    held.end();
+}
+
+/// Issue 30, B5c: where the daemon's socket in `/tmp/vgpulock/libshare` is not on a read-only
+/// mount (an operator who did not make it, or an attacker's socket on a node without the
+/// daemon's mount), a job in HAMi mode refuses it: one line saying what the operator must
+/// mount, and nothing allocated.
+#[test]
+fn hami_a_socket_containers_can_replace_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let hami = Hami::new();
+    let socket = hami.socket();
+    // The daemon's read-only mount goes to another directory: this vgpulock has none.
+    let elsewhere = tempfile::tempdir().unwrap();
+    // Dropped after the daemon (which would mount it again).
+    let _unmount = Unmounted(elsewhere.path().join("libshare"));
+    let node = Node::start(
+        "8GiB",
+        &["--hami", "--hami-dir", elsewhere.path().to_str().unwrap()],
+    );
+    let Some(podman) = attack_image(dir.path()) else {
+        return;
+    };
+    let (evil, victim) = (unique("hami-evil2"), unique("hami-victim2"));
+    let _c = podman.removing(&[&evil, &victim]);
+    attack(&podman, &evil, &hami, &node, &socket);
+    let args = hami.allocate(
+        &node,
+        ("pod6", "victim"),
+        Grant {
+            limit_mib: 1024,
+            sm: 0,
+            priority: 0,
+        },
+        &[],
+    );
+    create_sh(&podman, &victim, &args, "exec /usr/bin/hami_check 1008");
+    let out = podman
+        .cmd(&["start", "-ai", &victim])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("libshare:")).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].contains("/tmp/vgpulock/libshare") && lines[0].contains("read-only"),
+        "{}",
+        lines[0]
+    );
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.contains("\"fill\""), "nothing allocated: {out}");
 }

@@ -73,7 +73,7 @@ fn only_containers_with_the_cdi_device_are_injected_and_see_only_the_socket() {
         &[
             "/bin/sh",
             "-c",
-            "for f in /etc/ld.so.preload /run/libshare /usr/lib/libshare; do [ -e $f ] && echo $f; done; true",
+            "for f in /etc/ld.so.preload /dev/libshare /usr/lib/libshare; do [ -e $f ] && echo $f; done; true",
         ],
     );
     assert_eq!(
@@ -87,12 +87,12 @@ fn only_containers_with_the_cdi_device_are_injected_and_see_only_the_socket() {
         &[
             "/bin/sh",
             "-c",
-            "for f in /run/libshare/* /usr/lib/libshare/*; do echo $f; done; while read -r l; do echo \"$l\"; done < /etc/ld.so.preload",
+            "for f in /dev/libshare/* /usr/lib/libshare/*; do echo $f; done; while read -r l; do echo \"$l\"; done < /etc/ld.so.preload",
         ],
     );
     assert_eq!(
         ok(&list).trim(),
-        "/run/libshare/register.sock\n/usr/lib/libshare/libshare.so\n/usr/lib/libshare/libshare.so"
+        "/dev/libshare/register.sock\n/usr/lib/libshare/libshare.so\n/usr/lib/libshare/libshare.so"
     );
     // A GPU the node does not have: podman refuses the device, nothing runs.
     let missing = podman.run(

@@ -50,8 +50,9 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "PATH")]
     pub settings: Option<PathBuf>,
     /// The registration socket shims ask for their container's state (default:
-    /// <state dir>/register.sock; mode 0666, identity from the kernel; bind-mount it into
-    /// containers).
+    /// <state dir>/register/register.sock, in a directory of its own that containers get
+    /// read-only, with <state dir>/register.sock a link to it; mode 0666, identity from the
+    /// kernel).
     #[arg(long, value_name = "PATH")]
     pub register_socket: Option<PathBuf>,
     /// Trust the processes' environment: LIBSHARE_CONTAINER names the container of a process
@@ -85,10 +86,19 @@ pub struct DaemonArgs {
     pub forget_after: u64,
     /// HAMi mode: a container with no settings adopts HAMi's variables from its first
     /// registering process (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
-    /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE); use with --register-socket
-    /// /tmp/vgpulock/libshare/register.sock, which HAMi mounts into every container.
+    /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE), and the registration socket's directory is
+    /// mounted read-only at <--hami-dir>/libshare, which HAMi mounts into every container
+    /// (the daemon does it when root; else mount it before starting the daemon).
     #[arg(long)]
     pub hami: bool,
+    /// HAMi's lock directory, mounted read-write into every container by HAMi's device plugin.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/tmp/vgpulock",
+        requires = "hami"
+    )]
+    pub hami_dir: PathBuf,
     /// Defaults for every container (TOML: `[defaults] class = "opportunistic"`,
     /// `[defaults.all] memory = 8589934592`).
     #[arg(long, value_name = "PATH")]
@@ -164,6 +174,59 @@ pub fn init_logging() {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// HAMi mode: the registration socket's directory mounted read-only at `<hami dir>/libshare`
+/// (`libshare_abi::socket_dir`), made now or checked (an operator's mount); the directory and
+/// the mount point.
+fn hami_mount(
+    register: &std::path::Path,
+    hami_dir: &std::path::Path,
+) -> Result<(PathBuf, PathBuf)> {
+    use libshare_abi::socket_dir::{check, Found};
+    let sock_dir = register
+        .parent()
+        .ok_or_else(|| anyhow!("--register-socket {}: no directory", register.display()))?
+        .to_path_buf();
+    let at = hami_dir.join("libshare");
+    let canonical = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or(p.to_path_buf());
+    if canonical(&sock_dir) == canonical(&at) {
+        return Err(anyhow!(
+            "--hami: the registration socket {} is in {}, which every container can write: \
+             drop --register-socket (the daemon then mounts its socket's directory read-only there)",
+            register.display(),
+            at.display()
+        ));
+    }
+    match libshare_node::sockdir::mount_read_only(&sock_dir, &at) {
+        Ok(made) => {
+            tracing::info!(
+                socket_dir = %sock_dir.display(),
+                at = %at.display(),
+                "HAMi: the registration socket's directory is mounted read-only in HAMi's lock directory{}",
+                if made { "" } else { " (it already was)" }
+            );
+            Ok((sock_dir, at))
+        }
+        Err(why) => match check(&at) {
+            // Not root: an operator's mount of the same directory does.
+            Found::Trusted(d)
+                if libshare_abi::fd_dev_ino(&std::fs::File::open(&sock_dir)?.into())
+                    .is_ok_and(|x| x == d.dev_ino) =>
+            {
+                Ok((sock_dir, at))
+            }
+            _ => Err(anyhow!(
+                "--hami: cannot mount the registration socket's directory read-only at {} ({why}): \
+                 run the daemon as root, or mount it before starting the daemon: mount --bind {} {} \
+                 && mount -o remount,bind,ro {}",
+                at.display(),
+                sock_dir.display(),
+                at.display(),
+                at.display()
+            )),
+        },
+    }
 }
 
 pub fn run(args: DaemonArgs) -> Result<()> {
@@ -276,10 +339,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             .name("admin".into())
             .spawn(move || admin.serve(&mut service, &STOP))?
     };
-    let register_path = args
-        .register_socket
-        .clone()
-        .unwrap_or_else(|| dir.join("register.sock"));
+    let register_path = libshare_node::sockdir::prepare(&dir, args.register_socket.as_deref())
+        .map_err(|e| anyhow!("cannot prepare the registration socket's directory: {e}"))?;
+    let hami_mount = if args.hami {
+        Some(hami_mount(&register_path, &args.hami_dir)?)
+    } else {
+        None
+    };
     let nofile = libshare_node::server::raise_nofile();
     let register = libshare_node::server::Server::bind(ServerConfig {
         pin_identity: true,
@@ -313,6 +379,21 @@ pub fn run(args: DaemonArgs) -> Result<()> {
         std::thread::Builder::new()
             .name("register".into())
             .spawn(move || register.serve(&mut service, &STOP))?
+    };
+    let mount_thread = match hami_mount {
+        Some((sock_dir, at)) => Some(
+            std::thread::Builder::new()
+                .name("hami-mount".into())
+                .spawn(move || {
+                    libshare_node::sockdir::keep_mounted(
+                        sock_dir,
+                        at,
+                        std::time::Duration::from_secs(1),
+                        &STOP,
+                    )
+                })?,
+        ),
+        None => None,
     };
     if let Some(addr) = args.metrics_addr {
         libshare_node::metrics::serve_http(
@@ -349,6 +430,9 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let _ = admin_thread.join();
     let _ = register_thread.join();
     if let Some(t) = caps_thread {
+        let _ = t.join();
+    }
+    if let Some(t) = mount_thread {
         let _ = t.join();
     }
     let s = s?;
