@@ -1212,5 +1212,8 @@ fn the_atomic_writer_never_writes_through_a_planted_link() {
         .filter(|n| n.starts_with(".config.json.") && n.ends_with(".tmp"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    assert!(write_atomic(&target.join("x"), b"", 0o600).is_err(), "a file is no directory");
+    assert!(
+        write_atomic(&target.join("x"), b"", 0o600).is_err(),
+        "a file is no directory"
+    );
 }

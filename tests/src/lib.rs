@@ -1213,3 +1213,21 @@ impl SimGpu {
         child
     }
 }
+
+/// [`unmount`] when dropped.
+pub struct Unmounted(pub PathBuf);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        unmount(&self.0);
+    }
+}
+
+/// Takes a mount off the host (lazily): `sharectl daemon --hami`'s read-only mount of its
+/// socket's directory outlives the daemon, as it must on a node, but not a test — left at
+/// `/tmp/vgpulock/libshare`, every shim on the host would ask the daemon that is gone.
+pub fn unmount(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path alive for the call; a failure (nothing mounted) is fine.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}

@@ -16,7 +16,7 @@
 //! limit; `sharectl status` shows the quota, class and compute share HAMi-core would give.
 
 use libshare_tests::containers::{rootfs, unique, Held, Node, Podman, MIB};
-use libshare_tests::{artifacts, compile_gcc, ok, shim_lib};
+use libshare_tests::{artifacts, compile_gcc, ok, shim_lib, unmount, Unmounted};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -131,22 +131,6 @@ impl Drop for Hami {
     fn drop(&mut self) {
         unmount(&self.vgpulock.path().join("libshare"));
     }
-}
-
-/// [`unmount`] when dropped.
-struct Unmounted(PathBuf);
-
-impl Drop for Unmounted {
-    fn drop(&mut self) {
-        unmount(&self.0);
-    }
-}
-
-/// Takes the daemon's read-only mount (which outlives it, as it must) off the host.
-fn unmount(p: &Path) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path alive for the call; a failure (nothing mounted) is fine.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
 }
 
 fn hami_check() -> PathBuf {

@@ -10,7 +10,7 @@
 use libshare_tests::cgroups::{
     bypassing, driver_limits as limits, holder_in, start_daemon, untrusting_daemon_cmd, Cgroups,
 };
-use libshare_tests::{skip, until, SimGpu};
+use libshare_tests::{skip, until, SimGpu, Unmounted};
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
@@ -231,7 +231,14 @@ fn hami_mode_sets_no_guarantee_from_the_tenants_environment() {
         .env("CUDA_TASK_PRIORITY", "0")
         .with_shim();
     std::fs::set_permissions(gpu.state_dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let mut cmd = untrusting_daemon_cmd(&gpu, &cg.prefix, &["--hami"]);
+    // HAMi's lock directory of this test, not the host's /tmp/vgpulock: the daemon mounts its
+    // socket's directory there (read-only, outliving it), which every shim on the host would
+    // otherwise take for the node's. Unmounted after the daemon stopped (declared before it).
+    let vgpulock = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(vgpulock.path().join("libshare")).unwrap();
+    let _mounted = Unmounted(vgpulock.path().join("libshare"));
+    let hami_dir = vgpulock.path().to_str().unwrap();
+    let mut cmd = untrusting_daemon_cmd(&gpu, &cg.prefix, &["--hami", "--hami-dir", hami_dir]);
     cmd.stderr(Stdio::piped());
     let d = start_daemon(&gpu, cmd);
     let ns = std::path::Path::new("/sys/fs/cgroup/pids")
