@@ -79,12 +79,11 @@ make_bundle() {
   cp shim-headers/cuda_driver_api.txt "$tmp/cuda_driver_api.txt"
   cp tests/python/shim_quota.py "$tmp/python/"
 
-  # Criterion's M1/M2 bench, with what it loads (the host-built shim and the instant driver), if
-  # built and not older than the shim it measures.
+  # Criterion's M1/M2 bench (the newest cargo built), with what it loads: the host-built shim and
+  # the instant driver.
   local bench
   bench=$(ls -t "$target"/release/deps/shim_overhead-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
-  if [ -n "$bench" ] && [ -x "$bench" ] && [ -f "$target/release/libinstantcuda.so" ] \
-     && [ ! "$bench" -ot "$target/release/libshare.so" ]; then
+  if [ -n "$bench" ] && [ -x "$bench" ] && [ -f "$target/release/libinstantcuda.so" ]; then
     strip -o "$tmp/bench/shim_overhead" "$bench"
     strip --strip-unneeded -o "$tmp/release/libshare.so" "$target/release/libshare.so"
     strip --strip-unneeded -o "$tmp/release/libinstantcuda.so" "$target/release/libinstantcuda.so"

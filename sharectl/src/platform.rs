@@ -89,7 +89,7 @@ impl Gpu {
 }
 
 /// The first line of `nvidia-smi -L` if it runs and lists a GPU.
-pub fn real_gpu() -> Option<String> {
+fn real_gpu() -> Option<String> {
     let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
     if !out.status.success() {
         return None;

@@ -24,7 +24,8 @@ pub struct GpuCheckArgs {
     #[arg(long)]
     pub sim: bool,
 
-    /// Shorter measurements (2 s benchmark runs, fewer policies for S4, S5, S9): for CI.
+    /// Shorter measurements for CI: 2-3 s benchmark runs, fewer policies for S4 and S9, no S5,
+    /// simgpu beside the GPU for S1 only.
     #[arg(long)]
     pub short: bool,
 

@@ -47,6 +47,9 @@ pub struct Measured {
     /// and slope, µs.
     pub kernel_base_us: Option<f64>,
     pub wave_us: Option<f64>,
+    /// An empty kernel of one block, and each of 1000 queued back to back, µs.
+    pub empty_us: Option<f64>,
+    pub back_to_back_us: Option<f64>,
     /// The jobs' spin kernel: measured minus asked, µs (median over the sizes asked).
     pub spin_overhead_us: Option<f64>,
     pub h2d_gbs: Option<f64>,
@@ -115,6 +118,13 @@ pub fn kernels(m: &mut Measured, probe: &[Value]) {
         m.kernel_base_us = Some(base);
         m.wave_us = Some(wave);
     }
+    let us = |check: &str, key: &str| {
+        lines(probe, check)
+            .find_map(|v| v[key].as_f64())
+            .map(|ms| ms * 1e3)
+    };
+    m.empty_us = us("kernel_empty", "ms");
+    m.back_to_back_us = us("kernel_back_to_back", "ms_each");
     m.spin_overhead_us = median(
         lines(probe, "kernel_spin")
             .filter_map(|v| Some((v["ms"].as_f64()? - v["asked_ms"].as_f64()?) * 1e3))

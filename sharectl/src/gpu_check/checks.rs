@@ -1,10 +1,11 @@
-//! The checks of [`super::PLAN`]: each runs the bundle's programs on the GPU (and on simgpu
-//! beside it where it measures), judges what they printed, and adds its figures.
+//! What the checks share ([`Ctx`]: the bundle, the environment of each side, the deadline, what
+//! was measured) and the checks of [`super::PLAN`] that judge the shim against the driver: each
+//! runs the bundle's programs and judges what they printed. The measuring ones: `measures.rs`.
 
-use super::calibrate::{self, Measured, SliceRun};
+use super::calibrate::Measured;
 use super::report::{CalibrationRow, Figure, Side, Status};
 use super::runner::{self, Finished};
-use super::{figure, fresh, Bundle, Options, Outcome};
+use super::{fresh, Bundle, Options, Outcome};
 use crate::platform::StateDir;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
@@ -21,7 +22,7 @@ const CUDA_ERROR_OUT_OF_MEMORY: i64 = 2;
 const CUDA_ERROR_NOT_SUPPORTED: i64 = 801;
 
 /// A shim for a program: its state directory, container and quota.
-struct Shim<'a> {
+pub(super) struct Shim<'a> {
     state: &'a Path,
     container: &'a str,
     quota: &'a str,
@@ -31,8 +32,8 @@ struct Shim<'a> {
 pub struct Ctx {
     pub opts: Options,
     pub bundle: Bundle,
-    out: PathBuf,
-    simgpu_lib: PathBuf,
+    pub(super) out: PathBuf,
+    pub(super) simgpu_lib: PathBuf,
     passthrough: Vec<(OsString, OsString)>,
     tmp: StateDir,
     deadline: Instant,
@@ -43,8 +44,11 @@ pub struct Ctx {
     pub calibration: Vec<CalibrationRow>,
     pub calibration_file: Option<String>,
     pub processes_left: Option<usize>,
-    gpu: Measured,
-    sim: Measured,
+    /// `nvidia-smi -L`'s first GPU (how `sharectl bench` finds a GPU), asked once, time-boxed.
+    pub(super) nvidia_smi: Option<String>,
+    /// What the calibration measured on each side.
+    pub(super) gpu: Measured,
+    pub(super) sim: Measured,
 }
 
 impl Ctx {
@@ -70,6 +74,7 @@ impl Ctx {
             calibration: Vec::new(),
             calibration_file: None,
             processes_left: None,
+            nvidia_smi: None,
             gpu: Measured::default(),
             sim: Measured::default(),
         })
@@ -81,17 +86,17 @@ impl Ctx {
     }
 
     /// `max_s`, or what is left of this check's time if less (at least a second).
-    fn limit(&self, max_s: u64) -> Duration {
+    pub(super) fn limit(&self, max_s: u64) -> Duration {
         Duration::from_secs(max_s)
             .min(self.step_deadline.saturating_duration_since(Instant::now()))
             .max(Duration::from_secs(1))
     }
 
-    fn fresh(&self, name: &str) -> anyhow::Result<PathBuf> {
+    pub(super) fn fresh(&self, name: &str) -> anyhow::Result<PathBuf> {
         fresh(&self.tmp, name)
     }
 
-    fn command(&self, program: &Path, side: Side, state: &Path) -> Command {
+    pub(super) fn command(&self, program: &Path, side: Side, state: &Path) -> Command {
         let mut cmd = super::command(
             program,
             side,
@@ -115,7 +120,7 @@ impl Ctx {
     }
 
     /// Keeps a program's output in `logs/NAME.txt` (its tail, for a long one).
-    fn log(&self, name: &str, f: &Finished) {
+    pub(super) fn log(&self, name: &str, f: &Finished) {
         let text = format!(
             "status: {:?} ({:.1} s)\n--- stdout\n{}\n--- stderr\n{}\n",
             f.status,
@@ -127,7 +132,7 @@ impl Ctx {
     }
 
     /// Runs `program args` on `side`, under `shim` if given; logged as `name`.
-    fn run(
+    pub(super) fn run(
         &self,
         name: &str,
         program: &Path,
@@ -135,14 +140,14 @@ impl Ctx {
         side: Side,
         state: &Path,
         shim: Option<&Shim<'_>>,
-        max_s: u64,
     ) -> anyhow::Result<Finished> {
         let mut cmd = self.command(program, side, state);
         cmd.args(args);
         if let Some(s) = shim {
             self.shim(&mut cmd, s);
         }
-        let f = runner::run(cmd, self.limit(max_s))?;
+        // Bounded by what is left of the check's time.
+        let f = runner::run(cmd, self.limit(3600))?;
         self.log(&format!("{name}-{}", side_name(side)), &f);
         if runner::stopped() {
             bail!("interrupted");
@@ -150,219 +155,26 @@ impl Ctx {
         Ok(f)
     }
 
-    fn probe(
+    pub(super) fn probe(
         &self,
         name: &str,
         args: &[&str],
         side: Side,
         state: &Path,
         shim: Option<&Shim<'_>>,
-        max_s: u64,
     ) -> anyhow::Result<Finished> {
-        self.run(
-            name,
-            &self.bundle.bin("gpu_probe"),
-            args,
-            side,
-            state,
-            shim,
-            max_s,
-        )
+        self.run(name, &self.bundle.bin("gpu_probe"), args, side, state, shim)
     }
 
-    fn has_unified_memory(&self) -> bool {
+    pub(super) fn has_unified_memory(&self) -> bool {
         self.platform["concurrent_managed_access"] == 1
-    }
-
-    /// `sharectl bench SCENARIO --json` on `side`; None if `sharectl bench` cannot find the GPU
-    /// (it looks for one with `nvidia-smi -L`).
-    fn bench(
-        &self,
-        side: Side,
-        scenario: &str,
-        policies: &str,
-        extra: &[&str],
-        duration: f64,
-        max_s: u64,
-    ) -> anyhow::Result<Option<Finished>> {
-        let on_simgpu = side == Side::Simgpu || self.opts.sim;
-        if !on_simgpu && crate::platform::real_gpu().is_none() {
-            return Ok(None);
-        }
-        let state = self.fresh(&format!("bench-{scenario}"))?;
-        let d = format!("{duration}");
-        let mut args = vec![
-            "bench",
-            scenario,
-            "--json",
-            "--duration",
-            &d,
-            "--shim",
-            "",
-            "--jobs-dir",
-            "",
-            "--policy",
-            policies,
-        ];
-        let shim = self.bundle.shim().display().to_string();
-        let jobs = self.bundle.jobs_dir().display().to_string();
-        let lib = self.simgpu_lib.display().to_string();
-        args[6] = &shim;
-        args[8] = &jobs;
-        if on_simgpu {
-            args.extend(["--sim", "--simgpu-lib", &lib]);
-        }
-        args.extend(extra);
-        let mut cmd = self.command(&self.bundle.sharectl(), side, &state);
-        cmd.args(&args).env("TMPDIR", &state);
-        let f = runner::run(cmd, self.limit(max_s))?;
-        self.log(&format!("{scenario}-{}", side_name(side)), &f);
-        if runner::stopped() {
-            bail!("interrupted");
-        }
-        Ok(Some(f))
-    }
-
-    /// The bench's scenario on both sides: its rows, figures for `cols`, and a one-line
-    /// outcome. The GPU side runs first; simgpu's only with time left.
-    fn bench_both(
-        &mut self,
-        check: &'static str,
-        policies: &str,
-        extra: &[&str],
-        duration: f64,
-        cols: &[&str],
-    ) -> anyhow::Result<(Vec<Value>, Outcome)> {
-        let scenario = check;
-        let half = self
-            .step_deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs()
-            / 2;
-        // --short (CI): only the gate's scenario runs on simgpu beside; the others once.
-        let beside = !self.opts.short || check == "S1";
-        let gpu_max = if beside { half.max(30) } else { 2 * half };
-        let gpu = self.bench(Side::Gpu, scenario, policies, extra, duration, gpu_max)?;
-        let rest = self
-            .step_deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs();
-        let sim = if beside {
-            self.bench(Side::Simgpu, scenario, policies, extra, duration, rest)?
-        } else {
-            None
-        };
-        let rows = |f: &Option<Finished>| -> Vec<Value> {
-            f.as_ref()
-                .map(|f| {
-                    f.json()
-                        .into_iter()
-                        .filter(|v| v.get("scenario").is_some())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let (g, s) = (rows(&gpu), rows(&sim));
-        self.figures.extend(bench_figures(check, &g, &s, cols));
-        let errors: Vec<String> = g
-            .iter()
-            .chain(&s)
-            .filter_map(|r| {
-                r["error"]
-                    .as_str()
-                    .map(|e| format!("{} {}: {e}", r["policy"], r["scenario"]))
-            })
-            .collect();
-        let describe = |f: &Option<Finished>, rows: &[Value], side: Side| match f {
-            None if side == Side::Simgpu => "not run (--short)".to_string(),
-            None => {
-                "not run (sharectl bench finds a GPU through `nvidia-smi -L`, which listed none)"
-                    .to_string()
-            }
-            Some(f) if f.status.is_none() => format!("{} rows before its deadline", rows.len()),
-            Some(_) => format!("{} rows", rows.len()),
-        };
-        let detail = format!(
-            "GPU: {}; simgpu: {}{}",
-            describe(&gpu, &g, Side::Gpu),
-            describe(&sim, &s, Side::Simgpu),
-            if errors.is_empty() {
-                String::new()
-            } else {
-                format!("; errors: {}", errors.join("; "))
-            }
-        );
-        let status = if gpu.is_none() {
-            Status::Unavailable
-        } else if g.is_empty() || !errors.is_empty() {
-            Status::Failed
-        } else {
-            Status::Measured
-        };
-        let data = json!({"gpu": g, "simgpu": s});
-        Ok((g, Outcome::new(status, detail, data)))
-    }
-
-    fn d(&self, long: f64) -> f64 {
-        if self.opts.short {
-            2.0
-        } else {
-            long
-        }
     }
 }
 
-fn side_name(side: Side) -> &'static str {
+pub(super) fn side_name(side: Side) -> &'static str {
     match side {
         Side::Gpu => "gpu",
         Side::Simgpu => "simgpu",
-    }
-}
-
-/// The rows of both sides as figures: one per row key (policy and part) and column.
-fn bench_figures(check: &'static str, gpu: &[Value], sim: &[Value], cols: &[&str]) -> Vec<Figure> {
-    let key = |r: &Value| {
-        let mut k = r["policy"].as_str().unwrap_or("?").to_string();
-        for part in ["op", "cpus", "processes", "containers"] {
-            if let Some(v) = r.get(part).filter(|v| !v.is_null()) {
-                k.push_str(&format!(" {part}={}", v.to_string().trim_matches('"')));
-            }
-        }
-        k
-    };
-    let mut keys: Vec<String> = Vec::new();
-    for r in gpu.iter().chain(sim) {
-        let k = key(r);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    let find = |rows: &[Value], k: &str, col: &str| {
-        rows.iter()
-            .find(|r| key(r) == k)
-            .and_then(|r| r[col].as_f64())
-    };
-    let mut out = Vec::new();
-    for k in &keys {
-        for &col in cols {
-            let (g, s) = (find(gpu, k, col), find(sim, k, col));
-            if g.is_some() || s.is_some() {
-                out.push(figure(check, format!("{k}: {col}"), unit_of(col), g, s));
-            }
-        }
-    }
-    out
-}
-
-fn unit_of(col: &str) -> &'static str {
-    if col.ends_with("_ms") {
-        "ms"
-    } else if col.ends_with("_pct") {
-        "%"
-    } else if col.ends_with("_per_s") {
-        "/s"
-    } else {
-        "ratio"
     }
 }
 
@@ -375,7 +187,7 @@ fn facts(stdout: &str) -> HashMap<String, String> {
         .collect()
 }
 
-fn first<'a>(lines: &'a [Value], check: &str) -> Option<&'a Value> {
+pub(super) fn first<'a>(lines: &'a [Value], check: &str) -> Option<&'a Value> {
     lines.iter().find(|v| v["check"] == check)
 }
 
@@ -385,7 +197,7 @@ pub fn platform(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let mut problems = Vec::new();
     for side in [Side::Gpu, Side::Simgpu] {
         let state = ctx.fresh("info")?;
-        let f = ctx.probe("platform", &["info"], side, &state, None, 60)?;
+        let f = ctx.probe("platform", &["info"], side, &state, None)?;
         match first(&f.json(), "info") {
             Some(v) if f.ok() => match side {
                 Side::Gpu => ctx.platform = v.clone(),
@@ -398,7 +210,25 @@ pub fn platform(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             )),
         }
     }
-    let smi = crate::platform::real_gpu();
+    // What `sharectl bench` will find (it runs `nvidia-smi -L`): asked here under a deadline.
+    let smi = if ctx.opts.sim {
+        None
+    } else {
+        let state = ctx.fresh("nvidia-smi")?;
+        let mut cmd = ctx.command(Path::new("nvidia-smi"), Side::Gpu, &state);
+        cmd.arg("-L");
+        runner::run(cmd, ctx.limit(20))
+            .ok()
+            .filter(Finished::ok)
+            .and_then(|f| {
+                f.stdout
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| l.starts_with("GPU "))
+                    .map(str::to_string)
+            })
+    };
+    ctx.nvidia_smi = smi.clone();
     let p = &ctx.platform;
     if !problems.is_empty() {
         return Ok(Outcome::new(
@@ -433,13 +263,13 @@ pub fn platform(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 
 /// A `P` line of `gpu_probe procaddr`: (status, query result, symbol, in the shim).
 type Query = (i64, i64, String, bool);
+/// Every `P` line by (name, version asked, per-thread flag).
+type Queries = HashMap<(String, i64, i64), Query>;
+/// Every `E` line by symbol: (the driver has it, default lookup in the shim, on the driver's
+/// handle in the shim).
+type Exports = HashMap<String, (bool, bool, bool)>;
 
-fn parse_procaddr(
-    stdout: &str,
-) -> (
-    HashMap<(String, i64, i64), Query>,
-    HashMap<String, (bool, bool, bool)>,
-) {
+fn parse_procaddr(stdout: &str) -> (Queries, Exports) {
     let mut p = HashMap::new();
     let mut e = HashMap::new();
     for l in stdout.lines() {
@@ -605,7 +435,6 @@ pub fn resolution(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         None,
-        60,
     )?;
     let shim = Shim {
         state: &state,
@@ -618,7 +447,6 @@ pub fn resolution(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         Some(&shim),
-        60,
     )?;
     for (what, f) in [("without the shim", &plain), ("under the shim", &shimmed)] {
         if !f.ok() {
@@ -701,7 +529,6 @@ pub fn quota_paths(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             Side::Gpu,
             &state,
             Some(&shim),
-            30,
         )?;
         let facts = facts(&f.stdout);
         if !f.ok() || !f.stdout.lines().any(|l| l == "OK") {
@@ -796,7 +623,6 @@ pub fn quota_kinds(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         Some(&shim),
-        30,
     )?;
     let control_state = ctx.fresh("kinds-control")?;
     let c = ctx.probe(
@@ -805,7 +631,6 @@ pub fn quota_kinds(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &control_state,
         None,
-        30,
     )?;
     if !f.ok() {
         bail!("gpu_probe kinds under the shim: {}", f.why());
@@ -855,16 +680,8 @@ pub fn views(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         Some(&shim),
-        30,
     )?;
-    let plain = ctx.probe(
-        "views-plain",
-        &["views", "100"],
-        Side::Gpu,
-        &state,
-        None,
-        30,
-    )?;
+    let plain = ctx.probe("views-plain", &["views", "100"], Side::Gpu, &state, None)?;
     let lines = f.json();
     let Some(v) = first(&lines, "views").filter(|_| f.ok()) else {
         bail!("gpu_probe views: {}", f.why());
@@ -911,7 +728,6 @@ pub fn kill9(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         None,
-        20,
     )?;
     let mut cmd = ctx.command(&ctx.bundle.bin("hold_memory"), Side::Gpu, &state);
     cmd.args(["hold", "300"]);
@@ -931,26 +747,17 @@ pub fn kill9(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         None,
-        20,
     )?;
     job.kill_group();
     let done = job.finish(Duration::from_secs(10));
     ctx.log("kill9-job", &done);
-    let plain_after = ctx.probe(
-        "kill9-nvml-after",
-        &["views", "1"],
-        Side::Gpu,
-        &state,
-        None,
-        20,
-    )?;
+    let plain_after = ctx.probe("kill9-nvml-after", &["views", "1"], Side::Gpu, &state, None)?;
     let next = ctx.probe(
         "kill9-next",
         &["views", "100"],
         Side::Gpu,
         &state,
         Some(&shim),
-        20,
     )?;
     let nvml_used = |f: &Finished| first(&f.json(), "views").and_then(|v| v["nvml_used"].as_u64());
     let next_v = first(&next.json(), "views").cloned().unwrap_or(Value::Null);
@@ -979,553 +786,7 @@ pub fn kill9(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     ))
 }
 
-// ---- the gate and the benchmarks ----
-
-/// The gate's bound: production's throughput beside the opportunistic job, of solo (the bound
-/// `tests/tests/sharectl_bench.rs` holds S1 to on a loaded VM; BENCHMARKS.md has ~1.00 idle).
-const GATE_BOUND: f64 = 0.85;
-
-pub fn gate(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    // 3 s runs even with --short: the gate's bound is judged on them.
-    let d = if ctx.opts.short { 3.0 } else { 4.0 };
-    let (g, mut o) = ctx.bench_both(
-        "S1",
-        "exclusive,native,libshare",
-        &[],
-        d,
-        &[
-            "production_ratio",
-            "opportunistic_harvest",
-            "daemon_cpu_pct",
-        ],
-    )?;
-    // The figures are S1's; the check is the gate's.
-    for f in ctx.figures.iter_mut().filter(|f| f.check == "S1") {
-        f.check = "gate";
-    }
-    if o.status != Status::Measured {
-        return Ok(o);
-    }
-    let libshare = g.iter().find(|r| r["policy"] == "libshare");
-    let (ratio, harvest) = (
-        libshare.and_then(|r| r["production_ratio"].as_f64()),
-        libshare.and_then(|r| r["opportunistic_harvest"].as_f64()),
-    );
-    let mut p = Vec::new();
-    match ratio {
-        Some(r) if r >= GATE_BOUND => {}
-        r => p.push(format!(
-            "production under libshare at {r:?} of solo (≥ {GATE_BOUND} expected)"
-        )),
-    }
-    match harvest {
-        Some(h) if h > 0.05 => {}
-        h => p.push(format!(
-            "the opportunistic job harvested {h:?} of the idle GPU (it did not progress)"
-        )),
-    }
-    let detail = format!(
-        "libshare: production {:.3} of solo, opportunistic harvest {:.3}; {}",
-        ratio.unwrap_or(f64::NAN),
-        harvest.unwrap_or(f64::NAN),
-        o.detail
-    );
-    o = Outcome::judged(p, detail, o.data);
-    Ok(o)
-}
-
-pub fn s3(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let d = ctx.d(3.0);
-    let (_, o) = ctx.bench_both(
-        "S3",
-        "exclusive,native,libshare",
-        &["--ops", "kernel"],
-        d,
-        &["p99_ratio", "p99_ms", "opportunistic_harvest"],
-    )?;
-    Ok(o)
-}
-
-pub fn s9(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let (d, policies) = if ctx.opts.short {
-        (2.0, "exclusive,libshare")
-    } else {
-        (2.0, "exclusive,native,libshare")
-    };
-    let (_, o) = ctx.bench_both("S9", policies, &[], d, &["p99_ratio", "p99_ms"])?;
-    Ok(o)
-}
-
-pub fn s4(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    if !ctx.has_unified_memory() {
-        return Ok(Outcome::new(
-            Status::Unavailable,
-            "no unified memory with GPU page faults on this GPU",
-            Value::Null,
-        ));
-    }
-    let policies = if ctx.opts.short {
-        "exclusive,libshare"
-    } else {
-        "exclusive,native,hints-only,libshare"
-    };
-    let d = ctx.d(4.0);
-    let (_, o) = ctx.bench_both(
-        "S4",
-        policies,
-        &[],
-        d,
-        &[
-            "production_ratio",
-            "production_oom",
-            "opportunistic_iters_per_s",
-        ],
-    )?;
-    Ok(o)
-}
-
-pub fn s5(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    if !ctx.has_unified_memory() {
-        return Ok(Outcome::new(
-            Status::Unavailable,
-            "no unified memory with GPU page faults on this GPU",
-            Value::Null,
-        ));
-    }
-    if ctx.opts.short {
-        return Ok(Outcome::new(
-            Status::NotRun,
-            "--short: S5's jobs run ~10 s each under three policies; run without --short",
-            Value::Null,
-        ));
-    }
-    let policies = "native,fixed-quantum,libshare";
-    let d = 3.0;
-    let (_, o) = ctx.bench_both("S5", policies, &[], d, &["serial_ratio", "switch_cost_ms"])?;
-    Ok(o)
-}
-
-// ---- calibration ----
-
-/// Runs `gpu_probe ARGS` on both sides; returns their JSON lines (GPU, simgpu).
-fn both(
-    ctx: &Ctx,
-    name: &str,
-    args: &[&str],
-    max_s: u64,
-) -> anyhow::Result<(Vec<Value>, Vec<Value>)> {
-    let mut out = Vec::new();
-    for side in [Side::Gpu, Side::Simgpu] {
-        let state = ctx.fresh(name)?;
-        let f = ctx.probe(name, args, side, &state, None, max_s)?;
-        if !f.ok() {
-            bail!(
-                "gpu_probe {} on {}: {}",
-                args.join(" "),
-                side_name(side),
-                f.why()
-            );
-        }
-        out.push(f.json());
-    }
-    let s = out.pop().unwrap_or_default();
-    Ok((out.pop().unwrap_or_default(), s))
-}
-
-pub fn cal_kernels(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let (g, s) = both(ctx, "cal_kernels", &["kernels"], 30)?;
-    calibrate::kernels(&mut ctx.gpu, &g);
-    calibrate::kernels(&mut ctx.sim, &s);
-    let (gm, sm) = (&ctx.gpu, &ctx.sim);
-    let val = |l: &[Value], c: &str| {
-        first(l, c)
-            .and_then(|v| v["ms"].as_f64().or(v["ms_each"].as_f64()))
-            .map(|ms| ms * 1e3)
-    };
-    let f = vec![
-        figure(
-            "cal_kernels",
-            "empty kernel, fit: base",
-            "us",
-            gm.kernel_base_us,
-            sm.kernel_base_us,
-        ),
-        figure(
-            "cal_kernels",
-            "empty kernel, fit: per wave",
-            "us",
-            gm.wave_us,
-            sm.wave_us,
-        ),
-        figure(
-            "cal_kernels",
-            "empty kernel, one block, event to event",
-            "us",
-            val(&g, "kernel_empty"),
-            val(&s, "kernel_empty"),
-        ),
-        figure(
-            "cal_kernels",
-            "empty kernels back to back, each",
-            "us",
-            val(&g, "kernel_back_to_back"),
-            val(&s, "kernel_back_to_back"),
-        ),
-        figure(
-            "cal_kernels",
-            "jobs' spin kernel: time over what it asked",
-            "us",
-            gm.spin_overhead_us,
-            sm.spin_overhead_us,
-        ),
-    ];
-    let detail = format!(
-        "base {:.1} us / wave {:.2} us on the GPU, {:.1} / {:.2} on simgpu",
-        gm.kernel_base_us.unwrap_or(f64::NAN),
-        gm.wave_us.unwrap_or(f64::NAN),
-        sm.kernel_base_us.unwrap_or(f64::NAN),
-        sm.wave_us.unwrap_or(f64::NAN)
-    );
-    ctx.figures.extend(f);
-    Ok(Outcome::new(
-        Status::Measured,
-        detail,
-        json!({"gpu": g, "simgpu": s}),
-    ))
-}
-
-pub fn cal_copies(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let (g, s) = both(ctx, "cal_copies", &["copies"], 30)?;
-    calibrate::copies(&mut ctx.gpu, &g);
-    calibrate::copies(&mut ctx.sim, &s);
-    let (gm, sm) = (&ctx.gpu, &ctx.sim);
-    let f = vec![
-        figure(
-            "cal_copies",
-            "host to device, pinned",
-            "GB/s",
-            gm.h2d_gbs,
-            sm.h2d_gbs,
-        ),
-        figure(
-            "cal_copies",
-            "device to host, pinned",
-            "GB/s",
-            gm.d2h_gbs,
-            sm.d2h_gbs,
-        ),
-        figure(
-            "cal_copies",
-            "host to device, pageable",
-            "GB/s",
-            gm.h2d_pageable_gbs,
-            sm.h2d_pageable_gbs,
-        ),
-        figure(
-            "cal_copies",
-            "device to host, pageable",
-            "GB/s",
-            gm.d2h_pageable_gbs,
-            sm.d2h_pageable_gbs,
-        ),
-        figure(
-            "cal_copies",
-            "device to device",
-            "GB/s",
-            gm.d2d_gbs,
-            sm.d2d_gbs,
-        ),
-        figure("cal_copies", "memset", "GB/s", gm.memset_gbs, sm.memset_gbs),
-        figure(
-            "cal_copies",
-            "4 KiB pinned copy",
-            "us",
-            gm.copy_4k_us,
-            sm.copy_4k_us,
-        ),
-    ];
-    let detail = format!(
-        "pinned H2D {:.1} GB/s, D2D {:.0} GB/s on the GPU; {:.1} / {:.0} on simgpu",
-        gm.h2d_gbs.unwrap_or(f64::NAN),
-        gm.d2d_gbs.unwrap_or(f64::NAN),
-        sm.h2d_gbs.unwrap_or(f64::NAN),
-        sm.d2d_gbs.unwrap_or(f64::NAN)
-    );
-    ctx.figures.extend(f);
-    Ok(Outcome::new(
-        Status::Measured,
-        detail,
-        json!({"gpu": g, "simgpu": s}),
-    ))
-}
-
-/// Two `gpu_probe slices` processes started together on `side`.
-fn two_slices(ctx: &Ctx, side: Side, secs: &str) -> anyhow::Result<Vec<Value>> {
-    let state = ctx.fresh("slices")?;
-    let mut procs = Vec::new();
-    for _ in 0..2 {
-        let mut cmd = ctx.command(&ctx.bundle.bin("gpu_probe"), side, &state);
-        cmd.args(["slices", secs]);
-        let mut r = runner::spawn(cmd)?;
-        r.wait_line(ctx.limit(30), |l| l.contains("slices_ready"))?;
-        procs.push(r);
-    }
-    for r in &mut procs {
-        r.close_stdin();
-    }
-    let mut lines = Vec::new();
-    for (i, r) in procs.into_iter().enumerate() {
-        let f = r.finish(ctx.limit(30));
-        ctx.log(&format!("cal_slices-{}-{i}", side_name(side)), &f);
-        if !f.ok() {
-            bail!("gpu_probe slices on {}: {}", side_name(side), f.why());
-        }
-        lines.extend(f.json().into_iter().filter(|v| v["check"] == "slices"));
-    }
-    Ok(lines)
-}
-
-pub fn cal_slices(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let secs = if ctx.opts.short { "0.6" } else { "1.5" };
-    let mut data = serde_json::Map::new();
-    for side in [Side::Gpu, Side::Simgpu] {
-        let lines = two_slices(ctx, side, secs)?;
-        let runs: Vec<SliceRun> = lines.iter().filter_map(SliceRun::parse).collect();
-        let r = match runs.as_slice() {
-            [a, b] => calibrate::slices(a, b),
-            _ => None,
-        };
-        let m = match side {
-            Side::Gpu => &mut ctx.gpu,
-            Side::Simgpu => &mut ctx.sim,
-        };
-        m.slice_us = r.map(|r| r.0);
-        m.switch_us = r.map(|r| r.1);
-        let gaps: Vec<usize> = runs.iter().map(|r| r.gaps.len()).collect();
-        data.insert(
-            side_name(side).into(),
-            json!({"gaps": gaps, "slice_us": m.slice_us, "switch_us": m.switch_us}),
-        );
-    }
-    let (gm, sm) = (&ctx.gpu, &ctx.sim);
-    ctx.figures.extend([
-        figure(
-            "cal_slices",
-            "time one process holds the engine",
-            "us",
-            gm.slice_us,
-            sm.slice_us,
-        ),
-        figure(
-            "cal_slices",
-            "switch between the two",
-            "us",
-            gm.switch_us,
-            sm.switch_us,
-        ),
-    ]);
-    let detail = match (gm.slice_us, gm.switch_us) {
-        (Some(sl), Some(sw)) => format!(
-            "slices of {sl:.0} us, switches of {sw:.1} us on the GPU; {:.0} / {:.1} on simgpu",
-            sm.slice_us.unwrap_or(f64::NAN),
-            sm.switch_us.unwrap_or(f64::NAN)
-        ),
-        _ => format!(
-            "no alternation seen on the GPU (gaps {}): the two processes ran without time slices between them (MPS, or one finished first); nothing calibrated from it",
-            data["gpu"]["gaps"]
-        ),
-    };
-    Ok(Outcome::new(Status::Measured, detail, Value::Object(data)))
-}
-
-pub fn cal_managed(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    if !ctx.has_unified_memory() {
-        return Ok(Outcome::new(
-            Status::Unavailable,
-            "no unified memory with GPU page faults on this GPU",
-            Value::Null,
-        ));
-    }
-    let (g, s) = both(ctx, "cal_managed", &["managed", "256"], 45)?;
-    calibrate::managed(&mut ctx.gpu, &g);
-    calibrate::managed(&mut ctx.sim, &s);
-    let (gm, sm) = (&ctx.gpu, &ctx.sim);
-    ctx.figures.extend([
-        figure(
-            "cal_managed",
-            "fault-driven migration, per 2 MiB chunk of 256 MiB",
-            "us",
-            gm.fault_chunk_us,
-            sm.fault_chunk_us,
-        ),
-        figure(
-            "cal_managed",
-            "one 2 MiB chunk faulted in alone",
-            "us",
-            gm.fault_one_us,
-            sm.fault_one_us,
-        ),
-        figure(
-            "cal_managed",
-            "prefetch to the device",
-            "GB/s",
-            gm.prefetch_gbs,
-            sm.prefetch_gbs,
-        ),
-        figure(
-            "cal_managed",
-            "prefetch to the host",
-            "GB/s",
-            gm.prefetch_to_host_gbs,
-            sm.prefetch_to_host_gbs,
-        ),
-    ]);
-    let detail = format!(
-        "{:.0} us per faulted chunk, prefetch {:.1} GB/s on the GPU; {:.0} / {:.1} on simgpu",
-        gm.fault_chunk_us.unwrap_or(f64::NAN),
-        gm.prefetch_gbs.unwrap_or(f64::NAN),
-        sm.fault_chunk_us.unwrap_or(f64::NAN),
-        sm.prefetch_gbs.unwrap_or(f64::NAN)
-    );
-    Ok(Outcome::new(
-        Status::Measured,
-        detail,
-        json!({"gpu": g, "simgpu": s}),
-    ))
-}
-
-pub fn calibration(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let rows = calibrate::table(&ctx.gpu, &ctx.sim);
-    let calibrated = rows.iter().filter(|r| r.calibrated.is_some()).count();
-    ctx.calibration = rows.clone();
-    if calibrated == 0 {
-        return Ok(Outcome::new(
-            Status::NotRun,
-            "no measurement to calibrate with",
-            Value::Null,
-        ));
-    }
-    let header = format!(
-        "simgpu calibrated by `sharectl gpu-check` against {} (driver {}, CUDA driver API {}){}.\nLoad it with SIMGPU_CONFIG=<this file>. Keys left out keep simgpu's defaults.",
-        ctx.platform["name"].as_str().unwrap_or("?"),
-        ctx.platform["driver_version"].as_str().unwrap_or("?"),
-        ctx.platform["cuda_driver_version"],
-        if ctx.opts.sim { " — a dry run: simgpu stood in for the GPU" } else { "" }
-    );
-    let text = calibrate::toml(&ctx.platform, &rows, &header);
-    let file = ctx.out.join("simgpu-calibrated.toml");
-    super::report::atomic_write(&file, text.as_bytes())?;
-    ctx.calibration_file = Some("simgpu-calibrated.toml".into());
-    // simgpu loads it: the device it then reports is the GPU.
-    let state = ctx.fresh("calibrated")?;
-    let mut cmd = ctx.command(&ctx.bundle.bin("gpu_probe"), Side::Simgpu, &state);
-    cmd.arg("info").env("SIMGPU_CONFIG", &file);
-    let f = runner::run(cmd, ctx.limit(20))?;
-    ctx.log("calibration-load", &f);
-    let name = first(&f.json(), "info").and_then(|v| v["name"].as_str().map(str::to_string));
-    let mut p = Vec::new();
-    if !f.ok() || name.as_deref() != ctx.platform["name"].as_str() {
-        p.push(format!(
-            "simgpu did not load the calibration file: {}",
-            f.why()
-        ));
-    }
-    Ok(Outcome::judged(
-        p,
-        format!(
-            "{calibrated} of {} keys calibrated; simgpu loads the file and reports {}",
-            rows.len(),
-            name.unwrap_or_default()
-        ),
-        json!({"file": text}),
-    ))
-}
-
-// ---- M1/M2, cudart, PyTorch ----
-
-pub fn m1m2_driver(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let n = if ctx.opts.short { "12800" } else { "51200" };
-    let shim = ctx.bundle.shim().display().to_string();
-    let (g, s) = both(ctx, "m1m2_driver", &["overhead", &shim, n], 30)?;
-    let get = |l: &[Value], k: &str| first(l, "overhead").and_then(|v| v[k].as_f64());
-    for (name, k) in [
-        ("M1: cuLaunchKernel, direct", "launch_direct_ns"),
-        ("M1: added by the shim", "launch_added_ns"),
-        (
-            "M2: cuMemAlloc + cuMemFree (1 MiB), direct",
-            "alloc_free_direct_ns",
-        ),
-        ("M2: added by the shim", "alloc_free_added_ns"),
-    ] {
-        ctx.figures
-            .push(figure("m1m2_driver", name, "ns", get(&g, k), get(&s, k)));
-    }
-    let detail = format!(
-        "through the shim, a launch {:+.0} ns (of {:.0}), an allocation + free {:+.0} ns (of {:.0}) on the GPU's driver",
-        get(&g, "launch_added_ns").unwrap_or(f64::NAN),
-        get(&g, "launch_direct_ns").unwrap_or(f64::NAN),
-        get(&g, "alloc_free_added_ns").unwrap_or(f64::NAN),
-        get(&g, "alloc_free_direct_ns").unwrap_or(f64::NAN)
-    );
-    Ok(Outcome::new(
-        Status::Measured,
-        detail,
-        json!({"gpu": g, "simgpu": s}),
-    ))
-}
-
-pub fn m1m2_instant(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
-    let bench = ctx.bundle.criterion();
-    if !bench.is_file() {
-        return Ok(Outcome::new(
-            Status::NotRun,
-            "the bundle carries no criterion bench (scripts/gpu-check.sh --bundle builds it with `cargo bench --no-run`; with SHARE_TESTS_SKIP_BUILD=1 only if already built)",
-            Value::Null,
-        ));
-    }
-    // The bench finds libshare.so and the instant driver in $CARGO_TARGET_DIR/release.
-    let state = ctx.fresh("criterion")?;
-    std::os::unix::fs::symlink(ctx.bundle.jobs_dir(), state.join("release"))?;
-    let mut cmd = ctx.command(&bench, Side::Gpu, &state);
-    cmd.env("CARGO_TARGET_DIR", &state)
-        .env("SHARE_TESTS_SKIP_BUILD", "1")
-        .arg("--bench");
-    if ctx.opts.short {
-        cmd.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
-    }
-    let f = runner::run(cmd, ctx.limit(55))?;
-    ctx.log("m1m2_instant", &f);
-    let Some(v) = f
-        .json()
-        .into_iter()
-        .rfind(|v| v["scenario"] == "shim_overhead")
-    else {
-        bail!("the criterion bench printed no summary: {}", f.why());
-    };
-    for (name, k) in [
-        ("M1 (instant driver): added ns per launch", "launch"),
-        (
-            "M2 (instant driver): added ns per allocation + free",
-            "alloc_free",
-        ),
-    ] {
-        ctx.figures.push(figure(
-            "m1m2_instant",
-            name,
-            "ns",
-            v[k]["added_ns"].as_f64(),
-            None,
-        ));
-    }
-    Ok(Outcome::new(
-        Status::Measured,
-        format!(
-            "M1 {:+} ns, M2 {:+} ns on this machine's CPU (BENCHMARKS.md's method)",
-            v["launch"]["added_ns"], v["alloc_free"]["added_ns"]
-        ),
-        v,
-    ))
-}
+// ---- cudart, PyTorch ----
 
 pub fn cudart(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let mut p = Vec::new();
@@ -1545,7 +806,6 @@ pub fn cudart(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             Side::Gpu,
             &state,
             None,
-            25,
         )?;
         let shim = Shim {
             state: &state,
@@ -1560,7 +820,6 @@ pub fn cudart(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
             Side::Gpu,
             &state,
             Some(&shim),
-            25,
         )?;
         for (what, f) in [("plainly", &plain), ("under the shim", &shimmed)] {
             if !f.ok() || !f.stdout.lines().any(|l| l == "OK") {
@@ -1605,7 +864,6 @@ pub fn pytorch(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
         Side::Gpu,
         &state,
         Some(&shim),
-        120,
     ) {
         Ok(f) => f,
         Err(e) if !runner::stopped() => {
@@ -1660,7 +918,7 @@ pub fn pytorch(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
 
 pub fn settings(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let state = ctx.fresh("settings")?;
-    let f = ctx.probe("settings", &["info"], Side::Gpu, &state, None, 20)?;
+    let f = ctx.probe("settings", &["info"], Side::Gpu, &state, None)?;
     let now = first(&f.json(), "info").cloned().unwrap_or(Value::Null);
     let left = runner::reap_all();
     ctx.processes_left = Some(left);
@@ -1794,21 +1052,5 @@ mod tests {
         // Pinned host memory is not device memory.
         assert_eq!(judge_kind(&line("host", 0, q, 0, q), None, q), Ok(None));
         assert!(judge_kind(&line("host", 0, q - 192 * MIB, 2, q), None, q).is_err());
-    }
-
-    #[test]
-    fn bench_rows_become_figures_side_by_side() {
-        let g = vec![
-            json!({"scenario": "S9", "policy": "libshare", "processes": 2, "containers": 1, "p99_ratio": 1.2}),
-            json!({"scenario": "S9", "policy": "native", "processes": 2, "containers": null, "p99_ratio": 2.0}),
-        ];
-        let s = vec![
-            json!({"scenario": "S9", "policy": "libshare", "processes": 2, "containers": 1, "p99_ratio": 1.0}),
-        ];
-        let f = bench_figures("S9", &g, &s, &["p99_ratio", "p99_ms"]);
-        assert_eq!(f.len(), 2);
-        assert_eq!(f[0].name, "libshare processes=2 containers=1: p99_ratio");
-        assert_eq!((f[0].gpu, f[0].simgpu), (Some(1.2), Some(1.0)));
-        assert_eq!((f[1].gpu, f[1].simgpu), (Some(2.0), None));
     }
 }

@@ -13,6 +13,7 @@
 
 mod calibrate;
 mod checks;
+mod measures;
 pub mod report;
 mod runner;
 
@@ -123,49 +124,49 @@ pub const PLAN: &[Plan] = &[
         what: "a production and an opportunistic simjob under sharectl daemon (`sharectl bench S1`, exclusive/native/libshare): production keeps ≥ 0.85 of its solo throughput, the opportunistic job progresses",
         gpu_only: "real time slicing between the two processes, and the jobs' spin kernels timing wall-clock (%globaltimer) rather than modelled device time",
         max_s: 120,
-        run: checks::gate,
+        run: measures::gate,
     },
     Plan {
         name: "cal_kernels",
         what: "an empty kernel's time by its waves, and the jobs' spin kernel against what it asked (calibrates cost.kernel_base, cost.wave)",
         gpu_only: "the GPU's launch and wave times (simgpu: 5 us + 10 us per wave)",
         max_s: 60,
-        run: checks::cal_kernels,
+        run: measures::cal_kernels,
     },
     Plan {
         name: "cal_copies",
         what: "pinned and pageable host-device copies, device-to-device copies, memsets, a 4 KiB copy (calibrates pcie_bandwidth, hbm_bandwidth, copy_base)",
         gpu_only: "the GPU's PCIe and HBM rates (simgpu: 25 GB/s, 1.5 TB/s; pageable copies as pinned, plus the host's own copy)",
         max_s: 60,
-        run: checks::cal_copies,
+        run: measures::cal_copies,
     },
     Plan {
         name: "cal_slices",
         what: "two processes of 100 us kernels back to back: how long each holds the engine and what a switch costs (calibrates timeslice, ctx_switch)",
         gpu_only: "the GPU's time slice and context-switch cost (simgpu: 2 ms and 25 us, assumed)",
         max_s: 60,
-        run: checks::cal_slices,
+        run: measures::cal_slices,
     },
     Plan {
         name: "cal_managed",
         what: "unified memory: 256 MiB faulted in by the jobs' kernel, one 2 MiB chunk, prefetches to the device and back (calibrates fault, fault_bandwidth, prefetch_bandwidth)",
         gpu_only: "the driver's fault batching and migration rates (simgpu: 20 us + 2 MiB at 12 GB/s per chunk, prefetch at 25 GB/s)",
         max_s: 60,
-        run: checks::cal_managed,
+        run: measures::cal_managed,
     },
     Plan {
         name: "calibration",
         what: "simgpu's assumptions against the measurements; the calibration file written and loaded by simgpu",
         gpu_only: "a calibration worth keeping (on simgpu it gives back the model that ran)",
         max_s: 30,
-        run: checks::calibration,
+        run: measures::calibration,
     },
     Plan {
         name: "m1m2_driver",
         what: "M1/M2 through this driver: cuLaunchKernel and cuMemAlloc + cuMemFree of 1 MiB, direct and through the shim, alternating batches",
         gpu_only: "what the shim adds to the real driver's calls (simgpu's own calls cost microseconds of host time)",
         max_s: 60,
-        run: checks::m1m2_driver,
+        run: measures::m1m2_driver,
     },
     Plan {
         name: "cudart",
@@ -186,35 +187,35 @@ pub const PLAN: &[Plan] = &[
         what: "`sharectl bench S3` (kernels; exclusive, native, libshare): production inference p99 beside an opportunistic job",
         gpu_only: "the latency a real time slice gives production",
         max_s: 150,
-        run: checks::s3,
+        run: measures::s3,
     },
     Plan {
         name: "S9",
         what: "`sharectl bench S9` (exclusive, native, libshare; --short: exclusive, libshare): production p99 beside N = 1-8 opportunistic processes",
         gpu_only: "the real driver's scheduling between up to 9 processes",
         max_s: 240,
-        run: checks::s9,
+        run: measures::s9,
     },
     Plan {
         name: "S4",
         what: "`sharectl bench S4` (memory oversubscription; needs unified memory): production beside an oversubscribing opportunistic job",
         gpu_only: "the driver's eviction and fault costs under oversubscription",
         max_s: 150,
-        run: checks::s4,
+        run: measures::s4,
     },
     Plan {
         name: "S5",
         what: "`sharectl bench S5` (thrash; needs unified memory; not with --short): two managed jobs 140 % of the device taking turns",
         gpu_only: "the driver's thrashing against libshare's turns",
         max_s: 240,
-        run: checks::s5,
+        run: measures::s5,
     },
     Plan {
         name: "m1m2_instant",
         what: "M1/M2 as BENCHMARKS.md measures them (criterion, the instant driver) on this machine's CPU, if the bundle carries the bench",
         gpu_only: "nothing: no driver is involved; it shows this machine's CPU against the build machine's",
         max_s: 60,
-        run: checks::m1m2_instant,
+        run: measures::m1m2_instant,
     },
     Plan {
         name: "settings",

@@ -368,7 +368,7 @@ pub fn platform_rows(p: &Value) -> Vec<(&'static str, String)> {
 fn fmt(v: Option<f64>) -> String {
     match v {
         None => "-".into(),
-        Some(v) if v == 0.0 => "0".into(),
+        Some(0.0) => "0".into(),
         Some(v) if v.abs() >= 100.0 => format!("{v:.0}"),
         Some(v) if v.abs() >= 1.0 => format!("{v:.2}"),
         Some(v) => format!("{v:.4}"),
