@@ -38,6 +38,36 @@ pub fn sleep_until(deadline: Instant) -> bool {
     }
 }
 
+/// Waits until `parties` jobs given the same `dir` have reached this call (each leaves a file
+/// named by its pid there), polling every millisecond so they leave within about one of each
+/// other. Returns `Ok(false)` if a stop was requested first; an error if the others have not
+/// come within `timeout` (a job that failed to start), naming how many did.
+pub fn barrier(dir: &std::path::Path, parties: usize, timeout: Duration) -> anyhow::Result<bool> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("--barrier {}", dir.display()))?;
+    std::fs::write(dir.join(std::process::id().to_string()), b"")
+        .with_context(|| format!("--barrier {}: cannot write there", dir.display()))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let here = std::fs::read_dir(dir)
+            .with_context(|| format!("--barrier {}", dir.display()))?
+            .count();
+        if here >= parties {
+            return Ok(true);
+        }
+        if stop_requested() {
+            return Ok(false);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "--barrier {}: {here} of --parties {parties} jobs arrived within {timeout:?}; \
+             did the others fail to start?",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn install_stop_handlers() {
     // SAFETY: `sa` is a zeroed (valid) sigaction owned by this frame, filled before being passed
     // by pointer; the installed handler `on_signal` is async-signal-safe (an atomic swap and

@@ -126,8 +126,20 @@ pub struct SetRequest {
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
     Set(SetRequest),
-    Get { container: String },
-    Reset { container: String },
+    Get {
+        container: String,
+    },
+    Reset {
+        container: String,
+    },
+    /// The runtime's `createRuntime` hook (`sharectl hook`): the container whose runtime id is
+    /// `container` has process `pid` (host pid namespace). The daemon reads that process's
+    /// cgroup itself (pinned, as at a registration), checks that it names this container, and
+    /// sets the driver's limits on that cgroup before the container's first process runs.
+    Started {
+        container: String,
+        pid: u32,
+    },
 }
 
 /// A container as the daemon sees it: its settings and what its state file holds now.
@@ -211,6 +223,19 @@ mod tests {
         });
         assert_eq!(Request::decode(&r.encode()), Ok(r));
         assert!(Request::decode(br#"{"op":"set","container":"x","bogus":1}"#).is_err());
+        let started = Request::Started {
+            container: "4f3c2a1b0d9e".repeat(5),
+            pid: 4242,
+        };
+        assert_eq!(Request::decode(&started.encode()), Ok(started));
+        assert_eq!(
+            Request::decode(br#"{"op":"started","container":"c","pid":7}"#),
+            Ok(Request::Started {
+                container: "c".into(),
+                pid: 7
+            })
+        );
+        assert!(Request::decode(br#"{"op":"started","container":"c","pid":-1}"#).is_err());
         assert!(Request::decode(br#"{"op":"set","container":"x","memory":-1}"#).is_err());
         let mut s = ContainerSettings::default();
         s.all.memory = Some(10);

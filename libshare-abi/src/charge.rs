@@ -170,6 +170,8 @@ impl State {
                 let m = self.mirror(i, d).map_or(0, |m| m.load(Acquire));
                 s.uncharged[d].store(0, Release);
                 s.charged[d].store(m, Release);
+                let mm = self.managed_mirror.get(i * MAX_DEVICES + d);
+                s.managed[d].store(mm.map_or(0, |m| m.load(Acquire)), Release);
             }
             if let Some(l) = self.limit_mirror.get(i) {
                 s.compute_limit.store(l.load(Acquire), Release);

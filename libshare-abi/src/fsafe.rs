@@ -402,3 +402,166 @@ pub(crate) fn private_dir_of(path: &Path, uid: u32) -> Result<bool, String> {
         }
     }
 }
+
+/// Splits `path` into its directory (`.` when it has none) and its last component.
+fn dir_and_name(path: &Path) -> Result<(&Path, &std::ffi::OsStr), StateError> {
+    let name = path.file_name().ok_or_else(|| StateError::WrongType {
+        path: path.into(),
+        kind: "directory",
+        expected: "regular file",
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((dir, name))
+}
+
+/// Replaces `path` with `bytes`, atomically and durably: the one checked writer of the files
+/// libshare keeps on the host (allocations and prepared claims, their CDI specs, the preload
+/// list). The directory is reached (and created, 0700, if missing) with [`open_dir`]'s checks;
+/// the bytes go to a new temporary file beside it (`O_CREAT|O_EXCL|O_NOFOLLOW`, an
+/// unpredictable name: a planted file or link is never written through), which gets `mode`
+/// whatever the umask, is written and `fsync`ed, then renamed over `path`, and the directory is
+/// `fsync`ed so the rename survives a crash. A reader sees the old file or the new one, never
+/// half of one. On any error the temporary file is removed and `path` is unchanged.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateError> {
+    use std::io::Write;
+    let (dir_path, name) = dir_and_name(path)?;
+    let dir = open_dir(dir_path, true)?;
+    let final_name = cstr(name, path)?;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp_name = format!(
+        ".{}.{}-{:x}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        nanos ^ (seq << 32)
+    );
+    let tmp = cstr(tmp_name.as_ref(), path)?;
+    let fd = open_at(
+        dir.as_raw_fd(),
+        &tmp,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    );
+    if fd < 0 {
+        return Err(StateError::io("create a temporary file for", path, errno()));
+    }
+    // SAFETY: a fresh descriptor from openat, owned by nobody else.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    let written = (|| {
+        // SAFETY: `f` is an open descriptor; the umask may have removed bits.
+        if unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) } != 0 {
+            return Err(StateError::io("set the mode of", path, errno()));
+        }
+        f.write_all(bytes)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| StateError::io("write", path, e))?;
+        // SAFETY: both names are NUL-terminated and relative to the open directory `dir`.
+        let r = unsafe {
+            libc::renameat(
+                dir.as_raw_fd(),
+                tmp.as_ptr(),
+                dir.as_raw_fd(),
+                final_name.as_ptr(),
+            )
+        };
+        if r != 0 {
+            return Err(StateError::io("replace", path, errno()));
+        }
+        Ok(())
+    })();
+    if written.is_err() {
+        // SAFETY: `tmp` is NUL-terminated and relative to the open directory `dir`.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+        return written;
+    }
+    // SAFETY: `dir` is an open directory descriptor; a failed fsync of it loses durability
+    // only (the rename is done).
+    unsafe { libc::fsync(dir.as_raw_fd()) };
+    Ok(())
+}
+
+/// Reads a file libshare wrote on the host (see [`write_atomic`]) with the checks an operator's
+/// file gets ([`open_operator_file`]: no symlink, no FIFO, a regular file of root or ours not
+/// writable by others, every directory on the way checked), at most `limit` bytes (more is an
+/// error). `Ok(None)` if it does not exist.
+pub fn read_checked(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, StateError> {
+    use std::io::Read;
+    let Some(f) = open_operator_file(path)? else {
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    f.take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| StateError::io("read", path, e))?;
+    if out.len() as u64 > limit {
+        return Err(StateError::io(
+            "read",
+            path,
+            std::io::Error::other(format!("larger than {limit} bytes")),
+        ));
+    }
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+mod writer_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn write_atomic_replaces_with_the_mode_and_never_writes_through_a_link() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sub/rec.json");
+        write_atomic(&p, b"one", 0o644).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"one");
+        let m = std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(m, 0o644);
+        let sub = std::fs::metadata(d.path().join("sub")).unwrap();
+        assert_eq!(
+            sub.permissions().mode() & 0o777,
+            0o700,
+            "a new directory is private"
+        );
+        write_atomic(&p, b"two", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(read_checked(&p, 16).unwrap().unwrap(), b"two");
+        assert!(read_checked(&p, 2).is_err(), "over the limit");
+        assert_eq!(read_checked(&d.path().join("none"), 16).unwrap(), None);
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(d.path().join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["rec.json"]);
+
+        // A link in the file's place is replaced, not written through.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let l = d.path().join("sub/link.json");
+        std::os::unix::fs::symlink(&victim, &l).unwrap();
+        assert!(matches!(
+            read_checked(&l, 16),
+            Err(StateError::Symlink { .. })
+        ));
+        write_atomic(&l, b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(!std::fs::symlink_metadata(&l)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+
+        // A directory others can write is refused, and nothing is written there.
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = write_atomic(&open.join("x"), b"x", 0o600).unwrap_err();
+        assert!(matches!(e, StateError::OpenToOthers { .. }), "{e}");
+        assert!(std::fs::read_dir(&open).unwrap().next().is_none());
+    }
+}

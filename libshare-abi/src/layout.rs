@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"LSHARE\0\x01");
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 pub const STATE_FILE: &str = "state.shm";
@@ -90,6 +90,10 @@ pub struct Header {
     /// their devices: its clock (`demote::stamp`) at its last look, 0 = no protection (see
     /// `demote.rs`). Was reserved (always 0) before.
     pub protect: AtomicU32,
+    /// Opportunistic shims: a bit per device on which an allocation found too little room
+    /// under [`DeviceState::pin_cap`] and waits for the daemon to look again (its
+    /// [`DeviceState::pin_need`]; `pin.rs`); the daemon clears the bits it takes. (Version 6.)
+    pub pin_want: AtomicU32,
 }
 
 impl Header {
@@ -114,7 +118,11 @@ pub const FLAG_DAEMON_MANAGED: u32 = 1;
 /// jobs' device allocations become managed memory and its quota limits their footprint, which
 /// may exceed the device ([`State::oversubscribes`]).
 pub const FLAG_OVERSUBSCRIBE: u32 = 2;
-pub(crate) const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE;
+/// A daemon bounds the device memory this container may hold that cannot be demoted (everything
+/// but managed memory) by [`DeviceState::pin_cap`] while it is opportunistic, so that it never
+/// takes what production containers are guaranteed (`pin.rs`). The daemon's word.
+pub const FLAG_PIN_BOUND: u32 = 4;
+pub(crate) const KNOWN_FLAGS: u32 = FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE | FLAG_PIN_BOUND;
 
 #[repr(C, align(64))]
 pub struct DeviceState {
@@ -187,6 +195,17 @@ pub struct DeviceState {
     pub demote: AtomicU64,
     /// Opportunistic: bytes of managed memory the container's shims hold demoted now.
     pub demoted: AtomicU64,
+    // The bound on memory that cannot be demoted (`pin.rs`; version 6).
+    /// The daemon's: the most device memory other than managed memory the container may hold
+    /// on this device while it is opportunistic and [`FLAG_PIN_BOUND`] is set (0: none at all).
+    /// Written under the container's pin lock only.
+    pub pin_cap: AtomicU64,
+    /// The daemon's: +1 each time it decided `pin_cap` after a want (the futex a waiting shim
+    /// waits on).
+    pub pin_gen: AtomicU32,
+    /// Opportunistic shims: the most pinned memory beyond `pin_cap` an allocation waiting for
+    /// the daemon needs (the daemon takes it with the want's bit).
+    pub pin_need: AtomicU64,
 }
 
 #[repr(C, align(64))]
@@ -213,6 +232,11 @@ pub struct ProcSlot {
     /// last, see `rate::add_in_flight`): what leaves `in_flight_ns` when the slot is cleared
     /// (its process exited or died).
     pub in_flight: [AtomicU64; MAX_DEVICES],
+    /// Of this slot's net on each device, the bytes of managed memory (demotable): the rest
+    /// cannot be demoted (`pin.rs`). Written by the slot's process only; raised after its net,
+    /// lowered before it, and changed only under the pin lock while the container is bounded.
+    /// (Version 6.)
+    pub managed: [AtomicU64; MAX_DEVICES],
 }
 
 impl ProcSlot {
@@ -257,3 +281,5 @@ pub const FILE_SIZE: usize = TRAILER_OFFSET + std::mem::size_of::<Trailer>();
 pub const SLOT_LOCK_BASE: u64 = FILE_SIZE as u64;
 /// The byte of the lifecycle lock.
 pub const LIFECYCLE_LOCK: u64 = SLOT_LOCK_BASE + MAX_PROCS as u64;
+/// The byte of the pin lock (`pin.rs`).
+pub const PIN_LOCK: u64 = LIFECYCLE_LOCK + 1;

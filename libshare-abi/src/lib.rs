@@ -105,10 +105,11 @@
 pub mod admin;
 pub mod demote;
 mod error;
-mod fsafe;
+pub mod fsafe;
 pub mod hami;
 mod lock;
 pub mod names;
+pub mod pin;
 pub mod rate;
 pub mod register;
 mod sigbus;

@@ -69,6 +69,7 @@ impl State {
         for d in 0..MAX_DEVICES {
             s.charged[d].store(0, Release);
             s.uncharged[d].store(0, Release);
+            s.managed[d].store(0, Release);
             // What its process still had in flight (a `kill -9`, or an exit with launches
             // pending) leaves the container's sum, so no other process waits for it.
             rate::release_in_flight(self.device(d), &s.in_flight[d]);
@@ -203,6 +204,7 @@ impl slots::SlotTable for State {
             s.launches[d].store(0, Release);
             s.allocs[d].store(0, Release);
             s.in_flight[d].store(0, Release);
+            s.managed[d].store(0, Release);
         }
     }
     fn free_slot(&self, i: usize) {
@@ -249,6 +251,9 @@ impl slots::SlotTable for State {
             self.reset_slot(i);
             for d in 0..MAX_DEVICES {
                 if let Some(m) = self.mirror(i, d) {
+                    m.store(0, Release);
+                }
+                if let Some(m) = self.managed_mirror.get(i * MAX_DEVICES + d) {
                     m.store(0, Release);
                 }
             }

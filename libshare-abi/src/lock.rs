@@ -79,22 +79,36 @@ pub(crate) fn getpid() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
-/// The process-wide lock of slot and lifecycle operations. A word holding the pid of its holder:
-/// after `fork`, the child finds its parent's pid there if a parent thread held it, and takes it
-/// over (that thread does not exist in the child). Cold paths only (claim, release, reclaim).
+/// The process-wide lock of slot and lifecycle operations (see [`WordLock`]). Cold paths only
+/// (claim, release, reclaim).
 static PLOCK: AtomicU32 = AtomicU32::new(0);
 
-pub(crate) struct ProcessLock(());
+pub(crate) struct ProcessLock {
+    _w: WordLock<'static>,
+}
 
 impl ProcessLock {
     pub(crate) fn take() -> ProcessLock {
+        ProcessLock {
+            _w: WordLock::take(&PLOCK),
+        }
+    }
+}
+
+/// A lock between the threads of one process on a word holding the pid of its holder: after
+/// `fork`, the child finds its parent's pid there if a parent thread held it, and takes it over
+/// (that thread does not exist in the child). Released on drop.
+pub(crate) struct WordLock<'a>(&'a AtomicU32);
+
+impl<'a> WordLock<'a> {
+    pub(crate) fn take(word: &'a AtomicU32) -> WordLock<'a> {
         let me = getpid();
         loop {
-            match PLOCK.compare_exchange(0, me, Acquire, Relaxed) {
-                Ok(_) => return ProcessLock(()),
+            match word.compare_exchange(0, me, Acquire, Relaxed) {
+                Ok(_) => return WordLock(word),
                 Err(h) if h != me => {
-                    if PLOCK.compare_exchange(h, me, Acquire, Relaxed).is_ok() {
-                        return ProcessLock(()); // held by our parent at fork time
+                    if word.compare_exchange(h, me, Acquire, Relaxed).is_ok() {
+                        return WordLock(word); // held by our parent at fork time
                     }
                 }
                 Err(_) => std::thread::yield_now(),
@@ -103,9 +117,9 @@ impl ProcessLock {
     }
 }
 
-impl Drop for ProcessLock {
+impl Drop for WordLock<'_> {
     fn drop(&mut self) {
-        PLOCK.store(0, Release);
+        self.0.store(0, Release);
     }
 }
 

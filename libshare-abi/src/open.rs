@@ -69,6 +69,10 @@ pub struct State {
     pub(crate) mirror: Box<[AtomicU64]>,
     /// Process-local copy of the compute limits of `mine` slots.
     pub(crate) limit_mirror: Box<[AtomicU32]>,
+    /// Process-local copy of the managed bytes of `mine` slots ([slot * MAX_DEVICES + dev]).
+    pub(crate) managed_mirror: Box<[AtomicU64]>,
+    /// The thread lock of this State's pin lock (`pin.rs`): the pid of its holder.
+    pub(crate) pin_holder: AtomicU32,
 }
 
 // SAFETY: `base` is a mapping owned by this State (unmapped only in Drop), not tied to the thread
@@ -191,6 +195,8 @@ impl State {
             mine: (0..n).map(|_| AtomicBool::new(false)).collect(),
             mirror: (0..n * MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
             limit_mirror: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            managed_mirror: (0..n * MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
+            pin_holder: AtomicU32::new(0),
         }
     }
 

@@ -270,15 +270,57 @@ fn child_entry() {
 
 #[test]
 fn layout_is_stable() {
-    assert_eq!(HEADER_SIZE, 64);
-    assert_eq!(std::mem::size_of::<DeviceState>(), 192);
+    // v6 appended the pin words (`pin.rs`) to the header and each device, and each slot's
+    // managed bytes.
+    assert_eq!(HEADER_SIZE, 128);
+    assert_eq!(std::mem::size_of::<DeviceState>(), 256);
     assert_eq!(FILE_SIZE % 64, 0);
     assert_eq!(std::mem::offset_of!(Header, epoch), 48);
     assert_eq!(FILE_SIZE - TRAILER_OFFSET, 64);
     // The compute limit took the slot's padding; v5 appended each device's in-flight part.
-    assert_eq!(std::mem::size_of::<ProcSlot>(), 704);
+    assert_eq!(std::mem::size_of::<ProcSlot>(), 832);
     assert_eq!(std::mem::offset_of!(ProcSlot, compute_limit), 4);
     assert_eq!(std::mem::offset_of!(ProcSlot, start_time), 8);
+}
+
+#[test]
+fn pinned_memory_is_what_slots_hold_less_their_managed_part_until_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = State::open_or_create(dir.path()).unwrap();
+    let me = st.claim_slot(std::process::id()).unwrap();
+    assert!(st.charge(me, 0, 100));
+    assert!(st.charge(me, 0, 60));
+    st.add_managed(me, 0, 60);
+    assert!(st.charge(me, 1, 7));
+    assert_eq!(
+        (st.pinned(0), st.pinned(1), st.managed_footprint()),
+        (100, 7, 60)
+    );
+    // A managed free: managed first, then the net; in between it reads high, never low.
+    st.sub_managed(me, 0, 60);
+    assert_eq!(st.pinned(0), 160);
+    st.uncharge(me, 0, 60);
+    assert_eq!((st.pinned(0), st.managed_footprint()), (100, 0));
+    // A dead process's slot counts until it is reclaimed (its memory may still be held).
+    let dead = st.claim_slot(std::process::id()).unwrap();
+    assert!(st.charge(dead, 0, 5));
+    assert_eq!(st.pinned(0), 105);
+    assert!(st.release_slot(dead, std::process::id()));
+    assert_eq!(st.pinned(0), 100);
+    // The pin lock: taken, and again once released (threads of one process queue on it).
+    let g = st.pin_lock().expect("the pin lock");
+    drop(g);
+    assert!(st.try_pin_lock().is_some());
+    // A view (no descriptor to lock with) cannot take it.
+    let view = State::open_view(&dir.path().join(STATE_FILE)).unwrap();
+    assert!(view.try_pin_lock().is_none());
+    assert!(!st.pin_bounded(), "production, no flag");
+    st.header().set_class(Class::Opportunistic);
+    st.header().flags.fetch_or(FLAG_PIN_BOUND, AcqRel);
+    assert!(st.pin_bounded());
+    st.post_pin_want(3, 42);
+    assert_eq!(st.take_pin_wants(), 1 << 3);
+    assert_eq!((st.take_pin_wants(), st.device(3).take_pin_need()), (0, 42));
 }
 
 #[test]

@@ -27,6 +27,10 @@ pub struct Allocation {
     pub quota: BTreeMap<String, u64>,
     /// The class when the pod's annotation does not say.
     pub default_class: Class,
+    /// The namespaces whose pods may be production (`*`: all; the plugin's
+    /// `--production-namespaces`): a pod elsewhere is opportunistic whatever it asks.
+    #[serde(default)]
+    pub production_namespaces: Vec<String>,
 }
 
 /// Where allocations are recorded.

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -68,6 +69,9 @@ pub struct Config {
     /// CDI kind (`libshare.dev/gpu`).
     pub cdi_kind: String,
     pub default_class: Class,
+    /// Namespaces whose pods may be production (`*`: all), recorded with each allocation for
+    /// the hook.
+    pub production_namespaces: Vec<String>,
     /// Mounts for a kubelet without CDI (empty: CDI only).
     pub legacy_mounts: Vec<LegacyMount>,
 }
@@ -188,6 +192,7 @@ impl DevicePlugin for Plugin {
                     .map(|(gpu, n)| (gpu.to_string(), *n as u64 * self.cfg.share_bytes))
                     .collect(),
                 default_class: self.cfg.default_class,
+                production_namespaces: self.cfg.production_namespaces.clone(),
             };
             self.record(&a, &g.visible()).map_err(|e| {
                 tracing::error!("{e}");
@@ -292,14 +297,9 @@ pub fn spec_path(cdi_dir: &Path, kind: &str, name: &str) -> PathBuf {
     cdi_dir.join(format!("{}-{name}.json", kind.replace('/', "_")))
 }
 
+/// An allocation's files: root's, replaced atomically (`libshare_abi::fsafe`).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", path.display())
-        })
+    libshare_abi::fsafe::write_atomic(path, bytes, 0o644).map_err(|e| e.to_string())
 }
 
 /// The devices NVML reports now, as shares; unhealthy (the last list) when NVML fails.
@@ -392,10 +392,23 @@ pub fn check(cfg: &Config) -> Result<(), PluginError> {
     Ok(())
 }
 
+/// SIGTERM's and SIGINT's streams (what stops a plugin).
+pub(crate) fn signals() -> Result<(Signal, Signal), PluginError> {
+    let on = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|err| PluginError::Serve {
+            path: name.into(),
+            err,
+        })
+    };
+    Ok((
+        on(SignalKind::terminate(), "SIGTERM")?,
+        on(SignalKind::interrupt(), "SIGINT")?,
+    ))
+}
+
 /// Runs until SIGTERM or SIGINT: serves, registers, re-registers after a kubelet restart, and
 /// rescans the GPUs.
 pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
-    use tokio::signal::unix::{signal, SignalKind};
     check(&cfg)?;
     for d in [&cfg.plugin_dir, &cfg.cdi_dir] {
         std::fs::create_dir_all(d).map_err(|err| PluginError::Serve {
@@ -411,14 +424,7 @@ pub async fn run(cfg: Config, node: Arc<dyn Node>) -> Result<(), PluginError> {
         cfg.share_bytes >> 20
     );
     let (tx, rx) = watch::channel(first);
-    let mut term = signal(SignalKind::terminate()).map_err(|err| PluginError::Serve {
-        path: "SIGTERM".into(),
-        err,
-    })?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|err| PluginError::Serve {
-        path: "SIGINT".into(),
-        err,
-    })?;
+    let (mut term, mut int) = signals()?;
     let sock = cfg.plugin_dir.join(&cfg.endpoint);
     let kubelet = cfg.plugin_dir.join("kubelet.sock");
     let mut rescan = tokio::time::interval(cfg.rescan);

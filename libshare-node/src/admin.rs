@@ -1,7 +1,11 @@
 //! The admin socket (`<state dir>/admin.sock`, mode 0600, and only root or the daemon's own
 //! user is served, by the kernel's peer credentials): `set`, `get`, `reset` of a container's
 //! settings ([`crate::settings`]), each applied to the container's state file before the answer
-//! goes back, so a running job sees it at its next allocation or launch.
+//! goes back, so a running job sees it at its next allocation or launch; and `started`, from
+//! the runtime's `createRuntime` hook: the daemon reads the container's process's cgroup itself
+//! (pinned, [`crate::peer::cgroups_of_pid`]), checks that it names the container the hook says
+//! ([`crate::identity::naming`]), and sets the driver's limits on it at once ([`crate::caps`]),
+//! so they hold before the container's first process runs, whether or not it ever registers.
 
 use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
@@ -46,6 +50,8 @@ pub enum AdminError {
     },
     #[error("unknown container {0}: nothing is set for it and it has not started")]
     UnknownContainer(String),
+    #[error("container {id}: {why}")]
+    NotTheContainer { id: String, why: String },
     #[error("container {name}: {err}")]
     State {
         name: String,
@@ -63,6 +69,9 @@ pub struct AdminService {
     /// The daemon trusts the processes' environment (what the settings leave unset is theirs).
     env_trusted: bool,
     uid: u32,
+    /// How cgroups name containers, and the driver's caps ([`AdminService::with_identity`]).
+    identity: crate::identity::IdentityConfig,
+    caps: Option<Arc<crate::caps::Caps>>,
 }
 
 impl AdminService {
@@ -79,7 +88,53 @@ impl AdminService {
             env_trusted,
             // SAFETY: geteuid cannot fail.
             uid: unsafe { libc::geteuid() },
+            identity: Default::default(),
+            caps: None,
         }
+    }
+
+    /// How the registration socket names containers, and the caps to set at `started`.
+    pub fn with_identity(
+        mut self,
+        identity: crate::identity::IdentityConfig,
+        caps: Option<Arc<crate::caps::Caps>>,
+    ) -> Self {
+        self.identity = identity;
+        self.caps = caps;
+        self
+    }
+
+    /// `started`: process `pid` is container `id`'s (the runtime says so at createRuntime).
+    fn started(&self, id: &str, pid: u32) -> Result<ContainerReport, AdminError> {
+        let wrong = |why: String| AdminError::NotTheContainer {
+            id: libshare_abi::names::escape(id).into_owned(),
+            why,
+        };
+        let names = crate::identity::names_of_id(id);
+        if names.is_empty() {
+            return Err(wrong(format!(
+                "not a container id ({NAME_RULE}, or a runtime's hex id)"
+            )));
+        }
+        let text = crate::peer::cgroups_of_pid(pid).map_err(|e| wrong(e.to_string()))?;
+        let n = crate::identity::naming(&text, &self.identity).ok_or_else(|| {
+            wrong(format!(
+                "its process {pid} is in no cgroup that names a container (a runtime's layout under its parent cgroup, made by root, or --cgroup-prefix): its processes will be container host; no driver limit set"
+            ))
+        })?;
+        if !names.contains(&n.name) {
+            return Err(wrong(format!(
+                "its process {pid} is in cgroup {}, which names container {}: no driver limit set",
+                libshare_abi::names::escape(&n.cgroup),
+                n.name
+            )));
+        }
+        if let Some(caps) = &self.caps {
+            caps.learn_and_apply(&self.state_dir, &n.name, n.dir.clone());
+        }
+        tracing::info!(container = %n.name, pid, cgroup = %n.cgroup, caps = self.caps.is_some(), "container's cgroup taken at createRuntime");
+        let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        self.report(&n.name, &settings)
     }
 
     /// The devices a setting for every device is written to: the node's (NVML), else all.
@@ -231,16 +286,20 @@ impl AdminService {
     }
 
     fn answer(&self, req: Request) -> Result<ContainerReport, AdminError> {
-        let name = match &req {
-            Request::Set(q) => &q.container,
-            Request::Get { container } | Request::Reset { container } => container,
+        let named = |name: &str| {
+            if valid_container_name(name) {
+                Ok(())
+            } else {
+                Err(AdminError::BadName(name.to_string()))
+            }
         };
-        if !valid_container_name(name) {
-            return Err(AdminError::BadName(name.clone()));
-        }
         match req {
-            Request::Set(q) => self.set(q),
+            Request::Set(q) => {
+                named(&q.container)?;
+                self.set(q)
+            }
             Request::Get { container } => {
+                named(&container)?;
                 let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
                 let r = self.report(&container, &settings)?;
                 if !r.present && settings.get(&container).is_none() {
@@ -248,7 +307,12 @@ impl AdminService {
                 }
                 Ok(r)
             }
-            Request::Reset { container } => self.reset(&container),
+            Request::Reset { container } => {
+                named(&container)?;
+                self.reset(&container)
+            }
+            // A runtime's id (64 hex digits, or the name runc was given): checked there.
+            Request::Started { container, pid } => self.started(&container, pid),
         }
     }
 }

@@ -26,7 +26,9 @@
 
 use crate::settings::Settings;
 use libshare_abi::admin::ContainerSettings;
-use libshare_abi::{Class, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
+use libshare_abi::{
+    Class, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, FLAG_PIN_BOUND, MAX_DEVICES,
+};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -46,6 +48,9 @@ pub struct Words {
     /// May oversubscribe ([`FLAG_OVERSUBSCRIBE`]); without trust in the environment, no unless
     /// set (a job's `CUDA_OVERSUBSCRIBE` counts only where the environment does).
     pub oversubscribe: Option<bool>,
+    /// The daemon bounds the container's memory that cannot be demoted while it is
+    /// opportunistic ([`FLAG_PIN_BOUND`], `libshare_abi::pin`): it knows the devices' memory.
+    pub pin_bound: bool,
 }
 
 /// Which words [`Words::assert`] had to write back.
@@ -54,6 +59,7 @@ pub struct Restored {
     pub class: bool,
     pub oversubscribe: bool,
     pub managed: bool,
+    pub pin_bound: bool,
     pub quota: bool,
     pub compute: bool,
     pub weight: bool,
@@ -64,6 +70,7 @@ impl Restored {
         self.class
             || self.oversubscribe
             || self.managed
+            || self.pin_bound
             || self.quota
             || self.compute
             || self.weight
@@ -75,6 +82,7 @@ impl Restored {
             (self.class, "class"),
             (self.oversubscribe, "oversubscribe flag"),
             (self.managed, "managed flag"),
+            (self.pin_bound, "pin-bound flag"),
             (self.quota, "quota"),
             (self.compute, "compute share"),
             (self.weight, "weight"),
@@ -108,6 +116,7 @@ impl Words {
         weight: [None; MAX_DEVICES],
         env_trusted: true,
         oversubscribe: None,
+        pin_bound: false,
     };
 
     /// The words of settings `s` on a node of `devices` devices.
@@ -153,6 +162,10 @@ impl Words {
         if self.managed && state.header().flags.load(Acquire) & FLAG_DAEMON_MANAGED == 0 {
             state.header().flags.fetch_or(FLAG_DAEMON_MANAGED, AcqRel);
             r.managed = true;
+        }
+        if self.pin_bound && state.header().flags.load(Acquire) & FLAG_PIN_BOUND == 0 {
+            state.header().flags.fetch_or(FLAG_PIN_BOUND, AcqRel);
+            r.pin_bound = true;
         }
         for d in 0..MAX_DEVICES {
             let dev = state.device(d);
@@ -219,7 +232,11 @@ pub struct Authority {
     settings: Arc<Mutex<Settings>>,
     devices: usize,
     env_trusted: bool,
+    pin_bound: bool,
     pub restores: Arc<Restores>,
+    /// Who made which container, and when each last registered ([`crate::book`]): the
+    /// registration service limits new containers by it, the registry forgets idle ones.
+    book: Option<Arc<crate::book::Book>>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -244,8 +261,32 @@ impl Authority {
             settings,
             devices,
             env_trusted,
+            pin_bound: false,
             restores,
+            book: None,
         }
+    }
+
+    /// The daemon bounds opportunistic containers' memory that cannot be demoted (it knows
+    /// the devices' memory): every container's words carry [`FLAG_PIN_BOUND`].
+    pub fn with_pin_bound(mut self, on: bool) -> Self {
+        self.pin_bound = on;
+        self
+    }
+
+    /// Limits new containers and forgets idle ones by `book`.
+    pub fn with_book(mut self, book: crate::book::Book) -> Self {
+        self.book = Some(Arc::new(book));
+        self
+    }
+
+    pub fn book(&self) -> Option<&crate::book::Book> {
+        self.book.as_deref()
+    }
+
+    /// Whether the operator has settings of `name`'s own (not only the defaults).
+    pub fn has_settings(&self, name: &str) -> bool {
+        self.lock().get(name).is_some()
     }
 
     /// The settings' generation (changes with every `set` and `reset`).
@@ -259,7 +300,10 @@ impl Authority {
 
     /// The words the daemon holds for `name` now.
     pub fn words(&self, name: &str) -> Words {
-        Words::of(&self.lock().effective(name), self.devices, self.env_trusted)
+        Words {
+            pin_bound: self.pin_bound,
+            ..Words::of(&self.lock().effective(name), self.devices, self.env_trusted)
+        }
     }
 
     /// HAMi mode: makes `s` (what HAMi's variables said to the container's first registering
@@ -326,6 +370,7 @@ mod tests {
                 class: true,
                 oversubscribe: false,
                 managed: true,
+                pin_bound: false,
                 quota: true,
                 compute: true,
                 weight: true

@@ -7,12 +7,17 @@
 //! removed cgroup takes its limits with it. Where the call is absent (an older driver, no NVML,
 //! not root) the daemon says so once and the shim alone enforces quotas, as before.
 //!
-//! A container's cgroup is learnt when one of its processes registers (the cgroup that named
-//! it, [`crate::identity::container_cgroup`]); [`Caps::reconcile`] (every 100 ms, its own
-//! thread) writes the quotas the containers' state files hold into the driver.
+//! The limits are keyed by cgroup: each cgroup that names a container (the cgroup root made,
+//! [`crate::identity::naming`]) gets that container's quota, and no registration can move them
+//! to another cgroup. A container's cgroup is learnt at the runtime's `createRuntime` hook
+//! (`sharectl hook` tells the admin socket the container's process, [`crate::admin`]), where
+//! its limits are set at once, before the container's first process runs; and again when one
+//! of its processes registers (a container the hook did not start). [`Caps::reconcile`] (every
+//! 100 ms, its own thread) writes the quotas the containers' state files hold into the driver
+//! for every cgroup learnt while it exists.
 
 use crate::view::NodeView;
-use libshare_abi::Class;
+use libshare_abi::{Class, State};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CString};
 use std::path::{Path, PathBuf};
@@ -215,12 +220,14 @@ unsafe fn sym<T>(lib: *mut c_void, name: &std::ffi::CStr) -> Option<T> {
     (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
 }
 
-/// The limits the daemon wants for a container on one device: (soft, hard).
-pub fn wanted(class: Class, quota: u64) -> (u64, u64) {
+/// The limits the daemon wants for a container on one device: (soft, hard). `guarantee`: a
+/// production container's quota is also its soft limit (the memory the driver guarantees it);
+/// off in HAMi mode, where the class and quota come from the tenant's environment.
+pub fn wanted(class: Class, quota: u64, guarantee: bool) -> (u64, u64) {
     match (quota, class) {
         (0, _) => (0, NO_LIMIT),
-        (q, Class::Production) => (q, q),
-        (q, Class::Opportunistic) => (0, q),
+        (q, Class::Production) if guarantee => (q, q),
+        (q, _) => (0, q),
     }
 }
 
@@ -228,16 +235,18 @@ pub fn wanted(class: Class, quota: u64) -> (u64, u64) {
 pub struct Caps {
     driver: Driver,
     inner: Mutex<Inner>,
+    /// Production's quota is its soft limit too ([`wanted`]).
+    guarantee: bool,
 }
 
 #[derive(Default)]
 struct Inner {
-    /// Container → its cgroup's sysfs directory.
-    cgroups: HashMap<String, PathBuf>,
-    /// (container, device) → (soft, hard) set.
-    applied: HashMap<(String, usize), (u64, u64)>,
-    /// Containers whose last call failed (logged once until one succeeds).
-    failing: std::collections::HashSet<String>,
+    /// Cgroup sysfs directory → the container it names.
+    cgroups: HashMap<PathBuf, String>,
+    /// (cgroup, device) → (soft, hard) set.
+    applied: HashMap<(PathBuf, usize), (u64, u64)>,
+    /// Cgroups whose last call failed (logged once until one succeeds).
+    failing: std::collections::HashSet<PathBuf>,
 }
 
 impl Caps {
@@ -245,105 +254,170 @@ impl Caps {
         Caps {
             driver,
             inner: Mutex::new(Inner::default()),
+            guarantee: true,
         }
+    }
+
+    /// HAMi mode (issue 30, B5b): settings adopted from a tenant's environment never become a
+    /// soft (guaranteed) limit in the driver; hard limits only.
+    pub fn without_guarantees(mut self) -> Caps {
+        self.guarantee = false;
+        self
     }
 
     pub fn driver(&self) -> &Driver {
         &self.driver
     }
 
-    /// Records that `container`'s cgroup is `dir` (at a registration).
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that cgroup `dir` names `container` (at its createRuntime hook or a
+    /// registration).
     pub fn learn(&self, container: &str, dir: PathBuf) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if g.cgroups.get(container) != Some(&dir) {
+        let mut g = self.lock();
+        if g.cgroups.get(&dir).map(String::as_str) != Some(container) {
             tracing::debug!(container, cgroup = %dir.display(), "container cgroup learnt");
-            g.cgroups.insert(container.to_string(), dir);
+            g.cgroups.insert(dir, container.to_string());
         }
+    }
+
+    /// Learns `dir` and sets its limits now from `container`'s state in `state_dir` (the
+    /// createRuntime hook: before any process of the container runs).
+    pub fn learn_and_apply(&self, state_dir: &Path, container: &str, dir: PathBuf) {
+        self.learn(container, dir.clone());
+        let view = one_container(state_dir, container);
+        self.lock()
+            .bring(&self.driver, self.guarantee, &dir, container, view.as_ref());
     }
 
     /// Brings the driver's limits in line with the containers' quotas in `view`: set where they
     /// differ, cleared for a container that is gone; a removed cgroup is forgotten.
     pub fn reconcile(&self, view: &NodeView) {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Inner {
-            cgroups,
-            applied,
-            failing,
-        } = &mut *g;
-        cgroups.retain(|c, dir| {
-            let keep = dir.is_dir();
-            if !keep {
-                applied.retain(|(a, _), _| a != c);
-            }
-            keep
-        });
-        for (name, dir) in cgroups.iter() {
-            let c = view.containers.iter().find(|c| &c.name == name);
-            let mut want: HashMap<usize, (u64, u64)> = c
-                .map(|c| {
-                    c.devices
-                        .iter()
-                        .map(|d| (d.device, wanted(c.class, d.quota)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            for ((a, dev), _) in applied.iter() {
-                if a == name {
-                    want.entry(*dev).or_insert((0, NO_LIMIT));
-                }
-            }
-            let mut ok = true;
-            for (dev, (soft, hard)) in want {
-                let key = (name.clone(), dev);
-                let before = applied.get(&key).copied().unwrap_or((0, NO_LIMIT));
-                if before == (soft, hard) {
-                    continue;
-                }
-                match self.driver.set(dev, dir, soft, hard) {
-                    Ok(()) => {
-                        tracing::info!(container = %name, device = dev, cgroup = %dir.display(), soft, hard, "driver memory limit set");
-                        if (soft, hard) == (0, NO_LIMIT) {
-                            applied.remove(&key);
-                        } else {
-                            applied.insert(key, (soft, hard));
-                        }
-                    }
-                    Err(e) => {
-                        ok = false;
-                        if failing.insert(name.clone()) {
-                            tracing::warn!(container = %name, "the driver refused the container's memory limit ({e}); the shim alone enforces its quota");
-                        }
-                    }
-                }
-            }
-            if ok {
-                failing.remove(name);
-            }
-        }
-        // A container gone from the node: its limits went with the clears above; forget it.
-        let gone: Vec<String> = cgroups
-            .keys()
-            .filter(|n| !view.containers.iter().any(|c| &c.name == *n))
-            .filter(|n| !applied.keys().any(|(a, _)| a == *n))
-            .cloned()
+        let mut g = self.lock();
+        g.forget_removed();
+        let learnt: Vec<(PathBuf, String)> = g
+            .cgroups
+            .iter()
+            .map(|(d, n)| (d.clone(), n.clone()))
             .collect();
-        for n in gone {
-            cgroups.remove(&n);
+        for (dir, name) in learnt {
+            let c = view.containers.iter().find(|c| c.name == name);
+            g.bring(&self.driver, self.guarantee, &dir, &name, c);
         }
     }
 
-    /// Reconciles with `state_dir`'s containers every `every` until `stop`.
+    /// Reconciles with the states of the containers its cgroups name, in `state_dir`, every
+    /// `every` until `stop`. Those states stay mapped between rounds (reopened when removed or
+    /// replaced): a round's cost follows the cgroups learnt, not the containers on the node.
     pub fn run(
         &self,
         state_dir: &Path,
         every: std::time::Duration,
         stop: &std::sync::atomic::AtomicBool,
     ) {
+        let mut open: HashMap<String, State> = HashMap::new();
         while !stop.load(std::sync::atomic::Ordering::Acquire) {
-            if let Ok(v) = crate::view::read(state_dir) {
-                self.reconcile(&v);
+            let names: std::collections::BTreeSet<String> =
+                self.lock().cgroups.values().cloned().collect();
+            open.retain(|n, st| names.contains(n) && st.check_path().is_ok());
+            for n in &names {
+                if !open.contains_key(n) {
+                    if let Ok(st) = State::open_existing(&state_path(state_dir, n)) {
+                        open.insert(n.clone(), st);
+                    }
+                }
             }
+            let view = NodeView {
+                containers: open
+                    .iter()
+                    .map(|(n, st)| crate::view::container(n, st))
+                    .collect(),
+                errors: Vec::new(),
+            };
+            self.reconcile(&view);
             std::thread::sleep(every);
+        }
+    }
+}
+
+fn state_path(state_dir: &Path, name: &str) -> PathBuf {
+    libshare_abi::container_dir(state_dir, name).join(libshare_abi::STATE_FILE)
+}
+
+/// Container `name`'s figures, if its state exists.
+fn one_container(state_dir: &Path, name: &str) -> Option<crate::view::ContainerView> {
+    let st = State::snapshot(&state_path(state_dir, name)).ok()?;
+    Some(crate::view::container(name, &st))
+}
+
+impl Inner {
+    /// Forgets the cgroups that were removed (their limits went with them).
+    fn forget_removed(&mut self) {
+        let Inner {
+            cgroups,
+            applied,
+            failing,
+        } = self;
+        cgroups.retain(|dir, _| {
+            let keep = dir.is_dir();
+            if !keep {
+                applied.retain(|(a, _), _| a != dir);
+                failing.remove(dir);
+            }
+            keep
+        });
+    }
+
+    /// Sets `dir`'s limits to what `c` (container `name`, None: gone) wants.
+    fn bring(
+        &mut self,
+        driver: &Driver,
+        guarantee: bool,
+        dir: &Path,
+        name: &str,
+        c: Option<&crate::view::ContainerView>,
+    ) {
+        let mut want: HashMap<usize, (u64, u64)> = c
+            .map(|c| {
+                c.devices
+                    .iter()
+                    .map(|d| (d.device, wanted(c.class, d.quota, guarantee)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for ((a, dev), _) in self.applied.iter() {
+            if a == dir {
+                want.entry(*dev).or_insert((0, NO_LIMIT));
+            }
+        }
+        let mut ok = true;
+        for (dev, (soft, hard)) in want {
+            let key = (dir.to_path_buf(), dev);
+            let before = self.applied.get(&key).copied().unwrap_or((0, NO_LIMIT));
+            if before == (soft, hard) {
+                continue;
+            }
+            match driver.set(dev, dir, soft, hard) {
+                Ok(()) => {
+                    tracing::info!(container = %name, device = dev, cgroup = %dir.display(), soft, hard, "driver memory limit set");
+                    if (soft, hard) == (0, NO_LIMIT) {
+                        self.applied.remove(&key);
+                    } else {
+                        self.applied.insert(key, (soft, hard));
+                    }
+                }
+                Err(e) => {
+                    ok = false;
+                    if self.failing.insert(dir.to_path_buf()) {
+                        tracing::warn!(container = %name, cgroup = %dir.display(), "the driver refused the container's memory limit ({e}); the shim alone enforces its quota");
+                    }
+                }
+            }
+        }
+        if ok {
+            self.failing.remove(dir);
         }
     }
 }
@@ -354,8 +428,13 @@ mod tests {
 
     #[test]
     fn production_is_guaranteed_its_quota_opportunistic_only_capped() {
-        assert_eq!(wanted(Class::Production, 1 << 30), (1 << 30, 1 << 30));
-        assert_eq!(wanted(Class::Opportunistic, 1 << 30), (0, 1 << 30));
-        assert_eq!(wanted(Class::Production, 0), (0, NO_LIMIT));
+        assert_eq!(wanted(Class::Production, 1 << 30, true), (1 << 30, 1 << 30));
+        assert_eq!(wanted(Class::Opportunistic, 1 << 30, true), (0, 1 << 30));
+        assert_eq!(wanted(Class::Production, 0, true), (0, NO_LIMIT));
+        assert_eq!(
+            wanted(Class::Production, 1 << 30, false),
+            (0, 1 << 30),
+            "HAMi mode: no guarantee from the tenant's environment"
+        );
     }
 }

@@ -166,6 +166,10 @@ pub struct Controller {
     floors: Vec<(usize, usize, u64)>,
     turn_paused: Vec<(policy::ContainerId, u8)>,
     health: Arc<Health>,
+    /// The bound on opportunistic memory that cannot be demoted (`pins.rs`), and whether the
+    /// next tick looks at every device (after a rescan).
+    pins: crate::pins::Pins,
+    pins_all: bool,
     snap: Snapshot,
     /// The devices in use (see the module doc), recomputed every [`DEVICE_SCAN_TICKS`].
     devices: u32,
@@ -280,6 +284,8 @@ impl Controller {
             floors: Vec::new(),
             turn_paused: Vec::new(),
             health: cfg.health.clone(),
+            pins: Default::default(),
+            pins_all: true,
             snap: Snapshot::default(),
             devices: 0,
             ticks: 0,
@@ -314,6 +320,7 @@ impl Controller {
 
     pub fn rescan(&mut self) -> Result<(), NodeError> {
         self.ticks = 0; // new containers: look at the devices again next tick
+        self.pins_all = true;
         let r = self.registry.rescan().map(|_| ());
         self.refresh_env_limits();
         r
@@ -323,6 +330,11 @@ impl Controller {
     pub fn tick(&mut self, now: u64) -> usize {
         self.registry.refresh_words();
         let cs = self.registry.containers();
+        if std::mem::take(&mut self.pins_all) {
+            self.pins.rescan(cs, &self.totals, now);
+        } else {
+            self.pins.tick(cs, &self.totals, now);
+        }
         if self.ticks % DEVICE_SCAN_TICKS == 0 {
             self.devices = 0;
             for c in cs {

@@ -18,6 +18,7 @@
 
 pub mod admin;
 pub mod authority;
+pub mod book;
 pub mod caps;
 pub mod controller;
 pub mod demote;
@@ -27,11 +28,13 @@ pub mod identity;
 pub mod metrics;
 pub mod nvml;
 pub mod peer;
+pub mod pins;
 pub mod policy;
 pub mod register;
 pub mod registry;
 pub mod server;
 pub mod settings;
+pub mod sockdiag;
 pub mod turns;
 pub mod view;
 

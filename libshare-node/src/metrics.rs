@@ -4,11 +4,15 @@
 //! Prometheus, which asks for it) and turned into Prometheus' text format 0.0.4 for everyone
 //! else (`promtool`, node-exporter's textfile collector): [`to_prometheus_text`].
 //!
-//! Served by [`serve_http`] on a localhost address (`GET /metrics`; a small thread per
-//! connection, at most [`MAX_CONNECTIONS`] at once, each with a bounded request and a read
-//! timeout, so a client that never speaks holds only its own thread), and/or written by
-//! [`write_textfile_every`] to a file (written beside it, then renamed over it: a reader never
-//! sees half a file).
+//! Served by [`serve_http`] on a localhost address (`GET /metrics`) to the users [`Access`]
+//! allows (root, the daemon's user, the uids an operator lists: the client's uid comes from the
+//! kernel's socket table, `sockdiag.rs`); anyone else is answered 403 at once and holds
+//! nothing. One thread polls every connection (non-blocking, a bounded request, read and write
+//! deadlines, at most [`MAX_PER_UID`] per user and [`MAX_CONNECTIONS`] in all), so idle
+//! connections cost a descriptor each, not a thread, and cannot starve the scraper. And/or
+//! written by [`write_textfile_every`] to a file (mode 0640, written beside it, then renamed
+//! over it: a reader never sees half a file; its group is the directory's where the directory
+//! is setgid, e.g. node-exporter's).
 
 use crate::controller::Health;
 use crate::view::{self, gate_parts, NodeView};
@@ -21,21 +25,24 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The content type of what [`render`] returns.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of [`to_prometheus_text`]'s output.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// Connections served at once; more are answered 503 and closed.
-pub const MAX_CONNECTIONS: usize = 16;
+/// Connections of allowed users held at once; more are answered 503 and closed.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections one allowed user may hold at once; more are answered 503 and closed.
+pub const MAX_PER_UID: usize = 8;
 /// Longest request head read (request line and headers); longer is answered 431.
 pub const MAX_REQUEST: usize = 8 * 1024;
 /// How long a client may take to send its request.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
-const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may take to read the answer.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -465,66 +472,225 @@ pub fn render(state_dir: &Path, health: Option<&Health>) -> String {
     encode(&v, health)
 }
 
-/// Serves `GET /metrics` on `addr` (a loopback address) until `stop` is set, on a thread of its
-/// own (returned). Bound before returning, so an address in use is an error here.
+/// Who may read the metrics over HTTP: root, the daemon's own user, and the uids an operator
+/// lists (`sharectl daemon --metrics-allow-uid`, e.g. Prometheus' user). Anyone else's
+/// connection is answered 403 and closed at once: it holds nothing, and sees no container's
+/// name or usage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    uids: Vec<u32>,
+}
+
+impl Access {
+    /// Root, this process's effective uid, and `extra`.
+    pub fn new(extra: &[u32]) -> Access {
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let mut uids = vec![0, me];
+        uids.extend_from_slice(extra);
+        uids.sort_unstable();
+        uids.dedup();
+        Access { uids }
+    }
+
+    pub fn allows(&self, uid: u32) -> bool {
+        self.uids.contains(&uid)
+    }
+}
+
+/// Serves `GET /metrics` on `addr` (a loopback address) to the users `access` allows, until
+/// `stop` is set, on a thread of its own (returned). Bound before returning, so an address in
+/// use is an error here.
 pub fn serve_http(
     addr: SocketAddr,
     state_dir: PathBuf,
     health: Arc<Health>,
+    access: Access,
     stop: &'static AtomicBool,
 ) -> Result<std::thread::JoinHandle<()>, MetricsError> {
     if !addr.ip().is_loopback() {
         return Err(MetricsError::NotLoopback(addr));
     }
     let listener = TcpListener::bind(addr).map_err(|err| MetricsError::Bind { addr, err })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|err| MetricsError::Bind { addr, err })?;
     let bound = listener.local_addr().unwrap_or(addr);
     tracing::info!(addr = %bound, "metrics served at http://{bound}/metrics");
-    let ctx = Arc::new((state_dir, health));
     std::thread::Builder::new()
         .name("metrics-http".into())
-        .spawn(move || accept_loop(listener, ctx, stop))
+        .spawn(move || {
+            Server {
+                listener,
+                state_dir,
+                health,
+                access,
+                conns: Vec::new(),
+            }
+            .run(stop)
+        })
         .map_err(MetricsError::Spawn)
 }
 
-fn accept_loop(listener: TcpListener, ctx: Arc<(PathBuf, Arc<Health>)>, stop: &AtomicBool) {
-    use nix::poll::{poll, PollFd, PollFlags};
-    let active = Arc::new(AtomicUsize::new(0));
-    while !stop.load(Acquire) {
-        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        // Wake every 200 ms to see `stop`.
-        match poll(&mut fds, 200u16) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!("metrics: poll: {e}");
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
+/// One connection of an allowed user: reading its request head, then writing the answer.
+struct Conn {
+    stream: TcpStream,
+    uid: u32,
+    head: Vec<u8>,
+    /// The answer, once the head is complete, and how much of it is written.
+    out: Option<(Vec<u8>, usize)>,
+    /// When it is dropped if not done: [`READ_TIMEOUT`] after accept, then [`WRITE_TIMEOUT`]
+    /// after the answer was made.
+    deadline: Instant,
+}
+
+/// The HTTP server: one thread, `poll` over the listener and the connections, non-blocking
+/// sockets. A connection costs a descriptor and its buffers, never a thread, and lives at most
+/// [`READ_TIMEOUT`] + [`WRITE_TIMEOUT`]; at most [`MAX_CONNECTIONS`] are held, and
+/// [`MAX_PER_UID`] per user.
+struct Server {
+    listener: TcpListener,
+    state_dir: PathBuf,
+    health: Arc<Health>,
+    access: Access,
+    conns: Vec<Conn>,
+}
+
+impl Server {
+    fn run(mut self, stop: &AtomicBool) {
+        use nix::poll::{poll, PollFd, PollFlags};
+        while !stop.load(Acquire) {
+            let now = Instant::now();
+            self.conns.retain(|c| c.deadline > now);
+            // Wake every 200 ms to see `stop`, sooner for a deadline.
+            let wait = self
+                .conns
+                .iter()
+                .map(|c| c.deadline.saturating_duration_since(now))
+                .min()
+                .unwrap_or(Duration::from_millis(200))
+                .min(Duration::from_millis(200));
+            let ready: Vec<bool> = {
+                let mut fds = Vec::with_capacity(self.conns.len() + 1);
+                fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
+                for c in &self.conns {
+                    let want = if c.out.is_some() {
+                        PollFlags::POLLOUT
+                    } else {
+                        PollFlags::POLLIN
+                    };
+                    fds.push(PollFd::new(c.stream.as_fd(), want));
+                }
+                match poll(&mut fds, (wait.as_millis() as u16).max(1)) {
+                    Ok(_) => fds.iter().map(|f| f.any().unwrap_or(false)).collect(),
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        tracing::warn!("metrics: poll: {e}");
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                }
+            };
+            let mut done = vec![false; self.conns.len()];
+            for (i, c) in self.conns.iter_mut().enumerate() {
+                if ready[i + 1] {
+                    done[i] = step(&self.state_dir, &self.health, c);
+                }
             }
-        }
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::debug!("metrics: accept: {e}");
-                continue;
-            }
-        };
-        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-        if active.fetch_add(1, AcqRel) >= MAX_CONNECTIONS {
-            active.fetch_sub(1, AcqRel);
-            respond(&stream, "503 Service Unavailable", "text/plain", b"busy\n");
-            continue;
-        }
-        let (active, ctx) = (active.clone(), ctx.clone());
-        let spawned = std::thread::Builder::new()
-            .name("metrics-conn".into())
-            .spawn(move || {
-                handle(stream, &ctx.0, &ctx.1);
-                active.fetch_sub(1, AcqRel);
+            let mut k = 0;
+            self.conns.retain(|_| {
+                k += 1;
+                !done[k - 1]
             });
-        if let Err(e) = spawned {
-            tracing::warn!("metrics: cannot start a connection thread: {e}");
+            if ready[0] {
+                self.accept_all();
+            }
         }
     }
+
+    /// Takes every queued connection: a user `access` does not allow (or whose socket the
+    /// kernel cannot name) is answered 403 and closed; past the caps, 503.
+    fn accept_all(&mut self) {
+        loop {
+            let (stream, peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    tracing::debug!("metrics: accept: {e}");
+                    return;
+                }
+            };
+            let _ = stream.set_nonblocking(true);
+            let uid = stream
+                .local_addr()
+                .ok()
+                .and_then(|local| crate::sockdiag::tcp_peer_uid(peer, local));
+            let Some(uid) = uid.filter(|&u| self.access.allows(u)) else {
+                let body = b"forbidden: this user may not read libshare's metrics (sharectl daemon --metrics-allow-uid)\n";
+                let _ = (&stream).write(&response("403 Forbidden", "text/plain", body));
+                continue;
+            };
+            let mine = self.conns.iter().filter(|c| c.uid == uid).count();
+            if self.conns.len() >= MAX_CONNECTIONS || mine >= MAX_PER_UID {
+                let _ = (&stream).write(&response(
+                    "503 Service Unavailable",
+                    "text/plain",
+                    b"busy\n",
+                ));
+                continue;
+            }
+            self.conns.push(Conn {
+                stream,
+                uid,
+                head: Vec::with_capacity(512),
+                out: None,
+                deadline: Instant::now() + READ_TIMEOUT,
+            });
+        }
+    }
+}
+
+/// Reads or writes what `c` is ready for; true when it is done (answered, closed or broken).
+fn step(state_dir: &Path, health: &Health, c: &mut Conn) -> bool {
+    if let Some((out, sent)) = &mut c.out {
+        return match (&c.stream).write(&out[*sent..]) {
+            Ok(n) => {
+                *sent += n;
+                let finished = *sent >= out.len();
+                if finished {
+                    let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                }
+                finished
+            }
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+    }
+    let mut buf = [0u8; 1024];
+    match (&c.stream).read(&mut buf) {
+        Ok(0) => return true,
+        Ok(n) => c.head.extend_from_slice(&buf[..n]),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return false,
+        Err(_) => return true,
+    }
+    let complete =
+        c.head.windows(4).any(|w| w == b"\r\n\r\n") || c.head.windows(2).any(|w| w == b"\n\n");
+    if c.head.len() > MAX_REQUEST {
+        c.out = Some((
+            response(
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"request too large\n",
+            ),
+            0,
+        ));
+    } else if complete {
+        c.out = Some((answer(&c.head, state_dir, health), 0));
+    } else {
+        return false;
+    }
+    c.deadline = Instant::now() + WRITE_TIMEOUT;
+    false
 }
 
 /// What to answer a request head: status, content type, body (None: the metrics).
@@ -550,62 +716,41 @@ fn route(head: &[u8]) -> (&'static str, Option<&'static str>) {
     }
 }
 
-fn handle(mut stream: TcpStream, state_dir: &Path, health: &Health) {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    let deadline = std::time::Instant::now() + READ_TIMEOUT;
-    loop {
-        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
-            break;
-        }
-        if head.len() > MAX_REQUEST {
-            respond(
-                &stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                b"request too large\n",
-            );
-            return;
-        }
-        if std::time::Instant::now() >= deadline {
-            return; // a client trickling bytes gets no more than READ_TIMEOUT in all
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return, // timeout or reset: nothing to answer
-        }
-    }
-    match route(&head) {
+/// The whole answer to a complete request head.
+fn answer(head: &[u8], state_dir: &Path, health: &Health) -> Vec<u8> {
+    match route(head) {
         ("200 OK", None) => {
             // Prometheus asks for OpenMetrics in its Accept header; others get the 0.0.4 text.
-            let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+            let head = String::from_utf8_lossy(head).to_ascii_lowercase();
             let body = render(state_dir, Some(health));
             if head.contains("application/openmetrics-text") {
-                respond(&stream, "200 OK", CONTENT_TYPE, body.as_bytes());
+                response("200 OK", CONTENT_TYPE, body.as_bytes())
             } else {
                 let body = to_prometheus_text(&body);
-                respond(&stream, "200 OK", PROMETHEUS_CONTENT_TYPE, body.as_bytes());
+                response("200 OK", PROMETHEUS_CONTENT_TYPE, body.as_bytes())
             }
         }
-        (status, body) => respond(&stream, status, "text/plain", body.unwrap_or("").as_bytes()),
+        (status, body) => response(status, "text/plain", body.unwrap_or("").as_bytes()),
     }
 }
 
-fn respond(mut stream: &TcpStream, status: &str, ctype: &str, body: &[u8]) {
-    let head = format!(
+fn response(status: &str, ctype: &str, body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    let _ = stream
-        .write_all(head.as_bytes())
-        .and_then(|_| stream.write_all(body));
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
 }
 
-/// Writes the metrics to `path` once: to a temporary file beside it, then renamed over it.
+/// Mode of the textfile: the metrics name every container, so others may not read them; the
+/// group may (node-exporter's, where the directory is setgid to it).
+pub const TEXTFILE_MODE: u32 = 0o640;
+
+/// Writes the metrics to `path` once: to a new temporary file beside it (never an existing
+/// one, nor through a link: `O_EXCL`), mode [`TEXTFILE_MODE`] whatever the umask, then renamed
+/// over it.
 pub fn write_textfile(path: &Path, text: &str) -> Result<(), MetricsError> {
     let err = |err| MetricsError::Textfile {
         path: path.to_path_buf(),
@@ -615,7 +760,14 @@ pub fn write_textfile(path: &Path, text: &str) -> Result<(), MetricsError> {
     tmp.push(format!(".{}.tmp", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let _ = std::fs::remove_file(&tmp); // left by a crash of this pid's writer
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(TEXTFILE_MODE)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(TEXTFILE_MODE))?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
@@ -659,6 +811,15 @@ pub fn write_textfile_every(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn access_is_root_the_daemons_user_and_the_listed_uids() {
+        let a = Access::new(&[1234]);
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        assert!(a.allows(0) && a.allows(me) && a.allows(1234));
+        assert!(!a.allows(65534));
+    }
 
     #[test]
     fn routes() {
@@ -712,6 +873,9 @@ mod tests {
         write_textfile(&p, "a 1\n").unwrap();
         write_textfile(&p, "a 2\n").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "a 2\n");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, TEXTFILE_MODE, "others may not read it");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         assert!(write_textfile(&dir.path().join("no/such/dir/x.prom"), "").is_err());
     }

@@ -1,13 +1,27 @@
-//! Who is on the other end of a Unix socket, read so that a recycled pid cannot lie: the
-//! peer's process is pinned by a pidfd while its `/proc/<pid>/cgroup` is read, and the read
-//! counts only if that same process is still alive afterwards (a live process's pid cannot
-//! have been reused, so the file read was its own).
+//! Who is on the other end of a Unix socket, read so that neither a recycled pid nor an exiting
+//! process can lie: the peer's process is pinned by a pidfd while its `/proc/<pid>/cgroup` is
+//! read; the read counts only if `/proc/<pid>/stat`, read afterwards, shows a process that has
+//! not begun to exit, and if that same process is still alive after both (a live process's pid
+//! cannot have been reused, so the files read were its own).
+//!
+//! Why the exit matters: the kernel sets `PF_EXITING` (0x4, field 9 of `/proc/<pid>/stat`) at
+//! the start of `do_exit` (`exit_signals`), before `cgroup_exit` and long before `exit_notify`
+//! makes the process a zombie and its pidfd readable. From `PF_EXITING` on, cgroup v1 shows the
+//! process in every hierarchy's root (`proc_cgroup_show`: "all zombie tasks show up as
+//! belonging to the root cgroup" on traditional hierarchies), which a daemon would take for an
+//! unmapped process (`host`). The flag is never cleared, so a `stat` read after the cgroup read
+//! that shows no `PF_EXITING` (and a state that is neither `Z` nor `X`) proves the cgroup was
+//! read before the exit began. A process that has begun to exit is refused on v1 and v2 alike
+//! (v2 would still show its cgroup, but nothing it asks for can matter to it any more). A live
+//! process whose main thread has exited (`pthread_exit`) is refused too: its `/proc/<pid>`
+//! files are its exited leader's.
 //!
 //! The pidfd is the one the kernel took at `connect` (`SO_PEERPIDFD`, Linux ≥ 6.5). On older
 //! kernels it is opened from `SO_PEERCRED`'s pid at accept (`pidfd_open`, Linux ≥ 5.3), and a
 //! process that started after the connection was accepted is refused (its pid was recycled);
 //! without pidfds at all (Linux < 5.3) the pid is read as it is, the liveness check being then
-//! `/proc/<pid>`'s existence.
+//! `/proc/<pid>`'s existence. [`cgroups_of_pid`] reads a process named by pid the same way (the
+//! OCI hook's container process, [`crate::admin`]).
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{getsockopt, sockopt::PeerPidfd};
@@ -19,6 +33,10 @@ use std::os::unix::net::UnixStream;
 pub enum PinError {
     #[error("process {0} exited before the daemon could tell which container it is in")]
     Gone(u32),
+    #[error(
+        "process {0} is exiting: the daemon does not tell which container an exiting process is in"
+    )]
+    Exiting(u32),
     #[error("cannot read /proc/{pid}/cgroup: {err}")]
     Unreadable { pid: u32, err: String },
 }
@@ -29,10 +47,21 @@ pub fn cgroups(stream: &UnixStream, pid: u32) -> Result<String, PinError> {
     let pidfd = match getsockopt(stream, PeerPidfd) {
         Ok(fd) => Some(fd),
         // No SO_PEERPIDFD on this kernel.
-        Err(nix::errno::Errno::ENOPROTOOPT) => open_pidfd(pid)?,
+        Err(nix::errno::Errno::ENOPROTOOPT) => open_pidfd(pid, boot_ticks())?,
         // The kernel knows the peer but cannot give its process: it is gone (reaped).
         Err(_) => return Err(PinError::Gone(pid)),
     };
+    read_pinned(pid, pidfd)
+}
+
+/// The cgroups of live process `pid`, read as [`cgroups`] reads a peer's.
+pub fn cgroups_of_pid(pid: u32) -> Result<String, PinError> {
+    read_pinned(pid, open_pidfd(pid, None)?)
+}
+
+/// Reads `pid`'s cgroups, then checks that it had not begun to exit, then that `pidfd`'s
+/// process (the one `pid` named when the pidfd was taken) is still alive.
+fn read_pinned(pid: u32, pidfd: Option<OwnedFd>) -> Result<String, PinError> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| {
         match e.kind() {
             ErrorKind::NotFound => PinError::Gone(pid),
@@ -44,6 +73,11 @@ pub fn cgroups(stream: &UnixStream, pid: u32) -> Result<String, PinError> {
             },
         }
     })?;
+    match stat(pid) {
+        None => return Err(PinError::Gone(pid)),
+        Some(s) if s.exiting() => return Err(PinError::Exiting(pid)),
+        Some(_) => {}
+    }
     let alive = match &pidfd {
         Some(fd) => !exited(fd),
         None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
@@ -54,9 +88,9 @@ pub fn cgroups(stream: &UnixStream, pid: u32) -> Result<String, PinError> {
     Ok(text)
 }
 
-/// A pidfd for `pid` on a kernel without `SO_PEERPIDFD`; None where pidfds do not exist.
-fn open_pidfd(pid: u32) -> Result<Option<OwnedFd>, PinError> {
-    let accepted = boot_ticks();
+/// A pidfd for `pid` (on a kernel without `SO_PEERPIDFD`, of a process that started no later
+/// than `accepted`); None where pidfds do not exist.
+fn open_pidfd(pid: u32, accepted: Option<u64>) -> Result<Option<OwnedFd>, PinError> {
     // SAFETY: pidfd_open(pid, 0) takes no pointers; a non-negative result is a new descriptor
     // we own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
@@ -69,7 +103,7 @@ fn open_pidfd(pid: u32) -> Result<Option<OwnedFd>, PinError> {
     // SAFETY: `fd` was just returned by the kernel and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
     // A process that started after the accept is not the one that connected.
-    if let (Some(started), Some(accepted)) = (start_ticks(pid), accepted) {
+    if let (Some(started), Some(accepted)) = (stat(pid).map(|s| s.start), accepted) {
         if started > accepted {
             return Err(PinError::Gone(pid));
         }
@@ -101,12 +135,43 @@ fn boot_ticks() -> Option<u64> {
     Some(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
 }
 
-/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
-fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stat {
+    /// Field 3: `R`, `S`, `D`, `Z` (zombie), `X` (dead), …
+    state: u8,
+    /// Field 9: the kernel's `PF_*` flags.
+    flags: u64,
+    /// Field 22: when the process started, in clock ticks since boot.
+    start: u64,
+}
+
+/// `PF_EXITING`: set by `do_exit` before anything of the process is torn down.
+const PF_EXITING: u64 = 0x4;
+
+impl Stat {
+    /// The process has begun to exit (or is a zombie, or dead).
+    fn exiting(&self) -> bool {
+        matches!(self.state, b'Z' | b'X' | b'x') || self.flags & PF_EXITING != 0
+    }
+
+    fn parse(text: &str) -> Option<Stat> {
+        // The command name (field 2) may hold spaces and parentheses: fields resume after the
+        // last ')'.
+        let mut f = text[text.rfind(')')? + 1..].split_whitespace();
+        let state = *f.next()?.as_bytes().first()?;
+        let flags = f.nth(5)?.parse().ok()?;
+        let start = f.nth(12)?.parse().ok()?;
+        Some(Stat {
+            state,
+            flags,
+            start,
+        })
+    }
+}
+
+fn stat(pid: u32) -> Option<Stat> {
+    Stat::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 #[cfg(test)]
@@ -140,6 +205,6 @@ mod tests {
         child.wait().unwrap();
         let (s, _) = l.accept().unwrap();
         assert_eq!(cgroups(&s, pid), Err(PinError::Gone(pid)));
-        assert!(start_ticks(me).unwrap() <= boot_ticks().unwrap());
+        assert!(stat(me).unwrap().start <= boot_ticks().unwrap());
     }
 }

@@ -6,7 +6,7 @@
 //! open and one `sendmsg` per process: O(1), no lock held across clients.
 
 use crate::authority::Authority;
-use crate::identity::{container_of_cgroups, resolve, IdentityConfig};
+use crate::identity::{container_of_cgroups, naming, unmapped, IdentityConfig};
 use crate::server::{Peer, Refusal, Reply, Service};
 use libshare_abi::register::{Hello, Welcome};
 use libshare_abi::{container_dir, State};
@@ -27,6 +27,8 @@ pub struct RegisterService {
     /// HAMi mode: a container's settings are adopted from HAMi's variables in the environment
     /// of its first registering process ([`RegisterService::with_hami`]).
     hami: bool,
+    /// The book's count of forgotten containers when `open` was last swept.
+    swept_at: u64,
 }
 
 /// Every this many registrations, the states of containers whose file is gone (the container
@@ -45,6 +47,7 @@ impl RegisterService {
             until_sweep: SWEEP_EVERY,
             caps: None,
             hami: false,
+            swept_at: 0,
         }
     }
 
@@ -97,14 +100,28 @@ impl RegisterService {
         let Some(cgroups) = peer.cgroups.as_deref() else {
             return Err(Refusal::Unidentified.message().into());
         };
-        let name = resolve(cgroups, &hello.claimed, &self.identity);
+        let named = naming(cgroups, &self.identity);
+        let name = match &named {
+            Some(n) => n.name.clone(),
+            None => unmapped(&hello.claimed, &self.identity),
+        };
+        if let Some(book) = self.authority.as_ref().and_then(|a| a.book()) {
+            // A container a cgroup names counts against the cgroup root made it in; a name the
+            // process chose (trusted environment), against its uid and its own cgroup.
+            let claimed = named.is_none() && self.identity.trust_env;
+            let maker = crate::book::Maker {
+                uid: (claimed && peer.uid != 0).then_some(peer.uid),
+                cgroup: match &named {
+                    Some(n) => n.parent().to_string(),
+                    None => own_cgroup(cgroups),
+                },
+            };
+            let state = container_dir(&self.state_dir, &name).join(libshare_abi::STATE_FILE);
+            book.register(&name, maker, || state.exists())?;
+        }
         self.adopt_hami(&name, peer.pid)?;
-        if let Some(caps) = &self.caps {
-            if let Some((c, dir)) = crate::identity::container_cgroup(cgroups, &self.identity) {
-                if c == name {
-                    caps.learn(&c, dir);
-                }
-            }
+        if let (Some(caps), Some(n)) = (&self.caps, &named) {
+            caps.learn(&n.name, n.dir.clone());
         }
         self.until_sweep -= 1;
         if self.until_sweep == 0 {
@@ -140,6 +157,16 @@ impl RegisterService {
     }
 }
 
+/// A process's own cgroup, for counting what it makes: the first hierarchy that places it
+/// below the root (cgroup v2's alone on a v2 host), else `/`.
+fn own_cgroup(text: &str) -> String {
+    text.lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .find(|p| *p != "/")
+        .unwrap_or("/")
+        .to_string()
+}
+
 impl Service for RegisterService {
     fn admit(&self, _: &Peer) -> bool {
         true
@@ -170,6 +197,22 @@ impl Service for RegisterService {
         }
     }
 
+    /// Containers the registry forgot are closed here too, within a turn of the loop.
+    fn tick(&mut self) {
+        let Some(n) = self
+            .authority
+            .as_ref()
+            .and_then(|a| a.book())
+            .map(|b| b.forgotten())
+        else {
+            return;
+        };
+        if n != self.swept_at {
+            self.swept_at = n;
+            self.open.retain(|_, st| st.check_path().is_ok());
+        }
+    }
+
     fn refusal(&self, why: Refusal) -> Vec<u8> {
         let reason = why.message().into();
         match why {
@@ -197,8 +240,8 @@ mod tests {
     fn a_removed_containers_state_is_closed_within_a_sweep() {
         let dir = tempfile::tempdir().unwrap();
         let identity = IdentityConfig {
-            prefixes: Vec::new(),
             trust_env: true,
+            ..Default::default()
         };
         let mut svc = RegisterService::new(dir.path().to_path_buf(), identity, None);
         // A cgroup no rule maps: the trusted claim names the container.

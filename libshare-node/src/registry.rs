@@ -53,6 +53,8 @@ pub struct ScanReport {
     pub failed: usize,
     /// Containers whose words a job had overwritten (restored).
     pub restored: usize,
+    /// Idle containers forgotten ([`crate::book`]).
+    pub forgotten: usize,
 }
 
 impl Registry {
@@ -118,9 +120,13 @@ impl Registry {
 
     /// Brings the set of containers in line with the directory. A missing state directory (or
     /// `containers/` under it) means no containers yet; any other error reading it is returned.
+    /// With a [`crate::book::Book`] (through the authority), a container with no live process,
+    /// nothing held and no settings of its own is forgotten once its grace has passed: its
+    /// directory is removed and it is dropped. The cost is one directory entry and one look at
+    /// each container that exists, and containers exist only while they run or have settings.
     pub fn rescan(&mut self) -> Result<ScanReport, NodeError> {
         let root = self.dir.join("containers");
-        let mut found: Vec<(String, PathBuf, (u64, u64))> = Vec::new();
+        let mut found: HashMap<String, (PathBuf, (u64, u64))> = HashMap::new();
         match std::fs::read_dir(&root) {
             Ok(rd) => {
                 for ent in rd.flatten() {
@@ -129,20 +135,18 @@ impl Registry {
                     };
                     let path = ent.path().join(STATE_FILE);
                     if let Ok(m) = std::fs::symlink_metadata(&path) {
-                        found.push((name, path, (m.dev(), m.ino())));
+                        found.insert(name, (path, (m.dev(), m.ino())));
                     }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(err) => return Err(NodeError::StateDir { path: root, err }),
         }
-        found.sort();
-        self.failing
-            .retain(|n, _| found.iter().any(|(f, _, _)| f == n));
+        self.failing.retain(|n, _| found.contains_key(n));
         let mut rep = ScanReport::default();
         let before = self.containers.len();
         self.containers.retain(|c| {
-            let keep = found.iter().any(|(n, _, k)| *n == c.name && *k == c.key);
+            let keep = found.get(&c.name).is_some_and(|(_, k)| *k == c.key);
             if !keep {
                 tracing::info!(container = %c.name, id = c.id, "container dropped (its state file is gone or replaced)");
             }
@@ -150,10 +154,15 @@ impl Registry {
         });
         rep.dropped = before - self.containers.len();
         rep.restored = self.reassert();
-        for (name, path, key) in found {
-            if self.containers.iter().any(|c| c.name == name) {
-                continue;
-            }
+        let have: std::collections::HashSet<String> =
+            self.containers.iter().map(|c| c.name.clone()).collect();
+        let mut new: Vec<(String, PathBuf, (u64, u64))> = found
+            .into_iter()
+            .filter(|(n, _)| !have.contains(n))
+            .map(|(n, (p, k))| (n, p, k))
+            .collect();
+        new.sort();
+        for (name, path, key) in new {
             match State::open_existing(&path) {
                 Ok(state) => {
                     let id = self.next_id;
@@ -197,8 +206,53 @@ impl Registry {
                 rep.reclaimed += n;
             }
         }
+        rep.forgotten = self.forget_idle();
         Ok(rep)
     }
+
+    /// Forgets the containers nothing runs in, nothing is held by and no setting names, once
+    /// the book's grace has passed; how many.
+    fn forget_idle(&mut self) -> usize {
+        let Some(a) = &self.authority else { return 0 };
+        let Some(book) = a.book() else { return 0 };
+        let mut gone = Vec::new();
+        for c in &self.containers {
+            if !idle(&c.state) || a.has_settings(&c.name) {
+                continue;
+            }
+            let dir = libshare_abi::container_dir(&self.dir, &c.name);
+            if book.forget_if(&c.name, || remove_state(&dir, c.key)) {
+                tracing::info!(container = %c.name, id = c.id, "container forgotten (no process, nothing held, no settings)");
+                gone.push(c.id);
+            }
+        }
+        self.containers.retain(|c| !gone.contains(&c.id));
+        gone.len()
+    }
+}
+
+/// No process holds a slot and nothing is charged on any device.
+fn idle(st: &State) -> bool {
+    use libshare_abi::MAX_DEVICES;
+    use std::sync::atomic::Ordering::Acquire;
+    (0..st.slots_in_use()).all(|i| st.slot(i).pid.load(Acquire) == 0)
+        && (0..MAX_DEVICES).all(|d| st.device(d).used.load(Acquire) == 0)
+}
+
+/// Removes a container's directory if its state file is still the one opened (`key`): the
+/// file, its second name and the directory. Whether the state is gone.
+fn remove_state(dir: &Path, key: (u64, u64)) -> bool {
+    let path = dir.join(STATE_FILE);
+    let same = std::fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == key);
+    if !same {
+        return false;
+    }
+    let _ = std::fs::remove_file(dir.join(libshare_abi::KEEP_FILE));
+    if std::fs::remove_file(&path).is_err() {
+        return false;
+    }
+    let _ = std::fs::remove_dir(dir);
+    true
 }
 
 #[cfg(test)]

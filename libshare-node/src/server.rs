@@ -97,6 +97,8 @@ pub trait Service: Send {
     fn handle(&mut self, peer: &Peer, request: &[u8]) -> Reply;
     /// The body sent when a connection is refused (best effort: the peer may be gone).
     fn refusal(&self, why: Refusal) -> Vec<u8>;
+    /// Called at every turn of the serving loop (at least every 100 ms), between requests.
+    fn tick(&mut self) {}
 }
 
 #[derive(Clone, Debug)]
@@ -313,6 +315,7 @@ impl Server {
             if ready[0] {
                 self.accept_all(&mut conns, service);
             }
+            service.tick();
         }
         let _ = std::fs::remove_file(&self.cfg.path);
     }

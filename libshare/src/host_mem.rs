@@ -1,7 +1,7 @@
 //! Host memory for demoted pages (issue 20, must-show 7): an oversubscribing container's
 //! managed allocation may be demoted to the host at any time (the daemon asks when production
-//! needs the device), so it is made only if the host could hold it. An allocation larger than
-//! the host memory available to the job is refused with `CUDA_ERROR_OUT_OF_MEMORY` and one
+//! needs the device), so it is made only if the host could hold it. An allocation that would
+//! take the container's managed memory past the host memory available to the job is refused with `CUDA_ERROR_OUT_OF_MEMORY` and one
 //! warning line (the first such refusal of the process; each is counted under the container's
 //! refusals) — rather than made and later demoted into a host that cannot take it, where the
 //! kernel's OOM killer would end the job (or a neighbour) at an arbitrary point.
@@ -10,10 +10,14 @@
 //! under the job's memory cgroup limit (v2: `memory.max` of its cgroup and every parent, less
 //! `memory.current`; v1: `memory.stat`'s `hierarchical_memory_limit` less `memory.usage_in_bytes`;
 //! reclaimable inactive file pages count as room in both). What cannot be read counts as
-//! unlimited: the check never refuses on a guess. It is per allocation, at the allocation: the
-//! pages of allocations already made, and memory the job takes on the host later, are not
-//! reserved. Opportunistic, oversubscribing allocations only (a few small file reads there);
-//! production never comes here.
+//! unlimited: the check never refuses on a guess. What is checked is the container's whole
+//! managed footprint (issue 30, B6a): every process's managed memory as its slot records it,
+//! plus the new allocation, against that room plus what the container holds demoted already,
+//! decided under the container's pin lock so two racing processes cannot both pass. Memory
+//! the job takes on the host later is not reserved, and two containers are each checked against
+//! the node's `MemAvailable`, not together (a memory cgroup limit per container bounds each).
+//! Opportunistic, oversubscribing allocations only (a few small file reads there); production
+//! never comes here.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -101,24 +105,34 @@ fn v2_room(base: &Path, dir: &Path) -> Option<u64> {
     room
 }
 
-/// Whether an oversubscribing allocation of `size` bytes on `dev` may be made: false (after
-/// the line, the first time) when the host has less than `size` available for its pages.
-pub fn fits(size: u64, dev: usize) -> bool {
+/// Whether an oversubscribing allocation of `size` bytes on `dev` may be made: the container's
+/// managed footprint (every process, as its state records it) with it must fit the host memory
+/// available to the job, plus what the container already holds demoted there (its pages are in
+/// that memory's use already). False (after the line, the first time): refused. Called under
+/// the container's pin lock (`pin.rs`), which also records the allocation when it fits: two
+/// processes of the container asking at once are decided one after the other.
+pub fn fits(st: &libshare_abi::State, size: u64, dev: usize) -> bool {
     let Some(avail) = available() else {
         return true;
     };
-    if size <= avail {
+    let demoted = (0..libshare_abi::MAX_DEVICES).fold(0u64, |a, d| {
+        a.saturating_add(st.device(d).demoted.load(Acquire))
+    });
+    let footprint = st.managed_footprint();
+    let room = avail.saturating_add(demoted);
+    if footprint.saturating_add(size) <= room {
         return true;
     }
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, AcqRel) {
         eprintln!(
             "libshare: refused an oversubscribing allocation of {} on device {dev} \
-             (CUDA_ERROR_OUT_OF_MEMORY): its pages may be demoted to the host, which has {} \
-             available to this job; raise the job's memory limit or lower its quota \
-             (sharectl set --memory)",
+             (CUDA_ERROR_OUT_OF_MEMORY): its container's managed memory ({} with it) may be \
+             demoted to the host, which has {} for it; raise the job's memory limit or lower \
+             its quota (sharectl set --memory)",
             libshare_abi::units::format_size(size),
-            libshare_abi::units::format_size(avail)
+            libshare_abi::units::format_size(footprint.saturating_add(size)),
+            libshare_abi::units::format_size(room)
         );
     }
     false

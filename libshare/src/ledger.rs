@@ -37,6 +37,8 @@ pub struct Entry {
     /// The context current when it was made (0: unknown; such entries are never settled by a
     /// context's end, only by their free or the process's exit).
     pub ctx: Handle,
+    /// Managed memory (recorded as such in the slot, `pin.rs`): the rest cannot be demoted.
+    pub managed: bool,
 }
 
 /// Live allocations of one kind, by device pointer or handle.
@@ -145,13 +147,32 @@ pub fn of(sh: &'static Shim) -> Ledger<'static> {
 impl Ledger<'_> {
     // --- 1. Charging: fit, or make room, or refuse. ---------------------------------------
 
-    /// Charges `bytes` on `dev`. If they do not fit: the memory of dead processes of the
-    /// container first, then what this process can give back without waiting (stream-ordered
-    /// frees its streams have reached, what its pools keep beyond their use), then after waiting
-    /// for its queued frees. False: over quota, nothing changed (counted as a refusal).
+    /// Charges `bytes` of memory that cannot be demoted on `dev`. If they do not fit: the
+    /// memory of dead processes of the container first, then what this process can give back
+    /// without waiting (stream-ordered frees its streams have reached, what its pools keep
+    /// beyond their use), then after waiting for its queued frees. An opportunistic container's
+    /// charge must also fit what the daemon lets it hold pinned (`pin.rs`). False: refused,
+    /// nothing changed (counted as a refusal).
     pub fn charge(&self, dev: usize, bytes: u64) -> bool {
+        for retry in [false, true] {
+            if !self.charge_quota(dev, bytes) {
+                break;
+            }
+            match crate::pin::admit(self.acc, dev, bytes, retry) {
+                crate::pin::Admit::Yes => return true,
+                crate::pin::Admit::No => break,
+                crate::pin::Admit::Again => {}
+            }
+        }
+        self.acc.count_refusal(dev);
+        tracing::debug!(dev, bytes, "allocation refused");
+        false
+    }
+
+    /// The quota's part of a charge (see [`Ledger::charge`]; counts nothing).
+    fn charge_quota(&self, dev: usize, bytes: u64) -> bool {
         let a = self.acc;
-        let ok = a.charge(dev, bytes)
+        a.charge(dev, bytes)
             || (a.reclaim_dead() > 0 && a.charge(dev, bytes))
             || {
                 self.make_room(false);
@@ -160,12 +181,31 @@ impl Ledger<'_> {
             || {
                 self.make_room(true);
                 a.charge(dev, bytes)
-            };
-        if !ok {
-            a.count_refusal(dev);
-            tracing::debug!(dev, bytes, "allocation refused: over quota");
+            }
+    }
+
+    /// Charges `bytes` of managed memory on `dev`, recorded as managed (`pin.rs`); with `host`
+    /// (an oversubscribing allocation) only if the container's managed footprint with it fits
+    /// the host memory its pages may be demoted to (`host_mem.rs`). False: refused (counted).
+    pub fn charge_managed(&self, dev: usize, bytes: u64, host: bool) -> bool {
+        let ok = self.charge_quota(dev, bytes);
+        if ok && crate::pin::managed_charged(self.acc, dev, bytes, host) {
+            return true;
         }
-        ok
+        if ok {
+            self.acc.uncharge(dev, bytes);
+        }
+        self.acc.count_refusal(dev);
+        false
+    }
+
+    /// Returns the charge of an allocation that is gone.
+    fn release(&self, e: &Entry) {
+        if e.managed {
+            crate::pin::managed_freed(self.acc, e.dev, e.bytes);
+        }
+        self.acc.uncharge(e.dev, e.bytes);
+        self.acc.count_free(e.dev);
     }
 
     /// Gives back what this process holds without use: reached stream-ordered frees (with
@@ -197,10 +237,26 @@ impl Ledger<'_> {
         if !self.charge(dev, bytes) {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
+        self.call_then(dev, bytes, false, call, record)
+    }
+
+    /// The driver's `call` for `bytes` charged on `dev` (`managed`: recorded as managed), then
+    /// `record`, or the charge returned.
+    fn call_then(
+        &self,
+        dev: usize,
+        bytes: u64,
+        managed: bool,
+        call: impl FnOnce() -> CUresult,
+        record: impl FnOnce(Handle, u64),
+    ) -> R {
         let epoch = TEARDOWN.load(Acquire);
         let ctx = self.ops.current_ctx().unwrap_or(0);
         let r = call();
         if r != CUDA_SUCCESS {
+            if managed {
+                crate::pin::managed_freed(self.acc, dev, bytes);
+            }
             self.acc.uncharge(dev, bytes);
             return Err(r);
         }
@@ -219,7 +275,37 @@ impl Ledger<'_> {
         key: impl FnOnce() -> u64,
     ) -> R {
         self.charged_then(dev, bytes, call, |ctx, epoch| {
-            self.record(kind, key(), Entry { dev, bytes, ctx }, epoch)
+            let e = Entry {
+                dev,
+                bytes,
+                ctx,
+                managed: false,
+            };
+            self.record(kind, key(), e, epoch)
+        })
+    }
+
+    /// A managed allocation (pointer `key` after `call` succeeded), charged by
+    /// [`Ledger::charge_managed`] (`host`: the host-memory check of an oversubscribing one).
+    pub fn charged_managed(
+        &self,
+        dev: usize,
+        bytes: u64,
+        host: bool,
+        call: impl FnOnce() -> CUresult,
+        key: impl FnOnce() -> u64,
+    ) -> R {
+        if !self.charge_managed(dev, bytes, host) {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        self.call_then(dev, bytes, true, call, |ctx, epoch| {
+            let e = Entry {
+                dev,
+                bytes,
+                ctx,
+                managed: true,
+            };
+            self.record(Kind::Alloc, key(), e, epoch)
         })
     }
 
@@ -231,18 +317,15 @@ impl Ledger<'_> {
         // A teardown since the call began may have freed it, and the driver may even have
         // handed its address to another thread's allocation already: ask before recording.
         if torn(epoch) && !self.alive(kind, key, e.ctx) {
-            self.acc.uncharge(e.dev, e.bytes);
-            self.acc.count_free(e.dev);
+            self.release(&e);
             return;
         }
         let checked = TEARDOWN.load(Acquire);
         if let Some(old) = self.tables.of(kind).insert(key, e) {
-            self.acc.uncharge(old.dev, old.bytes);
-            self.acc.count_free(old.dev);
+            self.release(&old);
         }
         if torn(checked) && !self.alive(kind, key, e.ctx) && self.tables.of(kind).take_if(key, e) {
-            self.acc.uncharge(e.dev, e.bytes);
-            self.acc.count_free(e.dev);
+            self.release(&e);
         }
     }
 
@@ -272,8 +355,7 @@ impl Ledger<'_> {
         let r = call();
         if let Some(e) = entry {
             if r == CUDA_SUCCESS || !self.alive(kind, key, e.ctx) {
-                self.acc.uncharge(e.dev, e.bytes);
-                self.acc.count_free(e.dev);
+                self.release(&e);
             } else {
                 self.record(kind, key, e, TEARDOWN.load(Acquire));
             }
@@ -310,8 +392,7 @@ impl Ledger<'_> {
             let table = self.tables.of(kind);
             for (key, e) in table.of_ctx(ctx) {
                 if !self.alive(kind, key, e.ctx) && table.take_if(key, e) {
-                    self.acc.uncharge(e.dev, e.bytes);
-                    self.acc.count_free(e.dev);
+                    self.release(&e);
                 }
             }
         }
@@ -628,6 +709,7 @@ mod tests {
                         dev: 0,
                         bytes: 5 * MIB,
                         ctx,
+                        managed: false,
                     },
                     epoch,
                 )
@@ -671,6 +753,7 @@ mod tests {
                         dev: 0,
                         bytes: 5 * MIB,
                         ctx,
+                        managed: false,
                     },
                     epoch,
                 )

@@ -8,7 +8,7 @@
 //! init · memory · graph_mem · launch · transfer · sync                     handlers (safe fns)
 //! context · rate                                                           contexts, launch seam
 //! ledger · gate                                                            quota ledger, the gate
-//! pools · deferred                                                         pool and free tracking
+//! pools · deferred · pin · host_mem                                        pools, frees, the pin bound
 //! process (Shim, Account, init/exit/fork) · config                         this process
 //! ops (DriverOps) · driver (Real, from list.rs) · per_process · boundary   driver, tables, FFI
 //! loader · list · macros                                                   the bottom
@@ -44,6 +44,7 @@ pub mod nvml;
 pub mod nvml_real;
 pub mod ops;
 pub mod per_process;
+pub mod pin;
 pub mod pools;
 pub mod procaddr;
 pub mod process;

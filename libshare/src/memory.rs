@@ -66,15 +66,11 @@ fn as_managed(dptr: &Out<CUdeviceptr>, size: u64) -> R {
     if dptr.is_null() || size == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if !crate::host_mem::fits(size, dev) {
-        shim()?.account.count_refusal(dev);
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
     let p = std::cell::Cell::new(0u64);
-    l.charged(
-        Kind::Alloc,
+    l.charged_managed(
         dev,
         size,
+        true,
         || {
             let mut out: CUdeviceptr = 0;
             // SAFETY: the real driver's cuMemAllocManaged with a live local out-pointer.
@@ -120,13 +116,21 @@ pub fn alloc_v1(call: impl FnOnce() -> CUresult, dptr: Out<u32>, size: u32) -> R
     charged_alloc(call, &dptr, size as u64)
 }
 
+/// `cuMemAllocManaged` by the job itself: managed memory, recorded as such (the driver may move
+/// it; it is not what the bound on memory that cannot be demoted counts, `pin.rs`).
 pub fn alloc_managed(
     call: impl FnOnce() -> CUresult,
     dptr: Out<CUdeviceptr>,
     size: usize,
     _flags: u32,
 ) -> R {
-    charged_alloc(call, &dptr, size as u64)
+    let l = ledger::of(shim()?);
+    match current_device() {
+        Some(dev) if !dptr.is_null() && size > 0 => {
+            l.charged_managed(dev, size as u64, false, call, || dptr.get().unwrap_or(0))
+        }
+        _ => rc(call()),
+    }
 }
 
 /// The pitch is known only afterwards: the width rounded up to 512 (what drivers use) × height
@@ -172,6 +176,7 @@ fn pitched<T: Word, P: Word>(
         dev,
         bytes: actual,
         ctx,
+        managed: false,
     };
     l.record(Kind::Alloc, ptr, e, epoch);
     Ok(())
@@ -281,10 +286,11 @@ fn pool_alloc(
     }
     l.acc.count_alloc(dev);
     let ptr = dptr.get().unwrap_or(0);
-    if l.acc.over_quota(dev) {
+    let over = || l.acc.over_quota(dev) || crate::pin::over(l.acc, dev);
+    if over() {
         l.pools.trim_all(l.acc, l.ops);
     }
-    if l.acc.over_quota(dev) {
+    if over() {
         l.ops.mem_free_async(ptr, stream, ptsz);
         l.pools.freed(ptr);
         if !l
@@ -405,6 +411,11 @@ fn freed_async(call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, stream: Handle
         // the charge).
         return Ok(());
     };
+    if e.managed {
+        // The bytes stay charged until the stream reaches the free (or with the graph), as
+        // memory that is no longer managed: never counted low (`pin.rs`).
+        crate::pin::managed_freed(l.acc, e.dev, e.bytes);
+    }
     l.acc.count_free(e.dev);
     match graph {
         Some(g) => graph_mem::adopt(g, ptr, e.dev, e.bytes),

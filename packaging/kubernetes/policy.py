@@ -3,8 +3,10 @@
 
 Fails (one line per finding, exit 1) on: a privileged container; privilege escalation not
 turned off; capabilities not all dropped, or added beyond ALLOWED_CAPS; a hostPath outside
-ALLOWED_HOST_PATHS; hostNetwork or hostIPC; a service account token mounted; any RBAC object
-(the plugin and the daemon never call the API). hostPID is allowed for the DaemonSet only
+ALLOWED_HOST_PATHS; hostNetwork or hostIPC; a service account token mounted, except for the DRA
+plugin's account (DRA_ACCOUNT); an RBAC rule beyond DRA_RULES or granted to anyone but that
+account (the daemon and the device plugin never call the API; the DRA plugin reads
+ResourceClaims and writes its node's ResourceSlices). hostPID is allowed for the DaemonSet only
 (the daemon reads a caller's cgroup by the host pid the kernel gives it).
 
 usage: policy.py FILE.yaml...
@@ -20,8 +22,17 @@ ALLOWED_HOST_PATHS = {
     "/var/lib/libshare",
     "/var/run/cdi",
     "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/plugins_registry",
+    "/var/lib/kubelet/plugins/gpu.libshare.dev",
 }
-RBAC = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+DRA_ACCOUNT = "libshare-dra"
+# (API group, resource, verb) the DRA plugin may use.
+DRA_RULES = {
+    ("resource.k8s.io", "resourceclaims", "get"),
+    ("resource.k8s.io", "resourceslices", "get"),
+    ("resource.k8s.io", "resourceslices", "create"),
+    ("resource.k8s.io", "resourceslices", "update"),
+}
 
 
 def pod_spec(doc):
@@ -36,8 +47,17 @@ def pod_spec(doc):
 def check(doc, where):
     bad = []
     kind = doc.get("kind")
-    if kind in RBAC:
-        bad.append(f"{where}: {kind}: libshare needs no access to the Kubernetes API")
+    if kind in ("Role", "ClusterRole"):
+        for r in doc.get("rules") or []:
+            for g in r.get("apiGroups") or [""]:
+                for res in r.get("resources") or []:
+                    for v in r.get("verbs") or []:
+                        if (g, res, v) not in DRA_RULES:
+                            bad.append(f"{where}: {kind} grants {v} on {g}/{res}: more than the DRA plugin needs")
+    if kind in ("RoleBinding", "ClusterRoleBinding"):
+        for s in doc.get("subjects") or []:
+            if (s.get("kind"), s.get("name")) != ("ServiceAccount", DRA_ACCOUNT):
+                bad.append(f"{where}: binds {s.get('kind')} {s.get('name')}: only {DRA_ACCOUNT} may call the API")
     spec = pod_spec(doc)
     if spec is None:
         return bad
@@ -45,8 +65,11 @@ def check(doc, where):
         bad.append(f"{where}: hostNetwork/hostIPC is not needed")
     if spec.get("hostPID") and kind != "DaemonSet":
         bad.append(f"{where}: hostPID outside the node DaemonSet")
-    if kind == "DaemonSet" and spec.get("automountServiceAccountToken") is not False:
+    dra = spec.get("serviceAccountName") == DRA_ACCOUNT
+    if kind == "DaemonSet" and not dra and spec.get("automountServiceAccountToken") is not False:
         bad.append(f"{where}: the service account token must not be mounted")
+    if dra and [c.get("name") for c in spec.get("containers") or []] != ["dra-plugin"]:
+        bad.append(f"{where}: the {DRA_ACCOUNT} account (and its token) is for the dra-plugin container alone")
     for v in spec.get("volumes") or []:
         hp = v.get("hostPath")
         if hp is not None and hp.get("path") not in ALLOWED_HOST_PATHS:

@@ -120,6 +120,29 @@ pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
     spec_with(&a.inject, &a.kind, devs, &[])
 }
 
+/// The spec of one Kubernetes allocation or claim: its one device `name` selects the node's GPUs
+/// `visible` (`CUDA_VISIBLE_DEVICES`), and the hook gets `hook_flag name` (`--allocation`,
+/// `--claim`) to bind it to the container; a spec that cannot be made is `{"error": …}`.
+pub fn bound_spec(
+    inj: &InjectArgs,
+    kind: &str,
+    name: &str,
+    visible: &str,
+    hook_flag: &str,
+) -> Value {
+    let device = json!({
+        "name": name,
+        "containerEdits": {
+            "env": [
+                format!("CUDA_VISIBLE_DEVICES={visible}"),
+                format!("LIBSHARE_VISIBLE_DEVICES={visible}"),
+            ],
+        },
+    });
+    spec_with(inj, kind, vec![device], &[hook_flag.into(), name.into()])
+        .unwrap_or_else(|e| json!({ "error": e.to_string() }))
+}
+
 /// A spec of `kind` with `devices`, every one of them getting `inject.rs`'s mounts and the hook
 /// (`sharectl hook --cdi <inject args> <hook_args>`): `cdi generate`'s, and the device plugin's
 /// one spec per allocation (`hook_args`: `--allocation NAME`).

@@ -9,7 +9,7 @@
 //! processes from their cgroup, so nothing the container says (`LIBSHARE_MEMORY_LIMIT`,
 //! `LIBSHARE_CLASS`) counts.
 
-use crate::cdi::{spec_with, valid_kind};
+use crate::cdi::{bound_spec, valid_kind};
 use crate::commands::daemon::parse_duration;
 use crate::commands::set::{ask, class_parser, parse_compute, parse_memory};
 use crate::inject::InjectArgs;
@@ -21,7 +21,7 @@ use libshare_k8s::allocation::{
     self, Allocation, ALLOCATION_ANNOTATION, CLASS_ANNOTATION, COMPUTE_ANNOTATION,
 };
 use libshare_k8s::plugin::{Config, LegacyMount, Node};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +58,10 @@ pub struct DevicePluginArgs {
     /// The class of a pod without a libshare.dev/class annotation.
     #[arg(long, value_parser = class_parser(), default_value = "production")]
     pub default_class: Class,
+    /// The namespaces whose pods may be production (comma-separated; `*`: every namespace, which
+    /// trusts every pod's annotation). A pod elsewhere is opportunistic whatever it asks.
+    #[arg(long, value_delimiter = ',', value_name = "NS,…")]
+    pub production_namespaces: Vec<String>,
     /// Also answer with the mounts (shim, preload list, register.sock), for a kubelet or
     /// runtime without CDI (the quota then needs the hooks.d entry: sharectl hook --print-hooks-d).
     #[arg(long)]
@@ -73,39 +77,29 @@ struct HostNode {
     kind: String,
 }
 
+/// `sharectl <subcommand> --probe` in a fresh process (NVML reads the device list once per
+/// process, as NVIDIA's does: a fresh process each time sees a GPU that is gone); its stdout.
+pub(crate) fn probe(subcommand: &str) -> Result<Vec<u8>, String> {
+    let exe = crate::inject::sharectl_exe().map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(exe)
+        .args([subcommand, "--probe"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run the NVML probe: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(out.stdout)
+}
+
 impl Node for HostNode {
     fn devices(&self) -> Result<Vec<u64>, String> {
-        // NVML reads the device list once per process (as NVIDIA's does): a fresh process each
-        // time sees a GPU that is gone.
-        let exe = crate::inject::sharectl_exe().map_err(|e| e.to_string())?;
-        let out = std::process::Command::new(exe)
-            .args(["device-plugin", "--probe"])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run the NVML probe: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-        }
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("NVML probe: {e}"))
+        let out = probe("device-plugin")?;
+        serde_json::from_slice(&out).map_err(|e| format!("NVML probe: {e}"))
     }
 
     fn cdi_spec(&self, a: &Allocation, visible: &str) -> Value {
-        let device = json!({
-            "name": a.name,
-            "containerEdits": {
-                "env": [
-                    format!("CUDA_VISIBLE_DEVICES={visible}"),
-                    format!("LIBSHARE_VISIBLE_DEVICES={visible}"),
-                ],
-            },
-        });
-        spec_with(
-            &self.inject,
-            &self.kind,
-            vec![device],
-            &["--allocation".into(), a.name.clone()],
-        )
-        .unwrap_or_else(|e| json!({ "error": e.to_string() }))
+        bound_spec(&self.inject, &self.kind, &a.name, visible, "--allocation")
     }
 }
 
@@ -151,23 +145,36 @@ pub fn run(a: DevicePluginArgs) -> Result<()> {
         cdi_dir: a.cdi_dir,
         cdi_kind: a.kind.clone(),
         default_class: a.default_class,
+        production_namespaces: a
+            .production_namespaces
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect(),
         legacy_mounts,
     };
     let node = Arc::new(HostNode {
         inject: a.inject,
         kind: a.kind,
     });
+    serve(libshare_k8s::plugin::run(cfg, node))
+}
+
+/// Runs a plugin (the device plugin's or the DRA plugin's `run`) on a current-thread runtime,
+/// logging as the daemon does.
+pub(crate) fn serve(
+    plugin: impl std::future::Future<Output = Result<(), libshare_k8s::plugin::PluginError>>,
+) -> Result<()> {
     crate::commands::daemon::init_logging();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(libshare_k8s::plugin::run(cfg, node))?;
+    rt.block_on(plugin)?;
     Ok(())
 }
 
 /// The daemon's name for the container of runtime id `id` (its cgroup's: the first 12 hex
 /// digits, `libshare_node::identity`).
-fn container_name(id: &str) -> Result<String> {
+pub(crate) fn container_name(id: &str) -> Result<String> {
     if id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(id[..12].to_ascii_lowercase())
     } else {
@@ -243,9 +250,72 @@ fn per_gpu(alloc: &Allocation) -> Result<Vec<(u32, u64)>> {
     Ok(gpus)
 }
 
+/// The runtime's annotations naming the pod's namespace: CRI-O's and containerd's. The runtime
+/// writes them from the pod's sandbox, not from the pod's annotations.
+const NAMESPACE_ANNOTATIONS: [&str; 2] = [
+    "io.kubernetes.pod.namespace",
+    "io.kubernetes.cri.sandbox-namespace",
+];
+
+/// The pod's namespace as the runtime names it (`None`: none, or two that disagree).
+fn pod_namespace(annotations: &serde_json::Map<String, Value>) -> Option<&str> {
+    let mut found = NAMESPACE_ANNOTATIONS
+        .iter()
+        .filter_map(|k| annotations.get(*k).and_then(Value::as_str));
+    let first = found.next()?;
+    found.all(|n| n == first).then_some(first)
+}
+
+/// The class a pod gets: what it asks (its annotation, else the plugin's default), but production
+/// only in a namespace the node's settings allow; else opportunistic, and why (for the log line).
+fn class_in_namespace(
+    asked: Class,
+    namespace: Option<&str>,
+    allowed: &[String],
+) -> (Class, Option<String>) {
+    let ok = allowed
+        .iter()
+        .any(|a| a == "*" || Some(a.as_str()) == namespace);
+    if asked == Class::Opportunistic || ok {
+        return (asked, None);
+    }
+    let ns = namespace.map_or("(none named by the runtime)".to_string(), |n| {
+        format!("{n:?}")
+    });
+    (
+        Class::Opportunistic,
+        Some(format!(
+            "; pod namespace {ns} may not be production (device plugin --production-namespaces), so opportunistic"
+        )),
+    )
+}
+
+/// Sends `reqs` (the settings binding `what` to `container`) to the daemon; on a refusal the
+/// container's settings are reset, so nothing is half-set, and the container does not start.
+pub(crate) fn apply_settings(
+    state_dir: &Path,
+    container: &str,
+    what: &str,
+    reqs: Vec<SetRequest>,
+) -> Result<()> {
+    for r in reqs {
+        if let Err(e) = ask(state_dir, &Request::Set(r)) {
+            let _ = ask(
+                state_dir,
+                &Request::Reset {
+                    container: container.to_string(),
+                },
+            );
+            return Err(e.context(format!("cannot bind {what} to {container}")));
+        }
+    }
+    Ok(())
+}
+
 /// At createRuntime: sets the allocation's quota per GPU and the pod's class (annotation, else
-/// the plugin's default) on the daemon for the container `id`. `None` when the container names
-/// no allocation; a bad annotation or allocation is one error and nothing is set.
+/// the plugin's default; production only in a namespace the plugin allows) on the daemon for the
+/// container `id`. `None` when the container names no allocation; a bad annotation or
+/// allocation is one error and nothing is set.
 pub fn bind(
     state_dir: &Path,
     id: &str,
@@ -258,7 +328,11 @@ pub fn bind(
     let (class, compute) = pod_choices(annotations)?;
     let alloc = allocation::read(state_dir, &name).map_err(|e| anyhow!(e))?;
     let container = container_name(id)?;
-    let class = class.unwrap_or(alloc.default_class);
+    let (class, demoted) = class_in_namespace(
+        class.unwrap_or(alloc.default_class),
+        pod_namespace(annotations),
+        &alloc.production_namespaces,
+    );
     let mut reqs: Vec<SetRequest> = Vec::new();
     for (gpu, bytes) in per_gpu(&alloc)? {
         reqs.push(SetRequest {
@@ -274,27 +348,17 @@ pub fn bind(
         compute,
         ..Default::default()
     });
-    for r in reqs {
-        if let Err(e) = ask(state_dir, &Request::Set(r)) {
-            // Nothing half-set: the container does not start.
-            let _ = ask(
-                state_dir,
-                &Request::Reset {
-                    container: container.clone(),
-                },
-            );
-            return Err(e.context(format!("cannot bind allocation {name} to {container}")));
-        }
-    }
+    apply_settings(state_dir, &container, &format!("allocation {name}"), reqs)?;
     let quota: Vec<String> = alloc
         .quota
         .iter()
         .map(|(g, b)| format!("{} on GPU {g}", format_size(*b)))
         .collect();
     Ok(Some(format!(
-        "container {container}: allocation {name} bound ({}, class {})",
+        "container {container}: allocation {name} bound ({}, class {}{})",
         quota.join(", "),
-        class.name()
+        class.name(),
+        demoted.unwrap_or_default()
     )))
 }
 
@@ -307,6 +371,13 @@ pub fn unbind(
     arg: Option<&str>,
 ) -> Option<String> {
     let name = allocation_of(annotations, arg).ok().flatten()?;
+    release(state_dir, id, &format!("allocation {name}"))
+}
+
+/// Forgets the daemon's settings of the container of runtime id `id`, which `what` (an
+/// allocation, a claim) was bound to; the line saying so. `None` for an id that names no
+/// container.
+pub(crate) fn release(state_dir: &Path, id: &str, what: &str) -> Option<String> {
     let container = container_name(id).ok()?;
     Some(
         match ask(
@@ -315,8 +386,8 @@ pub fn unbind(
                 container: container.clone(),
             },
         ) {
-            Ok(_) => format!("container {container}: allocation {name} released"),
-            Err(e) => format!("container {container}: allocation {name}: cannot reset ({e})"),
+            Ok(_) => format!("container {container}: {what} released"),
+            Err(e) => format!("container {container}: {what}: cannot reset ({e})"),
         },
     )
 }
@@ -360,12 +431,62 @@ mod tests {
     }
 
     #[test]
+    fn production_only_in_the_namespaces_the_node_allows() {
+        use Class::*;
+        let allowed = vec!["inference".to_string()];
+        let ns = |pairs: &[(&str, &str)]| pod_namespace(&ann(pairs)).map(str::to_string);
+        assert_eq!(
+            ns(&[("io.kubernetes.pod.namespace", "inference")]).as_deref(),
+            Some("inference")
+        );
+        assert_eq!(
+            ns(&[("io.kubernetes.cri.sandbox-namespace", "batch")]).as_deref(),
+            Some("batch")
+        );
+        assert_eq!(
+            ns(&[
+                ("io.kubernetes.pod.namespace", "inference"),
+                ("io.kubernetes.cri.sandbox-namespace", "batch")
+            ]),
+            None,
+            "two that disagree name none"
+        );
+        assert_eq!(
+            class_in_namespace(Production, Some("inference"), &allowed),
+            (Production, None)
+        );
+        assert_eq!(
+            class_in_namespace(Opportunistic, Some("inference"), &allowed),
+            (Opportunistic, None)
+        );
+        for ns in [Some("batch"), None] {
+            let (c, why) = class_in_namespace(Production, ns, &allowed);
+            assert_eq!(c, Opportunistic);
+            let why = why.unwrap();
+            assert!(
+                why.contains("may not be production") && !why.contains('\n'),
+                "{why}"
+            );
+        }
+        assert_eq!(
+            class_in_namespace(Production, None, &[]).0,
+            Opportunistic,
+            "nobody by default"
+        );
+        assert_eq!(
+            class_in_namespace(Production, Some("x"), &["*".into()]).0,
+            Production
+        );
+    }
+
+    #[test]
     fn quotas_go_to_the_nodes_gpus_whatever_ordinal_the_container_sees() {
         let a = Allocation {
             name: "k8s-gpu2-share0-x3".into(),
             ids: Vec::new(),
             quota: [("10".to_string(), 1u64), ("2".to_string(), 2)].into(),
             default_class: Class::Production,
+            production_namespaces: Vec::new(),
         };
         // CUDA_VISIBLE_DEVICES=2,10: GPU 2 is the container's ordinal 0, still GPU 2 to libshare.
         assert_eq!(per_gpu(&a).unwrap(), [(2, 2), (10, 1)]);

@@ -57,6 +57,11 @@ pub struct HookArgs {
     /// set on the daemon for the container's id before it starts, and reset at poststop.
     #[arg(long, value_name = "NAME")]
     pub allocation: Option<String>,
+    /// The DRA claim (its uid) this container was given (its CDI spec passes it): the quota,
+    /// class and cap `sharectl dra-plugin` prepared for it are set on the daemon for the
+    /// container's id before it starts, and reset at poststop.
+    #[arg(long, value_name = "UID", conflicts_with = "allocation")]
+    pub claim: Option<String>,
     /// Print the podman/CRI-O hooks.d JSON that runs this hook for containers annotated
     /// libshare.dev/gpu=…, instead of running it.
     #[arg(long, conflicts_with = "stage")]
@@ -111,7 +116,9 @@ pub fn run(a: HookArgs) -> Result<()> {
                 &st.id,
                 &annotations,
                 a.allocation.as_deref(),
-            ) {
+            )
+            .or_else(|| crate::dra_plugin::unbind(&a.inject.state_dir, &st.id, a.claim.as_deref()))
+            {
                 log_line(&a.inject, &line);
             }
             Ok(())
@@ -244,14 +251,22 @@ fn create_runtime(a: &HookArgs, st: &OciState) -> Result<()> {
     })?;
     inj.check(true)?;
     let b = parse_bundle(&st.bundle)?;
-    // The allocation's quota and the pod's class, set for this container id before anything
-    // else (a bad annotation stops the container here, with nothing set or mounted).
-    if let Some(line) = crate::device_plugin::bind(
-        &inj.state_dir,
-        &st.id,
-        &b.annotations,
-        a.allocation.as_deref(),
-    )? {
+    // The allocation's (or claim's) quota and class, set for this container id before anything
+    // else (a bad annotation or claim stops the container here, with nothing set or mounted).
+    let bound = match a.claim.as_deref() {
+        Some(claim) => crate::dra_plugin::bind(&inj.state_dir, &st.id, Some(claim))?,
+        None => crate::device_plugin::bind(
+            &inj.state_dir,
+            &st.id,
+            &b.annotations,
+            a.allocation.as_deref(),
+        )?,
+    };
+    if let Some(line) = bound {
+        log_line(inj, &line);
+    }
+    // The daemon sets the driver's limits on the container's cgroup now (never fails the start).
+    if let Some(line) = crate::commands::set::started(&inj.state_dir, &st.id, pid) {
         log_line(inj, &line);
     }
     let ns = format!("/proc/{pid}/ns/mnt");

@@ -3,8 +3,8 @@
 //! Each subcommand lives in its own module: `demo`, `bench`, and `commands/` (`daemon`,
 //! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
 //! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`;
-//! Kubernetes: `device_plugin` (over crate `libshare-k8s`); `gpu_check` (a GPU node's check and
-//! simgpu's calibration, issue 33).
+//! Kubernetes: `device_plugin` and `dra_plugin` (over crate `libshare-k8s`); `gpu_check` (a GPU
+//! node's check and simgpu's calibration, issue 33).
 
 mod bench;
 mod cdi;
@@ -13,6 +13,7 @@ mod commands;
 mod daemon_child;
 mod demo;
 mod device_plugin;
+mod dra_plugin;
 mod gpu_check;
 mod hook;
 mod inject;
@@ -72,6 +73,10 @@ enum Command {
     /// (libshare.dev/gpu-memory), answers Allocate with a CDI device whose hook binds the
     /// allocation's quota and the pod's class to the container on the daemon.
     DevicePlugin(device_plugin::DevicePluginArgs),
+    /// Kubernetes DRA kubelet plugin, driver gpu.libshare.dev: publishes each GPU as a
+    /// shareable device (consumable memory and compute) and prepares claims: the memory a claim
+    /// consumes becomes its containers' quota, its DeviceClass their class.
+    DraPlugin(dra_plugin::DraPluginArgs),
     /// Exit 0 when the daemon answers on its admin socket within 5 s (a liveness probe).
     Health(commands::health::HealthArgs),
     /// libshare on this machine's NVIDIA GPU, and simgpu calibrated against it (issue 33):
@@ -103,6 +108,7 @@ fn main() -> ExitCode {
             | Command::Demo(_)
             | Command::Bench(_)
             | Command::DevicePlugin(_)
+            | Command::DraPlugin(_)
             | Command::GpuCheck(_)
     ) {
         // The daemon must outlive a client that closes its socket early (its sockets are
@@ -124,6 +130,7 @@ fn main() -> ExitCode {
         Command::Hook(args) => hook::run(args),
         Command::Runtime(args) => runtime::run(args),
         Command::DevicePlugin(args) => device_plugin::run(args),
+        Command::DraPlugin(args) => dra_plugin::run(args),
         Command::Health(args) => commands::health::run(args),
         Command::GpuCheck(args) => commands::gpu_check::run(args),
     };

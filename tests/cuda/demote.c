@@ -10,6 +10,11 @@
  *                      back; prints {"check":"alloc","error":E,"ms":T,"bad_words":B}. With a second
  *                      MIB argument, prints {"check":"first"} after the first allocation and makes a
  *                      second allocation of that size 1.2 s later ("ms2", "error2").
+ *   demote take KIND MIB [N]   prints {"check":"ready"}, waits for a line on stdin, then makes N
+ *                      (default 1) allocations of MIB, untouched, of KIND: vmm (cuMemCreate on
+ *                      the device), pool (cuMemAllocAsync) or alloc (cuMemAlloc: managed under an
+ *                      oversubscribing container); prints {"check":"take","ok":K,"error":E} (K made,
+ *                      E the first error) and holds them until stdin's EOF.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -128,9 +133,52 @@ static void alloc(unsigned long long mib, unsigned long long mib2) {
            (int)r, ms, (int)r2, ms2, bad);
 }
 
+static void take(const char *kind, unsigned long long mib, int n) {
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdevice dev;
+    CHECK(cuCtxGetDevice(&dev));
+    printf("{\"check\":\"ready\"}\n");
+    fflush(stdout);
+    char line[64];
+    EXPECT(fgets(line, sizeof line, stdin) != NULL, "no start line");
+    int ok = 0;
+    CUresult err = CUDA_SUCCESS;
+    for (int i = 0; i < n && err == CUDA_SUCCESS; i++) {
+        if (!strcmp(kind, "vmm")) {
+            CUmemAllocationProp prop = {0};
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = dev;
+            CUmemGenericAllocationHandle h;
+            err = cuMemCreate(&h, mib * MIB, &prop, 0);
+        } else if (!strcmp(kind, "pool")) {
+            CUdeviceptr p;
+            err = cuMemAllocAsync(&p, mib * MIB, s);
+            if (err == CUDA_SUCCESS)
+                err = cuStreamSynchronize(s);
+        } else if (!strcmp(kind, "alloc")) {
+            CUdeviceptr p;
+            err = cuMemAlloc(&p, mib * MIB);
+        } else {
+            EXPECT(0, "unknown kind %s", kind);
+        }
+        ok += err == CUDA_SUCCESS;
+    }
+    printf("{\"check\":\"take\",\"ok\":%d,\"error\":%d}\n", ok, (int)err);
+    fflush(stdout);
+    while (fgets(line, sizeof line, stdin) != NULL) {
+    }
+}
+
 int main(int argc, char **argv) {
-    EXPECT(argc >= 3, "usage: demote hold|alloc MIB [MIB2]");
+    EXPECT(argc >= 3, "usage: demote hold|alloc MIB [MIB2] | take KIND MIB [N]");
     setup();
+    if (!strcmp(argv[1], "take")) {
+        EXPECT(argc >= 4, "usage: demote take KIND MIB [N]");
+        take(argv[2], strtoull(argv[3], NULL, 10), argc > 4 ? atoi(argv[4]) : 1);
+        return 0;
+    }
     unsigned long long mib = strtoull(argv[2], NULL, 10);
     if (!strcmp(argv[1], "hold"))
         hold(mib);

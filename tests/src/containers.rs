@@ -185,6 +185,18 @@ impl Held {
 }
 
 impl Node {
+    /// The daemon's settings for container `id` (`{}` for one it does not know).
+    pub fn settings(&self, id: &str) -> serde_json::Value {
+        let out = self.sharectl(&["get", id, "--json"]).output().unwrap();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("unknown container"), "{err}");
+            return serde_json::json!({});
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["settings"].clone()
+    }
+
     /// `sharectl set ID --memory MEMORY --class CLASS` through the daemon.
     pub fn set(&self, id: &str, memory: &str, class: &str) {
         crate::ok(

@@ -929,6 +929,32 @@ impl Running {
         }
     }
 
+    /// Reads stdout lines until a JSON line with `"check":"<check>"` (the programs' result
+    /// lines) and returns it. Panics if the program ends first or the machine's timeout passes.
+    pub fn wait_for_check(&mut self, check: &str) -> serde_json::Value {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(l) => {
+                    let v = serde_json::from_str::<serde_json::Value>(&l).ok();
+                    self.lines.push(l);
+                    if let Some(v) = v.filter(|v| v["check"] == check) {
+                        return v;
+                    }
+                }
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let out = self.finish_inner();
+                    panic!(
+                        "no {check:?} line from the program ({e})\n{}",
+                        describe(&out)
+                    );
+                }
+            }
+        }
+    }
+
     /// The stdout lines printed so far, without waiting (read into [`Running::lines`]).
     pub fn poll_lines(&mut self) -> &[String] {
         while let Ok(l) = self.rx.try_recv() {
@@ -1002,9 +1028,11 @@ impl Drop for Running {
     }
 }
 
+pub mod apiserver;
 pub mod cgroups;
 pub mod containers;
 pub mod debian;
+pub mod dra_kubelet;
 pub mod kubelet;
 
 /// A `sharectl daemon` the test started (`target/release/sharectl`), killed with SIGKILL when
@@ -1088,6 +1116,45 @@ pub fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The names of the entries of `dir`, sorted (none if it does not exist).
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// A simgpu configuration file with one GPU per entry of `mem` (its memory), in `dir`; rewritten
+/// to "restart" simgpu with other GPUs (NVML reads it again in a new process).
+pub fn gpus_file(dir: &Path, mem: &[&str]) -> PathBuf {
+    let path = dir.join("simgpu.toml");
+    let text: String = mem
+        .iter()
+        .map(|m| format!("[[device]]\nmemory = \"{m}\"\n"))
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// CPU time (user + system) of process `pid` so far, seconds (at 100 clock ticks a second).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    // Fields 14 and 15 (utime, stime), counted from the state letter (field 3).
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
 }
 
 /// Polls `cond` every 200 µs; how long it took to hold, or None after `limit`.

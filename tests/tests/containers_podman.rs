@@ -48,6 +48,10 @@ fn two_cdi_containers_get_their_own_quota_and_class_by_container_id() {
     ]);
     p.end();
     o.end();
+    // At createRuntime the CDI spec's hook told the daemon each container's process, and the
+    // daemon found it in that container's cgroup (else one line in the hook's log says why).
+    let log = std::fs::read_to_string(node.state_dir().join("inject/hook.log")).unwrap_or_default();
+    assert!(!log.contains("did not take its cgroup"), "{log}");
     eprintln!(
         "two podman containers through CDI: {prod_id} production 1 GiB, {opp_id} opportunistic 512 MiB"
     );

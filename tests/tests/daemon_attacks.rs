@@ -18,7 +18,7 @@ use libshare_abi::{State, CLASS_OPPORTUNISTIC, CLASS_PRODUCTION};
 use libshare_tests::cgroups::{
     spawn_in, spawn_in_with, start_daemon, untrusting_daemon_cmd, Cgroups,
 };
-use libshare_tests::{artifacts, compile_gcc, ok, until, Daemon, SimGpu};
+use libshare_tests::{artifacts, compile_gcc, cpu_seconds, ok, until, Daemon, SimGpu};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -57,20 +57,6 @@ fn json_line(out: &mut BufReader<ChildStdout>) -> serde_json::Value {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-}
-
-/// CPU time (user + system) of process `pid` so far, seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    // Fields 14 and 15 (utime, stime), counted from the state letter (field 3).
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0
 }
 
 /// Kills a child when dropped.

@@ -4,6 +4,9 @@
 //!   right values; the textfile is written and valid too;
 //! - bad HTTP input (garbage, oversized, a wrong method or path, silent clients filling every
 //!   connection) is answered or dropped and the server keeps serving;
+//! - another user (uid nobody, as the audit drove it: B8b of issue 30) holding 32 idle
+//!   connections blocks no scrape, and reads no metrics (403); the textfile is not readable by
+//!   others either;
 //! - `sharectl top` in a detached tmux session shows the containers' names, classes and memory,
 //!   and `q` quits it with status 0.
 
@@ -284,6 +287,78 @@ fn bad_http_input_leaves_the_metrics_server_serving() {
     drop(silent);
     let m = get_metrics(d.addr);
     assert_eq!(value(&m, "libshare_daemon_up"), Some(1.0), "{m}");
+}
+
+/// Issue 30, B8b: 16 idle connections by any local user made the scraper get 503, and any
+/// local user read every container's name and usage.
+#[test]
+fn another_user_neither_blocks_the_metrics_nor_reads_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = "tenant-secret-name";
+    let st = libshare_abi::State::open_or_create(&libshare_abi::container_dir(tmp.path(), name))
+        .unwrap();
+    st.set_quota(0, GIB);
+    let textfile = tmp.path().join("libshare.prom");
+    let d = start_daemon(tmp.path(), Some(&textfile));
+    // uid nobody opens 32 connections and keeps them idle, then asks for the metrics itself.
+    let script = r#"
+import socket, sys
+port = int(sys.argv[1])
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
+print("held", flush=True)
+s = socket.create_connection(("127.0.0.1", port))
+try:
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+except OSError as e:
+    data = repr(e).encode()
+print("answer", data.decode(errors="replace").replace("\n", " "), flush=True)
+sys.stdin.read()
+"#;
+    let mut nobody = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(d.addr.port().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run python3 as nobody");
+    let mut lines = BufReader::new(nobody.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().and_then(Result::ok).unwrap_or_default();
+    assert_eq!(next(), "held");
+    let answer = next();
+    // The scraper (root here) is served at once while nobody's connections are held.
+    let t = Instant::now();
+    let m = get_metrics(d.addr);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(m.contains(name), "{m}");
+    assert!(answer.starts_with("answer"), "{answer}");
+    assert!(
+        !answer.contains(name) && !answer.contains("200 OK"),
+        "uid nobody read the metrics: {answer}"
+    );
+    drop(nobody.stdin.take());
+    let _ = nobody.kill();
+    let _ = nobody.wait();
+    // The textfile names the containers too: not for others.
+    until(Duration::from_secs(10), "the textfile", || {
+        std::fs::read_to_string(&textfile)
+            .ok()
+            .filter(|t| t.contains(name))
+    });
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&textfile).unwrap().permissions().mode();
+    assert_eq!(
+        mode & 0o007,
+        0,
+        "the textfile is readable by others: {mode:o}"
+    );
 }
 
 /// A tmux server of our own (its socket name), killed when dropped.

@@ -7,12 +7,13 @@
 //! (simgpu without the call) the daemon says once that the shim alone enforces quotas, and the
 //! same process is not held.
 
-use libshare_tests::cgroups::{holder_in, start_daemon, untrusting_daemon_cmd, Cgroups, NOBODY};
-use libshare_tests::{compile_gcc, json_check, skip, until, SimGpu};
-use std::io::{Read, Write};
+use libshare_tests::cgroups::{
+    bypassing, driver_limits as limits, holder_in, start_daemon, untrusting_daemon_cmd, Cgroups,
+};
+use libshare_tests::{skip, until, SimGpu};
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -20,40 +21,6 @@ const MIB: u64 = 1 << 20;
 const NO_LIMIT: u64 = u64::MAX;
 /// The first CUDA driver version simgpu reports as branch 615 (`nvmlSystemGetDriverVersion`).
 const R615: &str = "13070";
-
-fn prog() -> std::path::PathBuf {
-    compile_gcc("cgroup_cap.c", "cgroup_cap", &["-lcuda"])
-}
-
-/// `cgroup_cap ARGS` as a non-root user in cgroup `cg` with NO preload (a process that bypasses
-/// the shim: no LD_PRELOAD, no registration), its JSON line.
-fn bypassing(gpu: &SimGpu, cgroups: &Cgroups, cg: &str, args: &str) -> serde_json::Value {
-    let mut cmd = Command::new("/bin/sh");
-    cmd.uid(NOBODY).gid(NOBODY);
-    cmd.arg("-c")
-        .arg(format!("read go; exec \"$0\" {args}"))
-        .arg(prog())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    gpu.configure(&mut cmd);
-    cmd.env_remove("LD_PRELOAD");
-    let mut child = cmd.spawn().unwrap();
-    cgroups.enter(cg, child.id());
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    let check = args.split(' ').next().unwrap();
-    json_check(&out, check)
-}
-
-/// The driver's limits for a cgroup directory, as root reads them.
-fn limits(gpu: &SimGpu, ns: &std::path::Path) -> serde_json::Value {
-    let mut cmd = Command::new(prog());
-    cmd.arg("limits").arg(ns);
-    gpu.configure(&mut cmd);
-    cmd.env_remove("LD_PRELOAD");
-    json_check(&cmd.output().unwrap(), "limits")
-}
 
 fn set(gpu: &SimGpu, args: &[&str]) {
     let out = gpu.sharectl(args);
@@ -241,4 +208,48 @@ fn driver_caps_older_driver_is_said_once_and_the_shim_alone_enforces() {
         "{}",
         lines[0]
     );
+}
+
+/// Issue 30, B5b: in HAMi mode the daemon adopted `CUDA_DEVICE_MEMORY_LIMIT_0=…
+/// CUDA_TASK_PRIORITY=0` from the first registering process's environment — which the tenant
+/// writes — as production with the driver's soft (guaranteed) limit at the quota. The quota may
+/// still come from there (it only limits the container), but never a guarantee.
+#[test]
+fn hami_mode_sets_no_guarantee_from_the_tenants_environment() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("the driver takes memory limits from root only: run the test as root");
+        return;
+    }
+    let Some(cg) = Cgroups::create(&["capped"]) else {
+        return;
+    };
+    let gpu = SimGpu::new()
+        .memory("4GiB")
+        .env("SIMGPU_DRIVER_VERSION", R615)
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "256m")
+        .env("CUDA_TASK_PRIORITY", "0")
+        .with_shim();
+    std::fs::set_permissions(gpu.state_dir(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let mut cmd = untrusting_daemon_cmd(&gpu, &cg.prefix, &["--hami"]);
+    cmd.stderr(Stdio::piped());
+    let d = start_daemon(&gpu, cmd);
+    let ns = std::path::Path::new("/sys/fs/cgroup/pids")
+        .join(cg.prefix.trim_start_matches('/'))
+        .join("capped");
+    let mut job = holder_in(&gpu, &cg, "capped", "capped", 64);
+    let mut v = serde_json::Value::Null;
+    until(Duration::from_secs(10), || {
+        v = limits(&gpu, &ns);
+        v["hard"].as_u64() == Some(256 * MIB)
+    })
+    .unwrap_or_else(|| panic!("the daemon never set the adopted hard limit: {v}"));
+    assert_eq!(
+        v["soft"].as_u64(),
+        Some(0),
+        "a guarantee from the environment: {v}"
+    );
+    let _ = job.kill();
+    let _ = job.wait();
+    stop(d);
 }

@@ -7,8 +7,8 @@
 
 use libshare_tests::containers::Node;
 use libshare_tests::kubelet::{check_allocate, FakeKubelet};
-use libshare_tests::SimGpu;
-use std::path::{Path, PathBuf};
+use libshare_tests::{file_names, gpus_file, SimGpu};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,29 +37,6 @@ impl Drop for Plugin {
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
         let _ = self.0.wait();
     }
-}
-
-/// A simgpu whose GPUs come from a TOML file (rewritten to "restart" it with other GPUs).
-fn gpus_file(dir: &Path, mem: &[&str]) -> PathBuf {
-    let path = dir.join("simgpu.toml");
-    let text: String = mem
-        .iter()
-        .map(|m| format!("[[device]]\nmemory = \"{m}\"\n"))
-        .collect();
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn files(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 fn ids(v: &[&str]) -> Vec<String> {
@@ -160,7 +137,10 @@ fn registers_advertises_shares_prefers_one_gpu_and_follows_the_gpus_nvml_reports
 
     // Allocate for ids the plugin no longer (or never) advertises: one error line, nothing
     // written.
-    let written = (files(cdi.path()), files(&node.state_dir().join("k8s")));
+    let written = (
+        file_names(cdi.path()),
+        file_names(&node.state_dir().join("k8s")),
+    );
     for bad in [
         vec![ids(&["gpu1-share2"])],
         vec![ids(&["gpu7-share0"])],
@@ -179,7 +159,10 @@ fn registers_advertises_shares_prefers_one_gpu_and_follows_the_gpus_nvml_reports
         eprintln!("Allocate {bad:?}: {}", e.message());
     }
     assert_eq!(
-        (files(cdi.path()), files(&node.state_dir().join("k8s"))),
+        (
+            file_names(cdi.path()),
+            file_names(&node.state_dir().join("k8s"))
+        ),
         written,
         "a refused Allocate writes nothing"
     );
@@ -224,17 +207,17 @@ fn a_kubelet_restart_makes_the_plugin_register_again_and_shares_are_never_grante
         .unwrap();
     conn.allocate(&kl, &[ids(&["gpu0-share2"])]).unwrap();
     assert_eq!(
-        files(&k8s),
+        file_names(&k8s),
         ["k8s-gpu0-share0-x2.json", "k8s-gpu0-share2-x1.json"]
     );
     conn.allocate(&kl, &[ids(&["gpu0-share1", "gpu0-share3"])])
         .unwrap();
     assert_eq!(
-        files(&k8s),
+        file_names(&k8s),
         ["k8s-gpu0-share1-x2.json", "k8s-gpu0-share2-x1.json"]
     );
     assert_eq!(
-        files(cdi.path()),
+        file_names(cdi.path()),
         [
             "libshare.dev_gpu-k8s-gpu0-share1-x2.json",
             "libshare.dev_gpu-k8s-gpu0-share2-x1.json"
@@ -243,5 +226,5 @@ fn a_kubelet_restart_makes_the_plugin_register_again_and_shares_are_never_grante
     // The same shares again (a restarted pod): the same allocation, rewritten.
     conn.allocate(&kl, &[ids(&["gpu0-share3", "gpu0-share1"])])
         .unwrap();
-    assert_eq!(files(&k8s).len(), 2);
+    assert_eq!(file_names(&k8s).len(), 2);
 }

@@ -2,8 +2,9 @@
 //! with what `Allocate` returned (issue 22, must-shows 1 and 5): the CDI device, its env and
 //! annotations, and the pod annotations a CRI runtime forwards. The quota is the allocation's,
 //! bound on the host to the container id by the CDI device's hook — not what the pod's process
-//! says — and the class is the pod's annotation. A malformed annotation stops the container
-//! with one line and sets nothing.
+//! says — and the class is the pod's annotation, honoured only in the namespaces the plugin's
+//! `--production-namespaces` allows (issue 32, must-show 3): elsewhere the pod is opportunistic
+//! whatever it asks. A malformed annotation stops the container with one line and sets nothing.
 
 use libshare_tests::containers::{quota_program, rootfs, unique, Held, Node, Podman, MIB};
 use libshare_tests::kubelet::{check_allocate, FakeKubelet, PluginConn};
@@ -22,7 +23,15 @@ struct Plugin {
 impl Plugin {
     fn start(node: &Node, kl: &FakeKubelet) -> Plugin {
         let kind = format!("k{}.libshare.dev/gpu", std::process::id());
-        let mut cmd = node.sharectl(&["device-plugin", "--rescan", "1s", "--kind", &kind]);
+        let mut cmd = node.sharectl(&[
+            "device-plugin",
+            "--rescan",
+            "1s",
+            "--kind",
+            &kind,
+            "--production-namespaces",
+            "inference",
+        ]);
         cmd.arg("--plugin-dir")
             .arg(kl.dir())
             .args(["--cdi-dir", "/etc/cdi"])
@@ -95,18 +104,6 @@ fn create(
     c.output().unwrap()
 }
 
-/// The daemon's settings for container `id` (`{}` for one it does not know).
-fn settings(node: &Node, id: &str) -> serde_json::Value {
-    let out = node.sharectl(&["get", id, "--json"]).output().unwrap();
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("unknown container"), "{err}");
-        return serde_json::json!({});
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str::<serde_json::Value>(&text).unwrap()["settings"].clone()
-}
-
 /// A node of `gib` GiB with podman (an image of `programs`), a fake kubelet and the plugin
 /// registered with it; the kubelet's connection and the advertised shares. `None` after a SKIP.
 struct Cluster {
@@ -162,7 +159,10 @@ fn two_pods_allocated_by_the_plugin_share_the_gpu_with_their_quotas_and_classes(
         podman,
         &a_name,
         &a.container_responses[0],
-        &[("libshare.dev/class", "production")],
+        &[
+            ("libshare.dev/class", "production"),
+            ("io.kubernetes.pod.namespace", "inference"),
+        ],
         &[
             "--env",
             "LIBSHARE_MEMORY_LIMIT=40GiB",
@@ -195,9 +195,9 @@ fn two_pods_allocated_by_the_plugin_share_the_gpu_with_their_quotas_and_classes(
     // poststop released both: the daemon keeps no settings for containers that are gone.
     for id in [&a_id, &b_id] {
         libshare_tests::until(Duration::from_secs(10), || {
-            settings(node, id).as_object().is_some_and(|o| o.is_empty())
+            node.settings(id).as_object().is_some_and(|o| o.is_empty())
         })
-        .unwrap_or_else(|| panic!("{id}'s settings stay: {}", settings(node, id)));
+        .unwrap_or_else(|| panic!("{id}'s settings stay: {}", node.settings(id)));
     }
     eprintln!(
         "two pods through the device plugin: {a_id} production 2 GiB (its LIBSHARE_MEMORY_LIMIT=40GiB ignored), {b_id} opportunistic 1 GiB"
@@ -240,9 +240,49 @@ fn a_malformed_pod_annotation_stops_the_container_with_one_line_and_sets_nothing
         "{line}"
     );
     eprintln!("malformed annotation: {line}");
-    let s = settings(node, &id);
+    let s = node.settings(&id);
     assert!(
         s.as_object().is_some_and(|o| o.is_empty()),
         "nothing set: {s}"
     );
+}
+
+#[test]
+fn a_pod_outside_the_production_namespaces_is_opportunistic_whatever_it_asks() {
+    let Some((c, mut conn, all)) = cluster(4, &[&quota_program()]) else {
+        return;
+    };
+    let (node, podman, kl) = (&c.node, &c.podman, &c.kl);
+    let ids = conn.preferred(kl, &all, &[], 2);
+    let resp = conn.allocate(kl, &[ids]).unwrap();
+    let name = unique("pod-batch");
+    let _cleanup = podman.removing(&[&name]);
+    // Namespace "batch" is not in --production-namespaces; the pod asks for production by its
+    // annotation and its environment.
+    let id = ok(&create(
+        podman,
+        &name,
+        &resp.container_responses[0],
+        &[
+            ("libshare.dev/class", "production"),
+            ("io.kubernetes.pod.namespace", "batch"),
+        ],
+        &["--env", "LIBSHARE_CLASS=production"],
+        &["/usr/bin/container_quota", &(2048 - 16).to_string()],
+    ))
+    .trim()[..12]
+        .to_string();
+    let p = Held::start(podman.cmd(&["start", "-ai", &name]), 2048 * MIB);
+    node.assert_status(&[(&id, "opportunistic", 2048 * MIB)]);
+    p.end();
+    let log = std::fs::read_to_string(node.state_dir().join("inject/hook.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&id) && l.contains("bound"))
+        .unwrap_or_else(|| panic!("a line for {id}: {log}"));
+    assert!(
+        line.contains("class opportunistic") && line.contains("\"batch\" may not be production"),
+        "{line}"
+    );
+    eprintln!("device plugin, namespace batch: {line}");
 }

@@ -298,6 +298,45 @@ fn production_gets_its_quota_beside_an_opportunistic_job_holding_the_device_resi
     holder.finish();
 }
 
+/// A v1 memory cgroup of `limit` bytes for this test (removed when dropped), or None after a
+/// skip line where it cannot be made.
+struct MemoryCgroup(std::path::PathBuf);
+
+impl MemoryCgroup {
+    fn new(name: &str, limit: u64) -> Option<MemoryCgroup> {
+        let cg = std::path::Path::new("/sys/fs/cgroup/memory")
+            .join(format!("libshare-test-{name}-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&cg) {
+            libshare_tests::skip(&format!(
+                "cannot create a v1 memory cgroup at {}: {e}",
+                cg.display()
+            ));
+            return None;
+        }
+        let cg = MemoryCgroup(cg);
+        std::fs::write(cg.0.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        Some(cg)
+    }
+
+    /// `bin args…` started in this cgroup (moved there before it execs).
+    fn command(&self, gpu: &SimGpu, bin: &std::path::Path, args: &[&str]) -> std::process::Command {
+        let mut c = gpu.command("sh");
+        c.arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && shift && exec "$@""#)
+            .arg(&self.0)
+            .arg("-")
+            .arg(bin)
+            .args(args);
+        c
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 #[test]
 fn a_host_short_of_memory_for_demoted_pages_refuses_the_allocation_in_one_line() {
     // Issue 20, must-show 7: the job's memory cgroup (v1) holds 192 MiB; an oversubscribing
@@ -305,33 +344,14 @@ fn a_host_short_of_memory_for_demoted_pages_refuses_the_allocation_in_one_line()
     // memory while the host can hold its pages, then CUDA_ERROR_OUT_OF_MEMORY and one line —
     // not the OOM killer (on simgpu the device's memory is the process's host memory too, so
     // the cgroup bounds both). Every byte it wrote reads back; the refusal is counted.
-    let cg = std::path::Path::new("/sys/fs/cgroup/memory")
-        .join(format!("libshare-test-host-short-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir(&cg) {
-        libshare_tests::skip(&format!(
-            "cannot create a v1 memory cgroup at {}: {e}",
-            cg.display()
-        ));
+    let Some(cg) = MemoryCgroup::new("host-short", 192 << 20) else {
         return;
-    }
-    struct Remove(std::path::PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    let _remove = Remove(cg.clone());
-    std::fs::write(cg.join("memory.limit_in_bytes"), (192u64 << 20).to_string()).unwrap();
+    };
     let gpu = machine("opportunistic")
         .env("CUDA_OVERSUBSCRIBE", "true")
         .quota("1GiB");
     let bin = compile_gcc("oversub.c", "oversub", &["-lcuda"]);
-    let mut c = gpu.command("sh");
-    c.arg("-c")
-        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$1" 320"#)
-        .arg(&cg)
-        .arg(&bin);
-    let out = gpu.run_cmd(c);
+    let out = gpu.run_cmd(cg.command(&gpu, &bin, &["320"]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{}", describe(&out));
     let v = json_check(&out, "oversub");
@@ -359,4 +379,63 @@ fn a_host_short_of_memory_for_demoted_pages_refuses_the_allocation_in_one_line()
         .oom
         .load(std::sync::atomic::Ordering::Acquire);
     assert!(refused >= 1, "the refusal is counted");
+}
+
+/// Issue 30, B6a: the host-memory check reserves. Under a 192 MiB memory cgroup, an
+/// oversubscribing container (128 MiB device, 1 GiB quota, no daemon) asks for 100 MiB pieces
+/// of managed memory it never touches (so they take no host memory yet, as on a GPU): each one
+/// alone fits the host, two do not. `demote take alloc 100 N` holds what it got.
+fn take_managed(gpu: &SimGpu, cg: &MemoryCgroup, n: u32) -> libshare_tests::Running {
+    let bin = compile_gcc("demote.c", "demote", &["-lcuda"]);
+    let mut h = gpu.spawn(cg.command(gpu, &bin, &["take", "alloc", "100", &n.to_string()]));
+    h.wait_for_line(r#"{"check":"ready"}"#);
+    h
+}
+
+fn oversubscribing_gpu() -> SimGpu {
+    machine("opportunistic")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .quota("1GiB")
+}
+
+#[test]
+fn the_host_check_counts_the_containers_whole_managed_footprint() {
+    // The audit's repro: 4 × 768 MiB managed under a 1 GiB cgroup were all accepted (each
+    // checked alone). Here three 100 MiB pieces under 192 MiB: the first fits, the second would
+    // take the footprint to 200 MiB.
+    let Some(cg) = MemoryCgroup::new("host-footprint", 192 << 20) else {
+        return;
+    };
+    let gpu = oversubscribing_gpu();
+    let mut h = take_managed(&gpu, &cg, 3);
+    h.send("go\n");
+    let v = h.wait_for_check("take");
+    assert_eq!((&v["ok"], &v["error"]), (&1.into(), &OOM.into()), "{v}");
+    let out = h.finish();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refused an oversubscribing allocation") && err.contains("200 MiB with it"),
+        "{err}"
+    );
+}
+
+#[test]
+fn two_racing_processes_cannot_both_pass_the_host_check() {
+    // The audit's second repro: two jobs of one container, 768 MiB each, both accepted. Here
+    // two processes, 100 MiB each under 192 MiB, told to allocate at the same moment: exactly
+    // one gets it, whatever the order (the footprint is reserved in the container's state).
+    let Some(cg) = MemoryCgroup::new("host-race", 192 << 20) else {
+        return;
+    };
+    let gpu = oversubscribing_gpu();
+    for round in 0..3 {
+        let (mut a, mut b) = (take_managed(&gpu, &cg, 1), take_managed(&gpu, &cg, 1));
+        a.send("go\n");
+        b.send("go\n");
+        let (va, vb) = (a.wait_for_check("take"), b.wait_for_check("take"));
+        let oks = va["ok"].as_i64().unwrap() + vb["ok"].as_i64().unwrap();
+        assert_eq!(oks, 1, "round {round}: {va} {vb}");
+        a.finish();
+        b.finish();
+    }
 }

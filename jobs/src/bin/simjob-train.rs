@@ -70,6 +70,16 @@ struct Args {
     #[arg(long, value_name = "EPOCH")]
     start_at: Option<f64>,
 
+    /// Begin the loop (after allocating and touching --mem) once --parties jobs given the same
+    /// directory have too, whatever their set-up took: jobs started together then work over the
+    /// same interval even on a loaded host.
+    #[arg(long, value_name = "DIR", conflicts_with = "start_at")]
+    barrier: Option<std::path::PathBuf>,
+
+    /// How many jobs meet at --barrier.
+    #[arg(long, value_name = "N", default_value_t = 2, requires = "barrier")]
+    parties: usize,
+
     /// Stop after this many iterations.
     #[arg(long, value_name = "N", conflicts_with = "duration")]
     iters: Option<u64>,
@@ -102,6 +112,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         if at > now && !jobs::run::sleep_until(Instant::now() + Duration::from_secs_f64(at - now)) {
+            return Ok(());
+        }
+    }
+    if let Some(dir) = &args.barrier {
+        if !jobs::run::barrier(dir, args.parties, Duration::from_secs(300))? {
             return Ok(());
         }
     }

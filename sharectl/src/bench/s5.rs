@@ -15,6 +15,7 @@ use super::exec::{Class, JobSpec, RunRecord, RunSpec, Setup};
 use super::s4::mib;
 use super::{num, opt, row, Ctx, Output, Policy};
 use anyhow::Context;
+use std::path::Path;
 
 /// simgpu's device for S5.
 const SIM_DEVICE: u64 = 2 << 30;
@@ -26,11 +27,7 @@ const KERNELS: u32 = 100;
 const NVSHARE_QUANTUM_S: f64 = 30.0;
 const NVSHARE_JOB_S: f64 = 1400.0;
 
-/// Seconds from a co-run's jobs being started to their loops beginning together (`--start-at`):
-/// allocating and touching 70 % of the device, twice at once, on a loaded host.
-const SETUP_S: f64 = 4.0;
-
-fn job(name: &str, mem: u64, iters: u64, managed: bool, start_at: Option<f64>) -> JobSpec {
+fn job(name: &str, mem: u64, iters: u64, managed: bool, barrier: Option<&Path>) -> JobSpec {
     let mut args: Vec<String> = vec![
         "--gpu-ms".into(),
         PHASE_MS.to_string(),
@@ -51,8 +48,9 @@ fn job(name: &str, mem: u64, iters: u64, managed: bool, start_at: Option<f64>) -
     if managed {
         args.push("--managed".into());
     }
-    if let Some(at) = start_at {
-        args.extend(["--start-at".into(), format!("{at:.3}")]);
+    if let Some(dir) = barrier {
+        args.extend(["--barrier".into(), dir.display().to_string()]);
+        args.extend(["--parties".into(), "2".into()]);
     }
     JobSpec {
         container: name.into(),
@@ -147,14 +145,6 @@ fn makespan(rec: &RunRecord) -> f64 {
     end - start
 }
 
-/// The wall clock `secs` from now, seconds since the Unix epoch.
-fn epoch_in(secs: f64) -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-        + secs
-}
-
 pub(super) fn s5(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let device = if ctx.bench.gpu.is_sim() {
         SIM_DEVICE
@@ -198,11 +188,13 @@ pub(super) fn s5(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     out.emit(m);
     for p in policies(ctx) {
         let managed = p == Policy::Native;
-        // Started together (the jobs' loops begin at the same instant): the daemon sees both.
-        let at = Some(epoch_in(SETUP_S));
+        // Started together (the jobs' loops begin within a millisecond of each other, once both
+        // have allocated, however long that took): the daemon sees both, and a co-run without
+        // the shim is two GPU phases at once, not phases that happen to alternate.
+        let barrier = crate::platform::StateDir::create()?;
         let jobs = names
             .iter()
-            .map(|n| job(n, mem, iters, managed, at))
+            .map(|n| job(n, mem, iters, managed, Some(barrier.path())))
             .collect();
         let (rec, metrics) = match run(ctx, p, jobs, device, fixed_quantum_s) {
             Ok(r) => r,

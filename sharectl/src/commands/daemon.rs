@@ -31,9 +31,14 @@ pub struct DaemonArgs {
     /// Time-slice quantum (policy time-slice).
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub quantum: u64,
-    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400).
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address, e.g. 127.0.0.1:9400)
+    /// to root, the daemon's user and --metrics-allow-uid; anyone else gets 403.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// A user that may read --metrics-addr besides root and the daemon's user (repeatable; e.g.
+    /// Prometheus' uid).
+    #[arg(long, value_name = "UID")]
+    pub metrics_allow_uid: Vec<u32>,
     /// Also write the metrics to this file every --metrics-interval (for node-exporter's
     /// textfile collector; written beside it and renamed over it).
     #[arg(long, value_name = "PATH")]
@@ -55,9 +60,29 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub trust_env: bool,
     /// A cgroup path prefix whose children are containers: PREFIX/<name>/... is container
-    /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in).
+    /// <name> (repeatable; docker, podman, containerd/CRI and CRI-O layouts are built in). Only
+    /// root may be able to create cgroups in PREFIX (root-owned, not group/other-writable):
+    /// a child someone else could make names nothing.
     #[arg(long, value_name = "PREFIX")]
     pub cgroup_prefix: Vec<String>,
+    /// A parent cgroup a container runtime is configured to create its containers under
+    /// (repeatable), besides the runtimes' defaults (/system.slice, /machine.slice,
+    /// /kubepods.slice, /kubepods, /docker, /libpod_parent): a runtime's id names a container
+    /// only under one of them, in a cgroup root made.
+    #[arg(long, value_name = "CGROUP")]
+    pub runtime_cgroup_parent: Vec<String>,
+    /// New containers a non-root user's processes may name themselves (--trust-env) that
+    /// exist at once; past it, a registration that would create one is refused.
+    #[arg(long, value_name = "N", default_value_t = libshare_node::book::Limits::default().per_uid)]
+    pub max_containers_per_uid: usize,
+    /// New containers registrations may create from one cgroup (for a runtime's containers,
+    /// the cgroup they are made in: /machine.slice, a pod's) that exist at once.
+    #[arg(long, value_name = "N", default_value_t = libshare_node::book::Limits::default().per_cgroup)]
+    pub max_containers_per_cgroup: usize,
+    /// A container with no live process, nothing held and no settings is forgotten (its
+    /// state removed) this long after its last registration (1s..1h).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub forget_after: u64,
     /// HAMi mode: a container with no settings adopts HAMi's variables from its first
     /// registering process (CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT[_i],
     /// CUDA_TASK_PRIORITY, CUDA_OVERSUBSCRIBE); use with --register-socket
@@ -187,12 +212,50 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     if cfg.turns.is_some() && totals.is_none() {
         tracing::info!("no exclusive turns between oversubscribing containers: the devices' memory is unknown (no NVML)");
     }
-    cfg.authority = Some(libshare_node::authority::Authority::new(
-        settings.clone(),
-        devices,
-        args.trust_env,
-        cfg.health.restores.clone(),
-    ));
+    if !(1_000_000_000..=3_600_000_000_000).contains(&args.forget_after) {
+        return Err(anyhow!("--forget-after must be between 1s and 1h"));
+    }
+    if args.max_containers_per_uid == 0 || args.max_containers_per_cgroup == 0 {
+        return Err(anyhow!(
+            "--max-containers-per-uid and --max-containers-per-cgroup must be at least 1"
+        ));
+    }
+    let book = libshare_node::book::Book::new(libshare_node::book::Limits {
+        per_uid: args.max_containers_per_uid,
+        per_cgroup: args.max_containers_per_cgroup,
+        forget_after: std::time::Duration::from_nanos(args.forget_after),
+    });
+    cfg.authority = Some(
+        libshare_node::authority::Authority::new(
+            settings.clone(),
+            devices,
+            args.trust_env,
+            cfg.health.restores.clone(),
+        )
+        .with_pin_bound(cfg.device_totals.is_some())
+        .with_book(book),
+    );
+    let identity = libshare_node::identity::IdentityConfig {
+        prefixes: args.cgroup_prefix.clone(),
+        trust_env: args.trust_env,
+        runtime_parents: args.runtime_cgroup_parent.clone(),
+        fs: libshare_node::identity::CgroupFs::host(),
+    };
+    let caps = match libshare_node::caps::Driver::probe() {
+        Ok(d) => {
+            tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
+            let caps = libshare_node::caps::Caps::new(d);
+            Some(Arc::new(if args.hami {
+                caps.without_guarantees()
+            } else {
+                caps
+            }))
+        }
+        Err(why) => {
+            tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
+            None
+        }
+    };
     let admin =
         libshare_node::server::Server::bind(ServerConfig::new(dir.join("admin.sock"), 0o600))
             .map_err(|e| {
@@ -207,7 +270,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             settings.clone(),
             totals,
             args.trust_env,
-        );
+        )
+        .with_identity(identity.clone(), caps.clone());
         std::thread::Builder::new()
             .name("admin".into())
             .spawn(move || admin.serve(&mut service, &STOP))?
@@ -227,16 +291,6 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             register_path.display()
         )
     })?;
-    let caps = match libshare_node::caps::Driver::probe() {
-        Ok(d) => {
-            tracing::info!("driver memory caps on: each container's quota is also its cgroup's hard limit in the driver (nvmlDeviceSetMemoryLimits_v1)");
-            Some(Arc::new(libshare_node::caps::Caps::new(d)))
-        }
-        Err(why) => {
-            tracing::info!("driver memory caps off: {why}; the shim alone enforces quotas");
-            None
-        }
-    };
     let caps_thread = match &caps {
         Some(c) => {
             let (c, dir) = (c.clone(), dir.clone());
@@ -251,10 +305,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let register_thread = {
         let mut service = libshare_node::register::RegisterService::new(
             dir.clone(),
-            libshare_node::identity::IdentityConfig {
-                prefixes: args.cgroup_prefix.clone(),
-                trust_env: args.trust_env,
-            },
+            identity,
             cfg.authority.clone(),
         )
         .with_caps(caps)
@@ -264,7 +315,13 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             .spawn(move || register.serve(&mut service, &STOP))?
     };
     if let Some(addr) = args.metrics_addr {
-        libshare_node::metrics::serve_http(addr, dir.clone(), cfg.health.clone(), &STOP)?;
+        libshare_node::metrics::serve_http(
+            addr,
+            dir.clone(),
+            cfg.health.clone(),
+            libshare_node::metrics::Access::new(&args.metrics_allow_uid),
+            &STOP,
+        )?;
     }
     if let Some(path) = &args.metrics_textfile {
         if !(100_000_000..=3_600_000_000_000).contains(&args.metrics_interval) {

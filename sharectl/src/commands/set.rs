@@ -111,6 +111,20 @@ pub(crate) fn ask(state_dir: &Path, req: &Request) -> Result<ContainerReport> {
     }
 }
 
+/// At a container's createRuntime: tells the daemon of `state_dir` that process `pid` is
+/// container `id`'s, so the driver's limits go on its cgroup before its first process runs.
+/// The line to log when that did not happen (no daemon, or the daemon's reason); the container
+/// starts either way (its limits then come with its first registration, as before).
+pub(crate) fn started(state_dir: &Path, id: &str, pid: i32) -> Option<String> {
+    let req = Request::Started {
+        container: id.to_string(),
+        pid: pid as u32,
+    };
+    ask(state_dir, &req).err().map(|e| {
+        format!("container {id}: the daemon did not take its cgroup at createRuntime: {e}")
+    })
+}
+
 fn print(r: &ContainerReport, json: bool) {
     if json {
         println!("{}", serde_json::to_string(r).expect("a report serialises"));

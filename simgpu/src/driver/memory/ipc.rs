@@ -233,7 +233,7 @@ pub fn export(
 /// Maps the allocation `h` names (an IPC handle, or a pool pointer's export data: `magic`).
 ///
 /// Safety: `dptr` is NULL or writable (cuIpcOpenMemHandle's out-argument).
-pub unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, magic: u32) -> R {
+pub(super) unsafe fn open(dptr: *mut CUdeviceptr, h: IpcHandle, magic: u32) -> R {
     let s = sim()?;
     if dptr.is_null() || u32::from_le_bytes(h.0[0..4].try_into().unwrap()) != magic {
         return Err(CUDA_ERROR_INVALID_VALUE);
