@@ -80,10 +80,12 @@ make_bundle() {
   cp tests/python/shim_quota.py "$tmp/python/"
 
   # Criterion's M1/M2 bench (the newest cargo built), with what it loads: the host-built shim and
-  # the instant driver.
+  # the instant driver; not if older than that shim (built before a change of the state's layout,
+  # it would read the shim's state as truncated).
   local bench
   bench=$(ls -t "$target"/release/deps/shim_overhead-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
-  if [ -n "$bench" ] && [ -x "$bench" ] && [ -f "$target/release/libinstantcuda.so" ]; then
+  if [ -n "$bench" ] && [ -x "$bench" ] && [ -f "$target/release/libinstantcuda.so" ] \
+     && [ ! "$bench" -ot "$target/release/libshare.so" ]; then
     strip -o "$tmp/bench/shim_overhead" "$bench"
     strip --strip-unneeded -o "$tmp/release/libshare.so" "$target/release/libshare.so"
     strip --strip-unneeded -o "$tmp/release/libinstantcuda.so" "$target/release/libinstantcuda.so"
