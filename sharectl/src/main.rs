@@ -3,7 +3,8 @@
 //! Each subcommand lives in its own module: `demo`, `bench`, and `commands/` (`daemon`,
 //! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
 //! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`;
-//! Kubernetes: `device_plugin` and `dra_plugin` (over crate `libshare-k8s`).
+//! Kubernetes: `device_plugin` and `dra_plugin` (over crate `libshare-k8s`); `gpu_check` (a GPU
+//! node's check and simgpu's calibration, issue 33).
 
 mod bench;
 mod cdi;
@@ -13,6 +14,7 @@ mod daemon_child;
 mod demo;
 mod device_plugin;
 mod dra_plugin;
+mod gpu_check;
 mod hook;
 mod inject;
 mod platform;
@@ -77,6 +79,9 @@ enum Command {
     DraPlugin(dra_plugin::DraPluginArgs),
     /// Exit 0 when the daemon answers on its admin socket within 5 s (a liveness probe).
     Health(commands::health::HealthArgs),
+    /// libshare on this machine's NVIDIA GPU, and simgpu calibrated against it (issue 33):
+    /// scripts/gpu-check.sh runs it from a bundle.
+    GpuCheck(commands::gpu_check::GpuCheckArgs),
 }
 
 /// SIGPIPE's disposition: default (a write to a closed pipe ends the process quietly, as it
@@ -104,6 +109,7 @@ fn main() -> ExitCode {
             | Command::Bench(_)
             | Command::DevicePlugin(_)
             | Command::DraPlugin(_)
+            | Command::GpuCheck(_)
     ) {
         // The daemon must outlive a client that closes its socket early (its sockets are
         // written with MSG_NOSIGNAL, but its metrics' TCP writes are not); the demo and the
@@ -126,6 +132,7 @@ fn main() -> ExitCode {
         Command::DevicePlugin(args) => device_plugin::run(args),
         Command::DraPlugin(args) => dra_plugin::run(args),
         Command::Health(args) => commands::health::run(args),
+        Command::GpuCheck(args) => commands::gpu_check::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

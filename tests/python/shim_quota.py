@@ -45,7 +45,13 @@ def main():
     global STEP
     import torch
 
-    report(version=torch.__version__, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    report(
+        version=torch.__version__,
+        cuda=torch.version.cuda,
+        python=sys.executable,
+        python_version=sys.version.split()[0],
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    )
 
     STEP = "init"
     expect(torch.cuda.is_available(), "torch.cuda.is_available() is False")

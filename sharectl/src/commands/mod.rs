@@ -1,7 +1,8 @@
-//! The daemon, admin and node-view commands (`status`, `top`): each an `Args` struct and one
-//! `run` over `libshare-node` or `libshare-abi`.
+//! The daemon, admin and node-view commands (`status`, `top`), and `gpu-check`: each an `Args`
+//! struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
 
 pub mod daemon;
+pub mod gpu_check;
 pub mod health;
 pub mod set;
 pub mod status;

@@ -53,6 +53,9 @@ pub struct CostModel {
     /// Throughput of fault-driven migration, bytes per second (below `pcie_bytes_per_s`, which a
     /// prefetch on the copy engine gets).
     pub fault_bytes_per_s: u64,
+    /// Throughput of `cuMemPrefetchAsync`'s migration, bytes per second; None: `pcie_bytes_per_s`
+    /// (a GPU's driver may migrate slower than `cuMemcpy` copies: `sharectl gpu-check` measures it).
+    pub prefetch_bytes_per_s: Option<u64>,
     /// Time slice of a context on the compute engine while another context waits, ns; it
     /// includes the context switch into it (`crate::sched`).
     pub timeslice_ns: u64,
@@ -203,6 +206,7 @@ impl Default for CostModel {
             copy_base_ns: 2_000,
             fault_ns: 20_000,
             fault_bytes_per_s: 12_000_000_000,
+            prefetch_bytes_per_s: None,
             timeslice_ns: 2_000_000,
             ctx_switch_ns: 25_000,
         }
@@ -491,6 +495,11 @@ const MACHINE_ROWS: &[(Option<&str>, Option<&str>, Set<SimConfig>)] = &[
         Some("SIMGPU_FAULT_BW"),
         Some("cost.fault_bandwidth"),
         |c, s| put(&BANDWIDTH, s, &mut c.cost.fault_bytes_per_s),
+    ),
+    (
+        Some("SIMGPU_PREFETCH_BW"),
+        Some("cost.prefetch_bandwidth"),
+        |c, s| put_some(&BANDWIDTH, s, &mut c.cost.prefetch_bytes_per_s),
     ),
     (Some("SIMGPU_TIMESLICE"), Some("cost.timeslice"), |c, s| {
         put(&DURATION, s, &mut c.cost.timeslice_ns)

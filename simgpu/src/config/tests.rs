@@ -305,6 +305,7 @@ hbm_bandwidth = "1500GB/s"
 copy_base = "2us"
 fault = "20us"
 fault_bandwidth = "10GB/s"
+prefetch_bandwidth = "18GB/s"
 
 [cost.kernels]
 "zz_gemm" = "2ms"
@@ -348,6 +349,7 @@ fn toml_file_round_trip() {
     assert_eq!(cost.copy_base_ns, 2_000);
     assert_eq!(cost.fault_ns, 20_000);
     assert_eq!(cost.fault_bytes_per_s, 10_000_000_000);
+    assert_eq!(cost.prefetch_bytes_per_s, Some(18_000_000_000));
     // Document order is kept, so the first substring match is the first in the file.
     let names: Vec<&str> = cost
         .kernel_overrides
@@ -541,6 +543,7 @@ fn the_table_names_each_variable_and_key_once_in_the_documented_order() {
             "SIMGPU_PCIE_BW",
             "SIMGPU_HBM_BW",
             "SIMGPU_FAULT_BW",
+            "SIMGPU_PREFETCH_BW",
             "SIMGPU_TIMESLICE",
             "SIMGPU_CTX_SWITCH",
             "SIMGPU_KERNEL_TRACE",
@@ -585,6 +588,7 @@ fn the_table_names_each_variable_and_key_once_in_the_documented_order() {
             "copy_base",
             "fault",
             "fault_bandwidth",
+            "prefetch_bandwidth",
             "timeslice",
             "ctx_switch",
             "kernels"

@@ -232,7 +232,10 @@ fn fault_in(s: &Sim, dev: usize, bases: &[u64], now: u64, how: Migrate) -> u64 {
     d.migrated_bytes.fetch_add(migrated, AcqRel);
     cost += match how {
         Migrate::Fault => (migrated / CHUNK) * c.fault_ns + at_rate(migrated, c.fault_bytes_per_s),
-        Migrate::Prefetch => transfer_ns(s, migrated),
+        Migrate::Prefetch => at_rate(
+            migrated,
+            c.prefetch_bytes_per_s.unwrap_or(c.pcie_bytes_per_s),
+        ),
     };
     cost += transfer_ns(s, remote);
     let start = now + transfer_ns(s, evicted);
