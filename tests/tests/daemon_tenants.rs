@@ -576,8 +576,10 @@ fn daemon_tenants_containers_a_user_makes_are_bounded_and_forgotten() {
         st_after < Duration::from_secs(1),
         "status took {st_after:?}"
     );
+    // Generous: the allocator keeps some of what the flood took (75 MiB after 10 seen once on
+    // a loaded CI machine); the audit's daemon kept 449 MB and every container.
     assert!(
-        rss(pid) < rss0 + (64 << 20),
+        rss(pid) < rss0 + (128 << 20),
         "RSS {} MiB after, {} before",
         rss(pid) >> 20,
         rss0 >> 20
