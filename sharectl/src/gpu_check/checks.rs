@@ -920,7 +920,8 @@ pub fn settings(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     let state = ctx.fresh("settings")?;
     let f = ctx.probe("settings", &["info"], Side::Gpu, &state, None)?;
     let now = first(&f.json(), "info").cloned().unwrap_or(Value::Null);
-    let left = runner::reap_all();
+    let alive = runner::reap_all();
+    let left = alive.len();
     ctx.processes_left = Some(left);
     let mut p = Vec::new();
     for k in [
@@ -935,7 +936,8 @@ pub fn settings(ctx: &mut Ctx) -> anyhow::Result<Outcome> {
     }
     if left > 0 {
         p.push(format!(
-            "{left} process(es) of the run were still alive (killed now)"
+            "{left} process(es) of the run were still alive (killed now): {}",
+            alive.join(", ")
         ));
     }
     Ok(Outcome::judged(

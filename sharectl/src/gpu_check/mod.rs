@@ -312,7 +312,7 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         report.write(&out)?;
     }
     // Whatever is still alive now (an interrupted run skips `settings`) is killed and counted.
-    let left = runner::reap_all();
+    let left = runner::reap_all().len();
     report.processes_left = Some(report.processes_left.unwrap_or(0) + left);
     report.finished = !runner::stopped();
     report.elapsed_s = started.elapsed().as_secs_f64();

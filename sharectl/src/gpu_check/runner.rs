@@ -263,13 +263,38 @@ fn descendants() -> Vec<i32> {
     all
 }
 
-/// Kills and reaps every descendant still alive; returns how many there were.
-pub fn reap_all() -> usize {
-    let left = descendants();
-    for &pid in &left {
+/// Reaps every child that has exited: the descendants a step's group left, orphaned to this
+/// subreaper, end as its zombies (exited, not alive) until it waits for them.
+fn reap_exited() {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only the status integer we pass.
+        if unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } <= 0 {
+            break;
+        }
+    }
+}
+
+/// `pid` and its command name, if it is alive (not a zombie): "1234 (simjob-train)".
+fn alive(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let state = rest.trim_start().chars().next()?;
+    (!matches!(state, 'Z' | 'X')).then(|| format!("{head})"))
+}
+
+/// Kills and reaps every descendant still alive (exited ones reaped first: they are not left
+/// behind); returns them, "pid (name)" each, for the report.
+pub fn reap_all() -> Vec<String> {
+    reap_exited();
+    let left: Vec<(i32, String)> = descendants()
+        .into_iter()
+        .filter_map(|pid| alive(pid).map(|d| (pid, d)))
+        .collect();
+    for (pid, _) in &left {
         // SAFETY: kill touches no memory; the pid is a descendant of ours, reparented to us (we
         // are its subreaper) and not reaped, so it cannot have been reused.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
     }
     let end = Instant::now() + Duration::from_secs(5);
     loop {
@@ -283,7 +308,7 @@ pub fn reap_all() -> usize {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    left.len()
+    left.into_iter().map(|(_, d)| d).collect()
 }
 
 #[cfg(test)]
@@ -309,6 +334,56 @@ mod tests {
             assert!(Instant::now() < end, "the group outlived its deadline");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    #[test]
+    fn an_orphan_that_exited_is_reaped_not_counted_and_a_live_one_is_named_and_killed() {
+        init();
+        let mut cmd = Command::new("sh");
+        // Two orphans reparented to this subreaper: one exits at once, one lives.
+        cmd.args(["-c", "true & sleep 30 & echo started"]);
+        let f = run(cmd, Duration::from_secs(10)).unwrap();
+        assert!(f.ok(), "{f:?}");
+        // The group was killed at its end: wait (bounded) until both are zombies of ours.
+        let end = Instant::now() + Duration::from_secs(10);
+        while descendants().iter().any(|&p| alive(p).is_some()) {
+            assert!(Instant::now() < end, "the group outlived its end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The killed `sleep` is a zombie of ours (this process is its subreaper): listed among
+        // the descendants, which is what the settings check counted as "still alive".
+        assert!(!descendants().is_empty(), "no zombie of ours to reap");
+        assert_eq!(
+            reap_all(),
+            Vec::<String>::new(),
+            "exited orphans are not left behind"
+        );
+        assert!(descendants().is_empty(), "reaped");
+
+        // One that escaped its group (setsid) is alive: named, killed, reaped.
+        let mut cmd = Command::new("sh");
+        // `started` once the orphan is in a session of its own (field 6 of its stat), so the
+        // end of the script's group cannot take it.
+        cmd.args([
+            "-c",
+            "setsid sleep 30 </dev/null >/dev/null 2>&1 & p=$!; \
+             while [ \"$(cut -d' ' -f6 /proc/$p/stat)\" = \"$(cut -d' ' -f6 /proc/$$/stat)\" ]; \
+             do :; done; echo started",
+        ]);
+        let f = run(cmd, Duration::from_secs(10)).unwrap();
+        assert!(f.ok(), "{f:?}");
+        let end = Instant::now() + Duration::from_secs(10);
+        while !descendants().iter().any(|&p| alive(p).is_some()) {
+            assert!(Instant::now() < end, "the escaped orphan never showed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let left = reap_all();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(
+            left[0].ends_with("(sleep)") || left[0].ends_with("(setsid)"),
+            "{left:?}"
+        );
+        assert!(descendants().is_empty(), "killed and reaped");
     }
 
     #[test]
