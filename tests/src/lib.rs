@@ -1231,3 +1231,17 @@ pub fn unmount(p: &Path) {
     // SAFETY: a NUL-terminated path alive for the call; a failure (nothing mounted) is fine.
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
 }
+
+/// Runs `cmd` with `input` on its standard input (then closed) and its stdout and stderr
+/// captured, as a runtime runs an OCI hook with the container's state.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut c = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(input).unwrap();
+    c.wait_with_output().unwrap()
+}

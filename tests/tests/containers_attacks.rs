@@ -312,20 +312,9 @@ fn the_hook_creates_nothing_outside_the_root_while_the_image_changes_under_it() 
             "ociVersion": "1.0.2", "id": format!("flip{i}"), "status": "creating",
             "pid": ns.0.id(), "bundle": dir.path(),
         });
-        let mut c = Command::new(&sharectl)
-            .arg("hook")
-            .args(node.inject_args())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(state.to_string().as_bytes())
-            .unwrap();
-        let out = c.wait_with_output().unwrap();
+        let mut c = Command::new(&sharectl);
+        c.arg("hook").args(node.inject_args());
+        let out = libshare_tests::output_with_stdin(&mut c, state.to_string().as_bytes());
         ran += 1;
         if !out.status.success() {
             refused += 1;

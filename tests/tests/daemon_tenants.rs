@@ -305,25 +305,15 @@ fn create_runtime(gpu: &SimGpu, dir: &Path, id: &str, pid: u32) -> std::process:
     )
     .unwrap();
     let state = serde_json::json!({"ociVersion": "1.0.2", "id": id, "pid": pid, "status": "creating", "bundle": bundle});
-    let mut c = Command::new(artifacts().bin("sharectl"))
-        .args(["hook", "--cdi", "--shim"])
+    let mut c = Command::new(artifacts().bin("sharectl"));
+    c.args(["hook", "--cdi", "--shim"])
         .arg(libshare_tests::shim_lib())
         .arg("--preload-file")
         .arg(dir.join("ld.so.preload"))
         .arg("--state-dir")
         .arg(gpu.shim_state_dir())
-        .arg("createRuntime")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(state.to_string().as_bytes())
-        .unwrap();
-    c.wait_with_output().unwrap()
+        .arg("createRuntime");
+    libshare_tests::output_with_stdin(&mut c, state.to_string().as_bytes())
 }
 
 /// A process (the container's init, as the runtime starts it) in cgroup `cg`.
