@@ -37,6 +37,29 @@ static UNUSED_WORD: AtomicU32 = AtomicU32::new(0);
 /// How often (in ticks) the set of devices in use is recomputed.
 pub const DEVICE_SCAN_TICKS: u64 = 8;
 
+/// The soonest a registration makes the loop rescan after the last rescan (a burst of new
+/// containers costs one rescan per this, not one each).
+const EARLY_RESCAN_NS: u64 = 10_000_000;
+
+/// Holds a container the loop may not know yet (just registered) on the devices in use
+/// (`devices`, [`Health::devices`]): an opportunistic container's gate there, never written by
+/// a daemon, becomes `Paused`, with the heartbeat, until the loop's policy decides at its next
+/// tick after the rescan the registration asked for. Without it a new container's first
+/// launches would find the open word of a fresh state and queue freely beside production until
+/// the next rescan (issue 31). A daemon that never decides leaves it at the shims' floor after
+/// `DAEMON_SILENT_NS`.
+pub fn hold_new(st: &State, devices: u32, now: u64) {
+    if st.header().class() != Class::Opportunistic {
+        return;
+    }
+    for d in (0..MAX_DEVICES).filter(|d| devices & (1 << d) != 0) {
+        let dev = st.device(d);
+        if dev.refreshed.load(Acquire) == 0 {
+            dev.write_gate(Gate::Paused, 0, now);
+        }
+    }
+}
+
 /// The loop's settings.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
@@ -58,6 +81,8 @@ pub struct ControllerConfig {
     /// Each device's total memory (NVML), by the node's GPU index (NVML's, as every device
     /// index of the daemon); None: unknown (no turns).
     pub device_totals: Option<Vec<u64>>,
+    /// What opportunistic work production may meet on arrival (policy `libshare`).
+    pub latency_budget: crate::policy::LatencyBudget,
 }
 
 /// The loop's live counters (the metrics' daemon health): plain stores by the loop, readable
@@ -80,6 +105,12 @@ pub struct Health {
     pub spurious_wakes: AtomicU64,
     /// Containers' words the daemon had to restore (see [`crate::authority`]).
     pub restores: Arc<crate::authority::Restores>,
+    /// The devices in use (bit per node GPU index), as the loop last scanned them: the
+    /// registration service holds a new opportunistic container on these (see [`hold_new`]).
+    pub devices: AtomicU32,
+    /// Bumped by the registration service whenever it opens a container's state the loop may
+    /// not know yet: the loop rescans at its next tick instead of within [`ControllerConfig::rescan_ns`].
+    pub registered: AtomicU64,
     /// Exclusive turns (`turns.rs`), all devices: switches since the start, devices in turns
     /// now, and the last switch's cost and the quantum in force (ns, the latest device's).
     pub turn_switches: AtomicU64,
@@ -100,6 +131,7 @@ impl ControllerConfig {
             demotion: true,
             turns: Some(crate::turns::TurnConfig::default()),
             device_totals: None,
+            latency_budget: crate::policy::LatencyBudget::DEFAULT,
         }
     }
 
@@ -271,7 +303,13 @@ impl Controller {
         registry.rescan()?;
         Ok(Controller {
             registry,
-            policy: PolicyState::new(cfg.policy),
+            policy: PolicyState::with_tunables(
+                cfg.policy,
+                crate::policy::Tunables {
+                    latency_budget: cfg.latency_budget,
+                    ..Default::default()
+                },
+            ),
             demoter: crate::demote::Demoter::new(cfg.demotion),
             turns: Default::default(),
             turn_cfg: cfg
@@ -344,6 +382,7 @@ impl Controller {
                     }
                 }
             }
+            self.health.devices.store(self.devices, Relaxed);
         }
         self.ticks += 1;
         self.turns_step(now);
@@ -641,13 +680,19 @@ pub fn run_on(
     let mut stats = RunStats::default();
     let mut late_sum: u128 = 0;
     let mut next_rescan = start + cfg.rescan_ns;
+    let mut seen_registered = cfg.health.registered.load(Acquire);
+    let mut last_rescan = start;
     let mut deadline = start;
     let mut early = false;
     let health = &*cfg.health;
     health.running.store(1, Release);
     while !stop.load(Acquire) {
         let now = host.now();
-        if now >= next_rescan {
+        let registered = health.registered.load(Acquire);
+        let asked = registered != seen_registered && now >= last_rescan + EARLY_RESCAN_NS;
+        if now >= next_rescan || asked {
+            seen_registered = registered;
+            last_rescan = now;
             if let Err(e) = ctl.rescan() {
                 tracing::warn!("{e}");
             }

@@ -25,23 +25,30 @@
 //!   harvest). A drain seen on one stream is a hint (see `libshare_abi::rate`): the stale rule
 //!   and the in-flight bound cover a wrong hint.
 //!
-//! Opportunistic gates per device (production containers are never gated: always Open):
+//! Opportunistic gates per device (production containers are never gated: always Open). A
+//! production container is *present* on a device once it has launched there (its `launches`);
+//! while one is, every gate but `Paused` bounds what the opportunistic containers have in flight
+//! by the device's **latency budget** ([`LatencyBudget`], `--latency-budget`: a fixed time,
+//! 2 ms by default, or a share of production's service time, the median busy phase), so that
+//! production, arriving when no prediction expected it, meets at most that much queued work
+//! (or one kernel longer than it: a launch longer than the bound goes only when its container
+//! has nothing in flight, and within a window only if it fits). Demanding opportunistic
+//! containers split the budget (each at least [`LatencyBudget::MIN_US`]):
 //! - any active production container busy → `Paused`;
-//! - all idle, every active one predictable → `Run{window}` with `window_end` = the earliest
+//! - all idle, every active one predictable → `Run{window, budget}` with `window_end` = the earliest
 //!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
 //!   launches whose estimated end fits before it. Two predictions, the earlier wins when both
 //!   are steady: a fixed rate (requests on a clock: the earliest of the last arrival + the
 //!   period and the three arrivals before it + whole periods, so that one request that
 //!   started late does not move the clock) and a
 //!   fixed idle gap (this idle phase's drain + drain-to-arrival gap: a loop that works or
-//!   sleeps on the host after each synchronisation, whose GPU phase varies, e.g. when it was
-//!   itself delayed). Each counts on the median of its samples, or on either of the two newest
+//!   sleeps on the host after each synchronisation, whose GPU phase varies). Each counts on the median of its samples, or on either of the two newest
 //!   if shorter (a pattern that gets shorter is followed at once), and needs ≥ [`MIN_SAMPLES`]
 //!   samples, jitter (median absolute deviation) ≤ 10 % of its median, and production idle for
 //!   less than 2 × that + 10 ms;
-//! - idle but not predictable (or idle longer) → `Run{in_flight_us: 2000}`: production's return
-//!   waits at most ~2 ms of opportunistic work already queued;
-//! - no active production container → `Open`.
+//! - idle but not predictable (or idle longer), or present but not active (no launch for
+//!   [`Tunables::active_ns`]: an inference server without requests) → `Run{budget}`;
+//! - no production container present → `Open`.
 //! - Progress: an opportunistic container held at the gate (`held > 0`) whose `launches` did not
 //!   move for [`Tunables::starve_ns`] (100 ms) gets `Run{in_flight_us: 1}` for a tick: one
 //!   launch goes. However busy production is, opportunistic jobs progress, at a cost to
@@ -164,6 +171,97 @@ pub enum PolicyKind {
     TimeSlice { quantum_ns: u64 },
 }
 
+/// What opportunistic work production may meet when it arrives on a device (`sharectl daemon
+/// --latency-budget`): the in-flight bound of every opportunistic gate but `Paused` on a device
+/// where a production container has launched, whether production is busy, idle, predictable or
+/// not (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatencyBudget {
+    /// A fixed time, µs.
+    Fixed(u32),
+    /// Basis points of production's service time on the device (the median busy phase of
+    /// the present production container with the shortest), [`LatencyBudget::MIN_US`] at
+    /// least; [`LatencyBudget::DEFAULT`]'s time until a phase was measured.
+    OfService(u32),
+}
+
+impl LatencyBudget {
+    /// 2 ms: what the in-flight bound was before the budget (so S1–S9 keep their harvest).
+    pub const DEFAULT: LatencyBudget = LatencyBudget::Fixed(2_000);
+    /// The smallest budget a percentage gives: a launch's fixed cost is a few µs, and a bound
+    /// below a kernel lets only one kernel at a time go anyway.
+    pub const MIN_US: u32 = 50;
+    /// The largest fixed budget.
+    pub const MAX_US: u32 = 1_000_000;
+
+    /// The bound on a device whose present production containers' shortest service time is
+    /// `service` ns (None: not measured yet), µs.
+    pub fn bound_us(self, service: Option<u64>) -> u32 {
+        match (self, service) {
+            (LatencyBudget::Fixed(us), _) => us,
+            (LatencyBudget::OfService(bp), Some(ns)) => {
+                let us = ns as u128 * bp as u128 / FULL_BP as u128 / 1_000;
+                (us.min(Self::MAX_US as u128) as u32).max(Self::MIN_US)
+            }
+            (LatencyBudget::OfService(_), None) => Self::DEFAULT.bound_us(None),
+        }
+    }
+}
+
+/// A `--latency-budget` that cannot be one.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BudgetError {
+    #[error("a latency budget of {0} would never let opportunistic work run beside production: give a time (e.g. 2ms, 500us) or a share of production's service time (e.g. 10%)")]
+    Zero(String),
+    #[error("a latency budget of {0} is no budget (100 % or more of production's service time): give less than 100%, or a time (e.g. 2ms)")]
+    Whole(String),
+    #[error("a latency budget of {0} is more than 1s: opportunistic work would not be bounded; give at most 1s")]
+    TooLong(String),
+    #[error("'{0}' is not a latency budget: give a time (e.g. 2ms, 500us) or a share of production's service time (e.g. 10%)")]
+    Garbage(String),
+}
+
+impl std::str::FromStr for LatencyBudget {
+    type Err = BudgetError;
+
+    /// `2ms`, `500us`, `1.5ms`, `1s` (a fixed time), or `10%`, `2.5%` (of production's service
+    /// time).
+    fn from_str(s: &str) -> Result<Self, BudgetError> {
+        let t = s.trim();
+        let garbage = || BudgetError::Garbage(s.to_string());
+        if let Some(pct) = t.strip_suffix('%') {
+            // Basis points: a percentage is a duration-like decimal with two places kept.
+            let bp = libshare_abi::units::parse_duration_ns(&format!("{}us", pct.trim()))
+                .ok_or_else(garbage)?
+                / 10;
+            return match bp {
+                0 => Err(BudgetError::Zero(t.into())),
+                bp if bp >= FULL_BP as u64 => Err(BudgetError::Whole(t.into())),
+                bp => Ok(LatencyBudget::OfService(bp as u32)),
+            };
+        }
+        let ns = libshare_abi::units::parse_duration_ns(t).ok_or_else(garbage)?;
+        let us = ns / 1_000;
+        if us == 0 {
+            Err(BudgetError::Zero(t.into()))
+        } else if us > Self::MAX_US as u64 {
+            Err(BudgetError::TooLong(t.into()))
+        } else {
+            Ok(LatencyBudget::Fixed(us as u32))
+        }
+    }
+}
+
+impl std::fmt::Display for LatencyBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            LatencyBudget::Fixed(us) if us % 1_000 == 0 => write!(f, "{}ms", us / 1_000),
+            LatencyBudget::Fixed(us) => write!(f, "{us}us"),
+            LatencyBudget::OfService(bp) => write!(f, "{}%", bp as f64 / 100.0),
+        }
+    }
+}
+
 /// The policy's constants (defaults as documented in the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tunables {
@@ -173,8 +271,9 @@ pub struct Tunables {
     pub active_ns: u64,
     /// An opportunistic container that launched within this is demanding.
     pub demand_ns: u64,
-    /// The in-flight bound while production is idle but not predictable.
-    pub run_in_flight_us: u32,
+    /// What opportunistic work production may meet on arrival on a device where it is
+    /// present: the in-flight bound of every gate but Paused there (see the module doc).
+    pub latency_budget: LatencyBudget,
     /// The smallest guard before a predicted arrival.
     pub min_guard_ns: u64,
     /// Jitter at most this fraction of the period (basis points) for a prediction.
@@ -198,7 +297,7 @@ impl Default for Tunables {
             stale_ns: 50_000_000,
             active_ns: 3_000_000_000,
             demand_ns: 100_000_000,
-            run_in_flight_us: 2_000,
+            latency_budget: LatencyBudget::DEFAULT,
             min_guard_ns: 300_000,
             max_jitter_bp: 1_000,
             share_cap_ns: 10_000_000,
@@ -321,6 +420,8 @@ struct Track {
     clock: u64,
     /// (gap, jitter), recomputed when a gap is added.
     gap: Option<(u64, u64)>,
+    /// The median busy phase (production's service time), recomputed when one is added.
+    service: Option<u64>,
     rings: Box<Rings>,
 }
 
@@ -370,6 +471,7 @@ impl Track {
             }
             if c.drained_at > self.last_arrival && self.last_arrival != 0 {
                 self.rings.durations.push(c.drained_at - self.last_arrival);
+                self.service = self.rings.durations.median_mad().map(|(m, _)| m);
             }
             self.drained_at = c.drained_at;
         }
@@ -409,6 +511,7 @@ struct Facts {
     period: Option<(u64, u64)>,
     clock: u64,
     gap: Option<(u64, u64)>,
+    service: Option<u64>,
 }
 
 /// Per-device state of the time-slice policy.
@@ -534,6 +637,7 @@ pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Deci
             period: tr.period,
             clock: tr.clock,
             gap: tr.gap,
+            service: tr.service,
         });
     }
     let facts = std::mem::take(&mut ps.facts);
@@ -558,11 +662,20 @@ pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Deci
 
 /// The opportunistic gate of one device before shares, and the window's end.
 fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) -> (Gate, u64) {
+    let mut present = false;
     let mut active = false;
     let mut predictable = true;
     let mut window_end = u64::MAX;
+    let mut service: Option<u64> = None;
     for (e, f) in dev.iter().zip(facts) {
-        if e.class != Class::Production || !(f.busy || f.recent) {
+        if e.class != Class::Production || e.c.launches == 0 {
+            continue;
+        }
+        present = true;
+        if let Some(s) = f.service {
+            service = Some(service.map_or(s, |x| x.min(s)));
+        }
+        if !(f.busy || f.recent) {
             continue;
         }
         active = true;
@@ -600,27 +713,21 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
             (a, b) => window_end = window_end.min(a.unwrap_or(u64::MAX).min(b.unwrap_or(u64::MAX))),
         }
     }
-    if !active {
-        (Gate::Open, 0)
-    } else if predictable {
-        (
-            Gate::Run {
-                in_flight_us: 0,
-                window: true,
-                share: false,
-            },
-            window_end,
-        )
-    } else {
-        (
-            Gate::Run {
-                in_flight_us: t.run_in_flight_us,
-                window: false,
-                share: false,
-            },
-            0,
-        )
+    if !present {
+        return (Gate::Open, 0);
     }
+    // Production may arrive at any time: what it would meet is bounded by the budget, whatever
+    // the prediction says (a window only narrows what goes).
+    let budget = t.latency_budget.bound_us(service);
+    let window = active && predictable;
+    (
+        Gate::Run {
+            in_flight_us: budget,
+            window,
+            share: false,
+        },
+        if window { window_end } else { 0 },
+    )
 }
 
 /// A static share in basis points: the smaller nonzero of the admin's and the environment's,
@@ -653,6 +760,25 @@ fn libshare_device(
         .filter(|(e, f)| demanding(e, f))
         .map(|(e, _)| weight(e))
         .sum();
+    // The budget is the device's: the demanding opportunistic containers split it (each at
+    // least the smallest budget; a kernel longer than a container's part goes alone).
+    let demanding_n = dev
+        .iter()
+        .zip(facts)
+        .filter(|(e, f)| demanding(e, f))
+        .count() as u32;
+    let base = match base {
+        Gate::Run {
+            in_flight_us,
+            window,
+            share,
+        } if demanding_n > 1 => Gate::Run {
+            in_flight_us: (in_flight_us / demanding_n).max(LatencyBudget::MIN_US.min(in_flight_us)),
+            window,
+            share,
+        },
+        g => g,
+    };
     for (e, f) in dev.iter().zip(facts) {
         if e.class == Class::Production {
             if e.c.gate != Gate::Open {

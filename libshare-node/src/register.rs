@@ -29,6 +29,9 @@ pub struct RegisterService {
     hami: bool,
     /// The book's count of forgotten containers when `open` was last swept.
     swept_at: u64,
+    /// The control loop's live counters: the devices it holds a new container on, and where
+    /// a registration tells it to rescan ([`crate::controller::hold_new`]).
+    control: Option<std::sync::Arc<crate::controller::Health>>,
 }
 
 /// Every this many registrations, the states of containers whose file is gone (the container
@@ -48,7 +51,15 @@ impl RegisterService {
             caps: None,
             hami: false,
             swept_at: 0,
+            control: None,
         }
+    }
+
+    /// Tells the control loop of each new container at once and holds it until the loop's
+    /// policy decides (see [`crate::controller::hold_new`]).
+    pub fn with_control(mut self, health: std::sync::Arc<crate::controller::Health>) -> Self {
+        self.control = Some(health);
+        self
     }
 
     /// HAMi mode: a container the daemon has no settings for adopts what HAMi's device plugin
@@ -136,7 +147,8 @@ impl RegisterService {
         {
             self.open.remove(&name);
         }
-        if !self.open.contains_key(&name) {
+        let new = !self.open.contains_key(&name);
+        if new {
             let st = State::open_or_create(&container_dir(&self.state_dir, &name))
                 .map_err(|e| format!("the daemon cannot open container {name}'s state: {e}"))?;
             self.open.insert(name.clone(), st);
@@ -144,6 +156,12 @@ impl RegisterService {
         let st = &self.open[&name];
         if let Some(a) = &self.authority {
             a.seed(&name, st);
+        }
+        if let Some(h) = &self.control {
+            crate::controller::hold_new(st, h.devices.load(Acquire), libshare_abi::rate::now_ns());
+            if new {
+                h.registered.fetch_add(1, Release);
+            }
         }
         let stamp = crate::demote::STAMP.load(Acquire);
         if stamp != 0 && st.header().class.load(Acquire) != libshare_abi::CLASS_OPPORTUNISTIC {

@@ -116,6 +116,12 @@ pub struct DaemonArgs {
     /// thrash).
     #[arg(long)]
     pub no_turns: bool,
+    /// What opportunistic work production may meet when it arrives on a GPU it has used, however
+    /// wrong a prediction of its arrivals: a time (e.g. 2ms, 500us) or a share of production's
+    /// measured service time (e.g. 10%). Smaller protects production's tail more and harvests
+    /// less; a kernel longer than it runs alone.
+    #[arg(long, value_name = "TIME|PCT", default_value_t = libshare_node::policy::LatencyBudget::DEFAULT)]
+    pub latency_budget: libshare_node::policy::LatencyBudget,
 }
 
 pub fn parse_duration(s: &str) -> Result<u64, String> {
@@ -267,6 +273,7 @@ pub fn run(args: DaemonArgs) -> Result<()> {
     let devices = libshare_node::settings::node_devices(totals.as_deref());
     let mut cfg = cfg;
     cfg.demotion = !args.no_demotion;
+    cfg.latency_budget = args.latency_budget;
     cfg.turns = (!args.no_turns).then(|| libshare_node::turns::TurnConfig {
         fixed_quantum_ns: args.turn_quantum,
         ..Default::default()
@@ -375,7 +382,8 @@ pub fn run(args: DaemonArgs) -> Result<()> {
             cfg.authority.clone(),
         )
         .with_caps(caps)
-        .with_hami(args.hami);
+        .with_hami(args.hami)
+        .with_control(cfg.health.clone());
         std::thread::Builder::new()
             .name("register".into())
             .spawn(move || register.serve(&mut service, &STOP))?
