@@ -32,8 +32,11 @@
 //! 2 ms by default, or a share of production's service time, the median busy phase), so that
 //! production, arriving when no prediction expected it, meets at most that much queued work
 //! (or one kernel longer than it: a launch longer than the bound goes only when its container
-//! has nothing in flight, and within a window only if it fits). Demanding opportunistic
-//! containers split the budget (each at least [`LatencyBudget::MIN_US`]):
+//! has nothing in flight, and within a window only if it fits). The budget is the device's:
+//! while production is present, two or more demanding opportunistic containers take turns
+//! ([`Tunables::rotate_ns`] × weight each, in container order; the others `Paused`, never
+//! starved into a launch, and without the weighted split, which the turns' lengths replace),
+//! so production meets one container's bounded work whatever their number:
 //! - any active production container busy → `Paused`;
 //! - all idle, every active one predictable → `Run{window, budget}` with `window_end` = the earliest
 //!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
@@ -289,6 +292,9 @@ pub struct Tunables {
     pub starve_ns: u64,
     /// The in-flight bound of containers sharing the device by weight.
     pub weighted_in_flight_us: u32,
+    /// Beside present production, demanding opportunistic containers take turns of this
+    /// × their weight (see the module doc).
+    pub rotate_ns: u64,
 }
 
 impl Default for Tunables {
@@ -304,6 +310,7 @@ impl Default for Tunables {
             slice_idle_ns: 10_000_000,
             starve_ns: 100_000_000,
             weighted_in_flight_us: 1_000,
+            rotate_ns: 20_000_000,
         }
     }
 }
@@ -514,7 +521,8 @@ struct Facts {
     service: Option<u64>,
 }
 
-/// Per-device state of the time-slice policy.
+/// Per-device state of the time-slice policy's turns, or of the opportunistic containers' turns
+/// beside production (policy `libshare`).
 #[derive(Clone, Copy, Debug, Default)]
 struct Slice {
     holder: Option<ContainerId>,
@@ -650,7 +658,16 @@ pub fn step_into(ps: &mut PolicyState, snap: &Snapshot, now: u64, out: &mut Deci
             .count();
         let (dev, f) = (&snap.entries[at..at + n], &facts[at..at + n]);
         match ps.kind {
-            PolicyKind::Libshare => libshare_device(&t, dev, f, now, elapsed, &ps.turn_paused, out),
+            PolicyKind::Libshare => libshare_device(
+                &t,
+                &mut ps.slices[d as usize],
+                dev,
+                f,
+                now,
+                elapsed,
+                &ps.turn_paused,
+                out,
+            ),
             PolicyKind::TimeSlice { quantum_ns } => {
                 time_slice_device(&mut ps.slices[d as usize], dev, f, now, quantum_ns, out)
             }
@@ -739,8 +756,10 @@ pub fn static_share(compute: u32, env_compute: u32) -> Option<u32> {
         .min()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn libshare_device(
     t: &Tunables,
+    slice: &mut Slice,
     dev: &[Entry],
     facts: &[Facts],
     now: u64,
@@ -760,25 +779,44 @@ fn libshare_device(
         .filter(|(e, f)| demanding(e, f))
         .map(|(e, _)| weight(e))
         .sum();
-    // The budget is the device's: the demanding opportunistic containers split it (each at
-    // least the smallest budget; a kernel longer than a container's part goes alone).
-    let demanding_n = dev
-        .iter()
-        .zip(facts)
-        .filter(|(e, f)| demanding(e, f))
-        .count() as u32;
-    let base = match base {
-        Gate::Run {
-            in_flight_us,
-            window,
-            share,
-        } if demanding_n > 1 => Gate::Run {
-            in_flight_us: (in_flight_us / demanding_n).max(LatencyBudget::MIN_US.min(in_flight_us)),
-            window,
-            share,
-        },
-        g => g,
+    // The budget is the device's (issue 31): beside present production, one demanding
+    // opportunistic container at a time has a gate that lets work go, in turns of
+    // `rotate_ns` × its weight in container order (the weights' split), so production meets
+    // one container's bounded work whatever their number (two for a moment at a hand-over).
+    let rotating = base != Gate::Open
+        && dev
+            .iter()
+            .zip(facts)
+            .filter(|(e, f)| demanding(e, f))
+            .nth(1)
+            .is_some();
+    let holder = if rotating {
+        let demands = |id: ContainerId| {
+            dev.iter()
+                .zip(facts)
+                .any(|(e, f)| e.id == id && demanding(e, f))
+        };
+        let quantum = slice
+            .holder
+            .and_then(|h| dev.iter().find(|e| e.id == h))
+            .map_or(0, |e| t.rotate_ns * weight(e));
+        if !slice.holder.is_some_and(demands) || now.saturating_sub(slice.since) >= quantum {
+            let after = slice.holder.unwrap_or(0);
+            let mut ids = dev
+                .iter()
+                .zip(facts)
+                .filter(|(e, f)| demanding(e, f))
+                .map(|(e, _)| e.id);
+            let first = ids.clone().next();
+            slice.holder = ids.find(|&id| id > after).or(first);
+            slice.since = now;
+        }
+        slice.holder
+    } else {
+        slice.holder = None;
+        None
     };
+    let waits_turn = |e: &Entry, f: &Facts| rotating && demanding(e, f) && holder != Some(e.id);
     for (e, f) in dev.iter().zip(facts) {
         if e.class == Class::Production {
             if e.c.gate != Gate::Open {
@@ -794,8 +832,8 @@ fn libshare_device(
             continue;
         }
         let others = demand_sum - if demanding(e, f) { weight(e) } else { 0 };
-        let weighted =
-            (others > 0).then(|| (weight(e) * FULL_BP as u64 / (weight(e) + others)) as u32);
+        let weighted = (others > 0 && !rotating)
+            .then(|| (weight(e) * FULL_BP as u64 / (weight(e) + others)) as u32);
         let share = match (static_share(e.c.compute, e.c.env_compute), weighted) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -839,7 +877,7 @@ fn libshare_device(
         };
         let starved =
             gate == Gate::Paused && e.c.held > 0 && now.saturating_sub(f.moved_at) >= t.starve_ns;
-        let gate = if paused(e) {
+        let gate = if paused(e) || waits_turn(e, f) {
             Gate::Paused
         } else if starved {
             Gate::Run {

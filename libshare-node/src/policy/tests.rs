@@ -780,24 +780,62 @@ fn the_latency_budget_bounds_every_gate_but_paused_while_production_is_present()
         now += MS;
     }
     assert!(windows > 100, "windows {windows}, bounded {bounded}");
-    // Two demanding opportunistic containers split a fixed 1 ms budget.
+    // Three demanding opportunistic containers (one of weight 2) beside production: one at a
+    // time has a gate that lets work go, with the whole budget and no weighted share, in
+    // turns of 20 ms × its weight; none is starved into a launch out of turn.
     let mut ps = budget(LatencyBudget::Fixed(1_000));
-    let mut ds = Vec::new();
-    for t in 0..50 {
+    let ids = [OPP, OPP + 1, OPP + 2];
+    let mut turns = std::collections::HashMap::<ContainerId, u64>::new();
+    let mut last = None;
+    let mut switches = 0;
+    for t in 0..1_200u64 {
         let now = T0 + t * MS;
-        let s = snap(&[
-            entry(PROD, Class::Production, p.at(now)),
-            entry(OPP, Class::Opportunistic, opp(now / US)),
-            entry(OPP + 1, Class::Opportunistic, opp(now / US)),
-        ]);
-        ds = step(&mut ps, &s, now);
-    }
-    for id in [OPP, OPP + 1] {
-        match find(&ds, id).unwrap().gate {
-            Gate::Run { in_flight_us, .. } => assert_eq!(in_flight_us, 500),
-            g => assert_eq!(g, Gate::Paused),
+        let mut s = vec![entry(PROD, Class::Production, p.at(now))];
+        for id in ids {
+            let mut c = opp(now / US);
+            c.held = 1;
+            c.weight = if id == OPP + 2 { 2 } else { 0 };
+            s.push(entry(id, Class::Opportunistic, c));
+        }
+        let ds = step(&mut ps, &snap(&s), now);
+        let running: Vec<_> = ids
+            .iter()
+            .filter(|&&id| find(&ds, id).unwrap().gate != Gate::Paused)
+            .collect();
+        let busy = p.at(now).busy_since != 0;
+        assert!(running.len() <= 1, "at {t} ms: {running:?} may launch");
+        for &&id in &running {
+            let d = find(&ds, id).unwrap();
+            assert!(
+                matches!(
+                    d.gate,
+                    Gate::Run {
+                        in_flight_us: 1_000,
+                        share: false,
+                        ..
+                    }
+                ),
+                "at {t} ms: {:?}",
+                d.gate
+            );
+            assert_eq!(d.share_bp, 0);
+        }
+        if !busy {
+            let holder = *running[0];
+            *turns.entry(holder).or_default() += 1;
+            if last != Some(holder) {
+                switches += 1;
+                last = Some(holder);
+            }
         }
     }
+    // 1.2 s: turns of 20, 20 and 40 ms; the idle ticks (70 %) split 1:1:2.
+    let (a, b, c) = (turns[&OPP], turns[&(OPP + 1)], turns[&(OPP + 2)]);
+    assert!(switches >= 20, "{switches} switches");
+    assert!(
+        (a as f64 / b as f64 - 1.0).abs() < 0.3 && (c as f64 / a as f64 - 2.0).abs() < 0.5,
+        "{a}:{b}:{c}"
+    );
 }
 
 #[test]
