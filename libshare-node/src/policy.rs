@@ -26,19 +26,21 @@
 //!   and the in-flight bound cover a wrong hint.
 //!
 //! Opportunistic gates per device (production containers are never gated: always Open). A
-//! production container is *present* on a device once it has launched there (its `launches`);
-//! while one is, every gate but `Paused` bounds what the opportunistic containers have in flight
-//! by the device's **latency budget** ([`LatencyBudget`], `--latency-budget`: a fixed time,
-//! 2 ms by default, or a share of production's service time, the median busy phase), so that
-//! production, arriving when no prediction expected it, meets at most that much queued work
-//! (or one kernel longer than it: a launch longer than the bound goes only when its container
-//! has nothing in flight, and within a window only if it fits). The budget is the device's:
-//! while production is present, two or more demanding opportunistic containers take turns
+//! production container is *present* on a device once it has launched there (its `launches`).
+//! While one is and no window is open, opportunistic work in flight is bounded by the device's
+//! **latency budget** ([`LatencyBudget`], `--latency-budget`: a fixed time, 2 ms by default, or
+//! a share of production's service time, the median busy phase), so that production, arriving
+//! when nothing predicted it (open-loop requests, a quiet server's first request), meets at
+//! most that much queued work, or one kernel longer than it (such a launch goes only when its
+//! container has nothing in flight). Inside a window the prediction bounds what goes: a
+//! budget there too cost S3's 1 ms memsets a quarter of their harvest (one deep) for what only
+//! a wrong prediction costs production. The budget is the device's: while production is
+//! present, two or more demanding opportunistic containers take turns
 //! ([`Tunables::rotate_ns`] × weight each, in container order; the others `Paused`, never
 //! starved into a launch, and without the weighted split, which the turns' lengths replace),
-//! so production meets one container's bounded work whatever their number:
+//! so production meets one container's work whatever their number:
 //! - any active production container busy → `Paused`;
-//! - all idle, every active one predictable → `Run{window, budget}` with `window_end` = the earliest
+//! - all idle, every active one predictable → `Run{window}` with `window_end` = the earliest
 //!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
 //!   launches whose estimated end fits before it. Two predictions, the earlier wins when both
 //!   are steady: a fixed rate (requests on a clock: the earliest of the last arrival + the
@@ -733,18 +735,30 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
     if !present {
         return (Gate::Open, 0);
     }
-    // Production may arrive at any time: what it would meet is bounded by the budget, whatever
-    // the prediction says (a window only narrows what goes).
-    let budget = t.latency_budget.bound_us(service);
-    let window = active && predictable;
-    (
-        Gate::Run {
-            in_flight_us: budget,
-            window,
-            share: false,
-        },
-        if window { window_end } else { 0 },
-    )
+    // A window bounds what goes by the prediction (everything done before production's
+    // predicted return); without one — production unpredictable, or present but quiet — it may
+    // arrive at any time, and what it would meet is bounded by the budget. (The budget inside
+    // windows too cost S3's 1 ms memsets a quarter of their harvest at 2 ms, their queue one
+    // deep, for what only a wrong prediction would have cost production.)
+    if active && predictable {
+        (
+            Gate::Run {
+                in_flight_us: 0,
+                window: true,
+                share: false,
+            },
+            window_end,
+        )
+    } else {
+        (
+            Gate::Run {
+                in_flight_us: t.latency_budget.bound_us(service),
+                window: false,
+                share: false,
+            },
+            0,
+        )
+    }
 }
 
 /// A static share in basis points: the smaller nonzero of the admin's and the environment's,
