@@ -140,6 +140,8 @@ fn boot_ticks() -> Option<u64> {
 struct Stat {
     /// Field 3: `R`, `S`, `D`, `Z` (zombie), `X` (dead), …
     state: u8,
+    /// Field 4: the parent's pid.
+    ppid: u32,
     /// Field 9: the kernel's `PF_*` flags.
     flags: u64,
     /// Field 22: when the process started, in clock ticks since boot.
@@ -160,10 +162,12 @@ impl Stat {
         // last ')'.
         let mut f = text[text.rfind(')')? + 1..].split_whitespace();
         let state = *f.next()?.as_bytes().first()?;
-        let flags = f.nth(5)?.parse().ok()?;
+        let ppid = f.next()?.parse().ok()?;
+        let flags = f.nth(4)?.parse().ok()?;
         let start = f.nth(12)?.parse().ok()?;
         Some(Stat {
             state,
+            ppid,
             flags,
             start,
         })
@@ -172,6 +176,25 @@ impl Stat {
 
 fn stat(pid: u32) -> Option<Stat> {
     Stat::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The first process of `pid`'s container: its farthest ancestor whose `/proc/<pid>/cgroup`
+/// reads `cgroups` (what was read for `pid`), e.g. the container's init, whose parent is the
+/// runtime's shim in a cgroup of its own. `pid` itself when its parent is elsewhere or
+/// cannot be read. What it names may have exited since; the caller reads it and falls back.
+pub fn cgroup_init(pid: u32, cgroups: &str) -> u32 {
+    let mut at = pid;
+    // A chain of parents is finite; the bound only guards against a loop of recycled pids.
+    for _ in 0..256 {
+        let Some(parent) = stat(at).map(|s| s.ppid).filter(|&p| p > 1) else {
+            break;
+        };
+        match std::fs::read_to_string(format!("/proc/{parent}/cgroup")) {
+            Ok(c) if c == cgroups => at = parent,
+            _ => break,
+        }
+    }
+    at
 }
 
 #[cfg(test)]
@@ -206,5 +229,32 @@ mod tests {
         let (s, _) = l.accept().unwrap();
         assert_eq!(cgroups(&s, pid), Err(PinError::Gone(pid)));
         assert!(stat(me).unwrap().start <= boot_ticks().unwrap());
+    }
+
+    #[test]
+    fn a_processs_cgroup_init_is_its_farthest_ancestor_in_the_same_cgroup() {
+        let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let me = std::process::id();
+        assert_eq!(stat(me).unwrap().ppid, nix::unistd::getppid().as_raw() as u32);
+        let top = cgroup_init(me, &mine);
+        // A grandchild (sh, then sleep) in this cgroup walks up to the same process.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5; true"])
+            .spawn()
+            .unwrap();
+        let sh = child.id();
+        let sleeper = (0..500)
+            .find_map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                let kids = std::fs::read_to_string(format!("/proc/{sh}/task/{sh}/children")).ok()?;
+                kids.split_whitespace().next()?.parse::<u32>().ok()
+            })
+            .expect("sh's child");
+        assert_eq!(cgroup_init(sleeper, &mine), top);
+        assert_eq!(cgroup_init(sh, &mine), top);
+        // Named by another cgroup's text, a process is its own first.
+        assert_eq!(cgroup_init(sleeper, "0::/elsewhere\n"), sleeper);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

@@ -72,12 +72,19 @@ impl RegisterService {
         self
     }
 
-    /// HAMi mode: adopts `pid`'s HAMi settings for container `name` (first process wins).
-    fn adopt_hami(&self, name: &str, pid: u32) -> Result<(), String> {
+    /// HAMi mode: adopts the HAMi settings of container `name` (first registration wins) from
+    /// the environment of its first process (its farthest ancestor in the cgroup `cgroups` of
+    /// the registering `pid`: the container's init as the runtime started it, with the
+    /// variables HAMi's device plugin gave the container), not from whichever process
+    /// registers first, which a tenant could start with variables of its choosing (audit 4,
+    /// B5b); the registering process's own if that one is gone.
+    fn adopt_hami(&self, name: &str, pid: u32, cgroups: &str) -> Result<(), String> {
         let Some(a) = self.authority.as_ref().filter(|_| self.hami) else {
             return Ok(());
         };
-        let raw = std::fs::read(format!("/proc/{pid}/environ"))
+        let init = crate::peer::cgroup_init(pid, cgroups);
+        let raw = std::fs::read(format!("/proc/{init}/environ"))
+            .or_else(|_| std::fs::read(format!("/proc/{pid}/environ")))
             .map_err(|e| format!("the daemon cannot read the process's environment: {e}"))?;
         let vars: HashMap<String, String> = raw
             .split(|b| *b == 0)
@@ -89,7 +96,7 @@ impl RegisterService {
             .collect();
         let h = libshare_abi::hami::HamiEnv::from_vars(&vars)?;
         if h.any() && a.adopt(name, h.settings())? {
-            tracing::info!(container = %name, pid, "HAMi settings adopted");
+            tracing::info!(container = %name, pid, from = init, "HAMi settings adopted");
         }
         Ok(())
     }
@@ -130,7 +137,7 @@ impl RegisterService {
             let state = container_dir(&self.state_dir, &name).join(libshare_abi::STATE_FILE);
             book.register(&name, maker, || state.exists())?;
         }
-        self.adopt_hami(&name, peer.pid)?;
+        self.adopt_hami(&name, peer.pid, cgroups)?;
         if let (Some(caps), Some(n)) = (&self.caps, &named) {
             caps.learn(&n.name, n.dir.clone());
         }

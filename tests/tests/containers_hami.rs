@@ -319,6 +319,46 @@ fn hami_bad_input_is_one_line_and_nothing_is_allocated() {
     assert_eq!(v["total"], 8u64 << 30, "{v}");
 }
 
+/// Audit 4, B5b: a HAMi container's settings are adopted from its first process (its init, as
+/// the runtime started it with the variables HAMi's device plugin gave the container), not from
+/// whichever process registers first: here the init's child, started with a 4 GiB limit at
+/// high priority of its own choosing, registers first and the container still gets HAMi's
+/// 512 MiB at low priority (before: production, 4 GiB).
+#[test]
+fn hami_settings_come_from_the_containers_first_process_not_a_later_ones_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((node, podman, hami)) = hami_node(dir.path()) else {
+        return;
+    };
+    let name = unique("hami-later");
+    let _c = podman.removing(&[&name]);
+    let args = hami.allocate(
+        &node,
+        ("pod5", "later"),
+        Grant {
+            limit_mib: 512,
+            sm: 0,
+            priority: 1,
+        },
+        &[],
+    );
+    // `; true` keeps sh (the init) from exec'ing the command: the command is a child of it.
+    let id = create_sh(
+        &podman,
+        &name,
+        &args,
+        "CUDA_DEVICE_MEMORY_LIMIT_0=4g CUDA_TASK_PRIORITY=0 /usr/bin/hami_check 16; true",
+    );
+    let out = podman
+        .cmd(&["start", "-ai", &name])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let v = libshare_tests::json_check(&out, "nvml");
+    assert_eq!(v["total"], 512 * MIB, "the quota HAMi gave: {v}");
+    node.assert_status(&[(&id[..12], "opportunistic", 512 * MIB)]);
+}
+
 /// `podman create -i --name NAME --network none --pid host ARGS IMAGE /bin/sh -c CMD`, its id.
 fn create_sh(podman: &Podman, name: &str, args: &[String], cmd: &str) -> String {
     let out = podman
