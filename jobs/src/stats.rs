@@ -176,3 +176,52 @@ mod tests {
         assert_eq!(w.tick(3.0, 130), 0.0);
     }
 }
+
+/// Gaps of a Poisson process of rate 1, from a seed: `next_gap` × the mean gap is the next
+/// one. A SplitMix64 generator written here rather than `rand`'s: the same seed must give the
+/// same arrival times in every version, so runs compared across commits replay the same load.
+#[derive(Clone, Debug)]
+pub struct Exponential {
+    state: u64,
+}
+
+impl Exponential {
+    pub fn new(seed: u64) -> Self {
+        Exponential { state: seed }
+    }
+
+    /// A uniform draw in (0, 1].
+    fn uniform(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next gap, in units of the mean gap (exponentially distributed, mean 1).
+    pub fn next_gap(&mut self) -> f64 {
+        -self.uniform().ln()
+    }
+}
+
+#[cfg(test)]
+mod exponential_tests {
+    use super::Exponential;
+
+    #[test]
+    fn gaps_have_mean_one_and_the_exponential_spread_and_replay_from_a_seed() {
+        let mut e = Exponential::new(7);
+        let gaps: Vec<f64> = (0..100_000).map(|_| e.next_gap()).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        assert!((mean - 1.0).abs() < 0.02, "mean {mean}");
+        // P(gap > 1) = 1/e for an exponential distribution.
+        let over = gaps.iter().filter(|&&g| g > 1.0).count() as f64 / gaps.len() as f64;
+        assert!((over - (-1.0f64).exp()).abs() < 0.01, "P(gap > mean) {over}");
+        assert!(gaps.iter().all(|&g| g >= 0.0 && g.is_finite()));
+        let mut again = Exponential::new(7);
+        assert_eq!(again.next_gap(), gaps[0]);
+        assert_ne!(Exponential::new(8).next_gap(), gaps[0]);
+    }
+}

@@ -1,12 +1,15 @@
 //! simjob-infer: an inference-like CUDA job.
 //!
-//! Open loop: request i is due at start + i/--rate, whether or not earlier requests are done.
+//! Open loop: request i is due at start + i/--rate (`--arrivals clock`), or after exponential
+//! gaps of mean 1/--rate (`--arrivals poisson`, the serving case: users send requests when they
+//! do; a seeded generator, so a seed replays the same times), whether or not earlier requests
+//! are done.
 //! Each request copies --input bytes in, runs kernels totalling --gpu-ms, copies --output bytes
 //! out and waits for the stream. Latency is measured from the request's due time to its
 //! completion, so time spent queued behind late requests counts.
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use jobs::cli::{self, CommonArgs};
 use jobs::gpu::Gpu;
 use jobs::report::Reporter;
@@ -28,6 +31,14 @@ struct Args {
     /// Requests per second, scheduled on absolute deadlines (open loop).
     #[arg(long, value_name = "PER_S", default_value = "20", value_parser = cli::parse_positive)]
     rate: f64,
+
+    /// When requests are due: on a clock (every 1/--rate), or a Poisson process of --rate.
+    #[arg(long, value_enum, default_value_t = Arrivals::Clock)]
+    arrivals: Arrivals,
+
+    /// Seed of the Poisson arrivals (the same seed gives the same arrival times).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
 
     /// GPU time per request, in milliseconds, split over --kernels kernels.
     #[arg(long, value_name = "MS", default_value = "5", value_parser = cli::parse_ms)]
@@ -64,6 +75,15 @@ struct Args {
 
     #[command(flatten)]
     common: CommonArgs,
+}
+
+/// When requests are due.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrivals {
+    /// Every 1/--rate.
+    Clock,
+    /// Exponential gaps of mean 1/--rate.
+    Poisson,
 }
 
 fn main() -> ExitCode {
@@ -106,6 +126,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     rep.started(json!({
         "device": gpu.info.to_json(),
         "rate": args.rate,
+        "arrivals": format!("{:?}", args.arrivals).to_lowercase(),
         "gpu_ms": args.gpu_ms,
         "kernels": args.kernels,
         "input_bytes": args.input,
@@ -122,8 +143,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     let mut win_lat: Vec<f64> = Vec::new();
     let mut window = RateWindow::new(0.0, 0);
     let mut done: u64 = 0;
+    let mut gaps = jobs::stats::Exponential::new(args.seed);
+    let mut poisson_at = Duration::ZERO;
     loop {
-        let due = start + interval.mul_f64(done as f64);
+        let due = match args.arrivals {
+            Arrivals::Clock => start + interval.mul_f64(done as f64),
+            Arrivals::Poisson => {
+                poisson_at += interval.mul_f64(gaps.next_gap());
+                start + poisson_at
+            }
+        };
         if limit_reqs.is_some_and(|n| done >= n)
             || limit_time.is_some_and(|d| due.duration_since(start) >= d)
             || jobs::run::stop_requested()

@@ -119,6 +119,8 @@ pub enum ScenarioArg {
     S8,
     #[value(name = "S9")]
     S9,
+    #[value(name = "S10")]
+    S10,
     All,
 }
 
@@ -227,6 +229,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S7,
             ScenarioArg::S8,
             ScenarioArg::S9,
+            ScenarioArg::S10,
         ],
         ref one => std::slice::from_ref(one),
     };
@@ -257,6 +260,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ScenarioArg::S7 => s7(&ctx, &mut out)?,
             ScenarioArg::S8 => s8(&ctx, &mut out)?,
             ScenarioArg::S9 => s9(&ctx, &mut out)?,
+            ScenarioArg::S10 => s10(&ctx, &mut out)?,
             ScenarioArg::All => unreachable!(),
         }
     }
@@ -506,13 +510,18 @@ fn production_infer(args: &[&str], secs: f64) -> JobSpec {
 }
 
 fn saturate(name: &str, depth: u32, secs: f64, delay: f64) -> JobSpec {
+    saturate_ms(name, "0.5", depth, secs, delay)
+}
+
+/// A saturating job of `kernel_ms` kernels, `depth` in flight, in container `name`.
+fn saturate_ms(name: &str, kernel_ms: &str, depth: u32, secs: f64, delay: f64) -> JobSpec {
     JobSpec {
         container: name.into(),
         class: Class::Opportunistic,
         bin: "simjob-saturate",
         args: vec![
             "--kernel-ms".into(),
-            "0.5".into(),
+            kernel_ms.into(),
             "--depth".into(),
             depth.to_string(),
             "--duration".into(),
@@ -532,6 +541,18 @@ fn run_policy(
     idle: &[String],
     sample: bool,
 ) -> anyhow::Result<RunRecord> {
+    run_policy_with(ctx, policy, jobs, idle, sample, &[])
+}
+
+/// [`run_policy`], the daemon (if the policy runs one) given `daemon_args`.
+fn run_policy_with(
+    ctx: &Ctx<'_>,
+    policy: Policy,
+    jobs: &[JobSpec],
+    idle: &[String],
+    sample: bool,
+    daemon_args: &[String],
+) -> anyhow::Result<RunRecord> {
     let jobs: Vec<JobSpec> = if policy == Policy::Exclusive {
         jobs.iter()
             .filter(|j| j.class == Class::Production)
@@ -547,7 +568,7 @@ fn run_policy(
         idle_containers: if shared { idle.to_vec() } else { Vec::new() },
         sample_gates: sample && shared,
         env: ctx.env.to_vec(),
-        daemon_args: Vec::new(),
+        daemon_args: daemon_args.to_vec(),
         cpus: ctx.pin,
     })
 }
@@ -869,6 +890,18 @@ fn p99_by_second(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
         .collect()
 }
 
+/// A row's worst second: each whole second's p99 of the requests due in `[a, b)` against
+/// `p99` (solo's; for a solo row, its own: the noise floor of `worst_second_p99_ratio`).
+fn seconds_of(m: &mut Map<String, Value>, rec: &RunRecord, (a, b): (f64, f64), p99: f64) {
+    let by_second = p99_by_second(rec, a, b);
+    let worst = by_second.iter().copied().reduce(f64::max);
+    m.insert("worst_second_p99_ratio".into(), opt(worst.map(|x| x / p99)));
+    m.insert(
+        "p99_by_second_ms".into(),
+        by_second.iter().map(|&x| num(x)).collect(),
+    );
+}
+
 /// [`latency_row`] over the window `(a, b)` of the run's axis.
 fn latency_row_in(
     scenario: &str,
@@ -896,16 +929,7 @@ fn latency_row_in(
         opt(metrics::harvest(opp_gpu, (b - a) * 1e3, prod_gpu)),
     );
     m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
-    let by_second = p99_by_second(rec, a, b);
-    let worst = by_second.iter().copied().reduce(f64::max);
-    m.insert(
-        "worst_second_p99_ratio".into(),
-        opt(worst.map(|x| x / solo_p99)),
-    );
-    m.insert(
-        "p99_by_second_ms".into(),
-        by_second.iter().map(|&x| num(x)).collect(),
-    );
+    seconds_of(&mut m, rec, (a, b), solo_p99);
     m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
     m.insert("p99_ms".into(), opt(p99));
     m.insert("solo_p99_ms".into(), num(solo_p99));
@@ -1325,6 +1349,7 @@ fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             let mut m = row("S9", p);
             m.insert("production_ratio".into(), num(1.0));
             m.insert("p99_ratio".into(), num(1.0));
+            seconds_of(&mut m, &solo, (sa, sb), solo_p99);
             m.insert("p99_ms".into(), num(solo_p99));
             m.insert("solo_requests_per_s".into(), num(solo_rate));
             out.plot("S9", p, "", &solo);
@@ -1383,6 +1408,84 @@ fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             match res {
                 Ok(m) => out.emit(m),
                 Err(e) => out.error("S9", p, &e.context(part)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// S10's production: 4 ms of GPU time per request (2 kernels), Poisson arrivals at these
+/// fractions of what it can serve (1 request per 4 ms).
+const S10_LOADS: [f64; 2] = [0.3, 0.6];
+/// S10's opportunistic kernels, ms.
+const S10_KERNELS_MS: [&str; 3] = ["0.5", "2", "10"];
+/// The latency budgets libshare's 10 ms row runs under (the trade-off: kernels longer than the
+/// budget go only alone), the default first.
+const S10_BUDGETS: [&str; 3] = ["2ms", "500us", "10ms"];
+
+/// S10, open-loop production (issue 31): requests arrive as users send them (a Poisson process,
+/// seeded: every run replays the same times), which no arrival model predicts, at 30 % and 60 %
+/// of production's capacity, beside one opportunistic saturating job of 0.5, 2 or 10 ms kernels
+/// (4 deep) started 1 s in; libshare's 10 ms row under each of [`S10_BUDGETS`]. p99 against
+/// production alone at the same load (same seed), for 2 D.
+fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    let d = 2.0 * ctx.d;
+    for load in S10_LOADS {
+        let rate = format!("{:.1}", load * 1_000.0 / 4.0);
+        let prod = production_infer(
+            &["--rate", &rate, "--gpu-ms", "4", "--arrivals", "poisson", "--seed", "1"],
+            d,
+        );
+        let solo = run_policy(ctx, Policy::Exclusive, std::slice::from_ref(&prod), &[], false)
+            .context("S10: production alone (the solo baseline)")?;
+        let (sa, sb) = window(&solo, 1.0)?;
+        let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
+            .ok_or_else(|| anyhow!("S10: no solo requests"))?;
+        let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+        for &p in ctx.policies {
+            if p == Policy::Exclusive {
+                let mut m = row("S10", p);
+                m.insert("load".into(), num(load));
+                m.insert("production_ratio".into(), num(1.0));
+                m.insert("p99_ratio".into(), num(1.0));
+                seconds_of(&mut m, &solo, (sa, sb), solo_p99);
+                m.insert("p99_ms".into(), num(solo_p99));
+                m.insert("solo_requests_per_s".into(), num(solo_rate));
+                out.emit(m);
+                continue;
+            }
+            for k in S10_KERNELS_MS {
+                let budgets: &[&str] = if p == Policy::Libshare && k == "10" {
+                    &S10_BUDGETS
+                } else {
+                    &[""]
+                };
+                for &budget in budgets {
+                    let jobs = [prod.clone(), saturate_ms("opp", k, 4, d - 1.0, 1.0)];
+                    let args: Vec<String> = if budget.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec!["--latency-budget".into(), budget.into()]
+                    };
+                    let part = format!("load{load}-k{k}ms{budget}");
+                    let res = (|| -> anyhow::Result<Map<String, Value>> {
+                        let rec = run_policy_with(ctx, p, &jobs, &[], false, &args)?;
+                        let mut extra = vec![
+                            ("load", num(load)),
+                            ("kernel_ms", k.parse::<f64>().map(num).unwrap_or(Value::Null)),
+                        ];
+                        if !budget.is_empty() {
+                            extra.push(("latency_budget", budget.into()));
+                        }
+                        let m = latency_row("S10", p, &rec, (solo_rate, solo_p99), extra.into_iter())?;
+                        out.plot("S10", p, &part, &rec);
+                        Ok(m)
+                    })();
+                    match res {
+                        Ok(m) => out.emit(m),
+                        Err(e) => out.error("S10", p, &e.context(part)),
+                    }
+                }
             }
         }
     }
