@@ -218,7 +218,10 @@ mod exponential_tests {
         assert!((mean - 1.0).abs() < 0.02, "mean {mean}");
         // P(gap > 1) = 1/e for an exponential distribution.
         let over = gaps.iter().filter(|&&g| g > 1.0).count() as f64 / gaps.len() as f64;
-        assert!((over - (-1.0f64).exp()).abs() < 0.01, "P(gap > mean) {over}");
+        assert!(
+            (over - (-1.0f64).exp()).abs() < 0.01,
+            "P(gap > mean) {over}"
+        );
         assert!(gaps.iter().all(|&g| g >= 0.0 && g.is_finite()));
         let mut again = Exponential::new(7);
         assert_eq!(again.next_gap(), gaps[0]);

@@ -235,7 +235,8 @@ mod tests {
     fn a_processs_cgroup_init_is_its_farthest_ancestor_in_the_same_cgroup() {
         let mine = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         let me = std::process::id();
-        assert_eq!(stat(me).unwrap().ppid, nix::unistd::getppid().as_raw() as u32);
+        // SAFETY: getppid takes nothing and cannot fail.
+        assert_eq!(stat(me).unwrap().ppid, unsafe { libc::getppid() } as u32);
         let top = cgroup_init(me, &mine);
         // A grandchild (sh, then sleep) in this cgroup walks up to the same process.
         let mut child = std::process::Command::new("sh")
@@ -246,7 +247,8 @@ mod tests {
         let sleeper = (0..500)
             .find_map(|_| {
                 std::thread::sleep(std::time::Duration::from_millis(10));
-                let kids = std::fs::read_to_string(format!("/proc/{sh}/task/{sh}/children")).ok()?;
+                let kids =
+                    std::fs::read_to_string(format!("/proc/{sh}/task/{sh}/children")).ok()?;
                 kids.split_whitespace().next()?.parse::<u32>().ok()
             })
             .expect("sh's child");
@@ -254,7 +256,8 @@ mod tests {
         assert_eq!(cgroup_init(sh, &mine), top);
         // Named by another cgroup's text, a process is its own first.
         assert_eq!(cgroup_init(sleeper, "0::/elsewhere\n"), sleeper);
-        child.kill().unwrap();
+        // SAFETY: a signal to a pid this test started (the sleeper is ours until sh reaps it).
+        unsafe { libc::kill(sleeper as i32, libc::SIGKILL) };
         child.wait().unwrap();
     }
 }

@@ -27,20 +27,21 @@
 //!
 //! Opportunistic gates per device (production containers are never gated: always Open). A
 //! production container is *present* on a device once it has launched there (its `launches`).
-//! While one is and no window is open, opportunistic work in flight is bounded by the device's
-//! **latency budget** ([`LatencyBudget`], `--latency-budget`: a fixed time, 2 ms by default, or
-//! a share of production's service time, the median busy phase), so that production, arriving
-//! when nothing predicted it (open-loop requests, a quiet server's first request), meets at
-//! most that much queued work, or one kernel longer than it (such a launch goes only when its
-//! container has nothing in flight). Inside a window the prediction bounds what goes: a
-//! budget there too cost S3's 1 ms memsets a quarter of their harvest (one deep) for what only
-//! a wrong prediction costs production. The budget is the device's: while production is
+//! While one is, opportunistic work in flight is bounded by the device's **latency budget**
+//! ([`LatencyBudget`], `--latency-budget`: a fixed time, 2 ms by default, or a share of
+//! production's service time, the median busy phase), windows included, so that production,
+//! arriving when nothing predicted it (open-loop requests, a quiet server's first request, a
+//! prediction gone wrong), meets at most that much queued work, or one kernel longer than it
+//! (such a launch goes only when its container has nothing in flight, and within a window only
+//! if it fits). What is in flight is counted as what is left of it: the shim takes off what
+//! its oldest launch has already run, so operations of half the budget keep two in flight.
+//! The budget is the device's: while production is
 //! present, two or more demanding opportunistic containers take turns
 //! ([`Tunables::rotate_ns`] × weight each, in container order; the others `Paused`, never
 //! starved into a launch, and without the weighted split, which the turns' lengths replace),
 //! so production meets one container's work whatever their number:
 //! - any active production container busy → `Paused`;
-//! - all idle, every active one predictable → `Run{window}` with `window_end` = the earliest
+//! - all idle, every active one predictable → `Run{window, budget}` with `window_end` = the earliest
 //!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
 //!   launches whose estimated end fits before it. Two predictions, the earlier wins when both
 //!   are steady: a fixed rate (requests on a clock: the earliest of the last arrival + the
@@ -735,30 +736,17 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
     if !present {
         return (Gate::Open, 0);
     }
-    // A window bounds what goes by the prediction (everything done before production's
-    // predicted return); without one — production unpredictable, or present but quiet — it may
-    // arrive at any time, and what it would meet is bounded by the budget. (The budget inside
-    // windows too cost S3's 1 ms memsets a quarter of their harvest at 2 ms, their queue one
-    // deep, for what only a wrong prediction would have cost production.)
-    if active && predictable {
-        (
-            Gate::Run {
-                in_flight_us: 0,
-                window: true,
-                share: false,
-            },
-            window_end,
-        )
-    } else {
-        (
-            Gate::Run {
-                in_flight_us: t.latency_budget.bound_us(service),
-                window: false,
-                share: false,
-            },
-            0,
-        )
-    }
+    // Production may arrive at any time: what it would meet is bounded by the budget, whatever
+    // the prediction says (a window only narrows what goes).
+    let window = active && predictable;
+    (
+        Gate::Run {
+            in_flight_us: t.latency_budget.bound_us(service),
+            window,
+            share: false,
+        },
+        if window { window_end } else { 0 },
+    )
 }
 
 /// A static share in basis points: the smaller nonzero of the admin's and the environment's,

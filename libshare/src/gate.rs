@@ -254,6 +254,18 @@ impl Tracker {
         self.outstanding[dev]
     }
 
+    /// How much of its estimate the oldest pending launch of `dev` has run by `now`: since the
+    /// later of its issue and the last completion seen (the launch before it on the device
+    /// ended then), at most its estimate. An estimate of the GPU's progress, not a reading: a
+    /// launch queued behind another context's work counts as running, so what is in flight may
+    /// be undercounted by that work, never by more than the oldest launch's estimate.
+    fn oldest_ran(&self, dev: usize, now: u64) -> u64 {
+        self.pending[dev].front().map_or(0, |p| {
+            now.saturating_sub(p.issued.max(self.progress[dev]))
+                .min(p.est_ns)
+        })
+    }
+
     /// How long to sleep before polling the oldest launch of `dev` again.
     fn poll_delay(&self, dev: usize, now: u64) -> u64 {
         self.pending[dev].front().map_or(POLL_MIN_NS, |p| {
@@ -527,10 +539,10 @@ fn pass_within(
     loop {
         let seq = d.gate_seq.load(Acquire);
         let gate = d.gate_at(now_ns());
-        let (own, delay) = {
+        let (own, delay, ran) = {
             let mut t = TRACKER.lock();
             let o = t.reap(ops, d, dev, now_ns());
-            (o, t.poll_delay(dev, now_ns()))
+            (o, t.poll_delay(dev, now_ns()), t.oldest_ran(dev, now_ns()))
         };
         // After the own reap (which moves it), before the sum: a take from now on ends the wait.
         let drain = d.drain_seq.load(Acquire);
@@ -558,9 +570,12 @@ fn pass_within(
             }
             _ => est.span,
         };
+        // What production would meet now: the sum less what this process's oldest launch has
+        // already run (the rest of the sum is counted whole).
+        let outstanding = if stalled { own } else { container.max(own) };
         let ask = Ask {
             now,
-            outstanding_ns: if stalled { own } else { container.max(own) },
+            outstanding_ns: outstanding.saturating_sub(ran),
             est_ns: span,
             window_end: d.window_end.load(Acquire),
             tokens: d.tokens.load(Acquire),

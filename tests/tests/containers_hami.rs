@@ -356,7 +356,15 @@ fn hami_settings_come_from_the_containers_first_process_not_a_later_ones_environ
         .unwrap();
     let v = libshare_tests::json_check(&out, "nvml");
     assert_eq!(v["total"], 512 * MIB, "the quota HAMi gave: {v}");
-    node.assert_status(&[(&id[..12], "opportunistic", 512 * MIB)]);
+    let s = status(&node);
+    let c = s["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["container"] == id[..12])
+        .unwrap_or_else(|| panic!("{} not in sharectl status: {s}", &id[..12]));
+    assert_eq!(c["class"], "opportunistic", "CUDA_TASK_PRIORITY=1: {s}");
+    assert_eq!(c["devices"][0]["quota_bytes"], 512 * MIB, "{s}");
 }
 
 /// `podman create -i --name NAME --network none --pid host ARGS IMAGE /bin/sh -c CMD`, its id.

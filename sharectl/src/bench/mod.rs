@@ -1433,11 +1433,26 @@ fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     for load in S10_LOADS {
         let rate = format!("{:.1}", load * 1_000.0 / 4.0);
         let prod = production_infer(
-            &["--rate", &rate, "--gpu-ms", "4", "--arrivals", "poisson", "--seed", "1"],
+            &[
+                "--rate",
+                &rate,
+                "--gpu-ms",
+                "4",
+                "--arrivals",
+                "poisson",
+                "--seed",
+                "1",
+            ],
             d,
         );
-        let solo = run_policy(ctx, Policy::Exclusive, std::slice::from_ref(&prod), &[], false)
-            .context("S10: production alone (the solo baseline)")?;
+        let solo = run_policy(
+            ctx,
+            Policy::Exclusive,
+            std::slice::from_ref(&prod),
+            &[],
+            false,
+        )
+        .context("S10: production alone (the solo baseline)")?;
         let (sa, sb) = window(&solo, 1.0)?;
         let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
             .ok_or_else(|| anyhow!("S10: no solo requests"))?;
@@ -1472,12 +1487,16 @@ fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                         let rec = run_policy_with(ctx, p, &jobs, &[], false, &args)?;
                         let mut extra = vec![
                             ("load", num(load)),
-                            ("kernel_ms", k.parse::<f64>().map(num).unwrap_or(Value::Null)),
+                            (
+                                "kernel_ms",
+                                k.parse::<f64>().map(num).unwrap_or(Value::Null),
+                            ),
                         ];
                         if !budget.is_empty() {
                             extra.push(("latency_budget", budget.into()));
                         }
-                        let m = latency_row("S10", p, &rec, (solo_rate, solo_p99), extra.into_iter())?;
+                        let m =
+                            latency_row("S10", p, &rec, (solo_rate, solo_p99), extra.into_iter())?;
                         out.plot("S10", p, &part, &rec);
                         Ok(m)
                     })();
