@@ -2,8 +2,10 @@
 //! not accumulate): read every registered container's counters into a [`Snapshot`], run the
 //! pure policy, write each decided gate with `DeviceState::write_gate` (every tick, for every
 //! opportunistic container: `refreshed` is the daemon's heartbeat) and refill token buckets.
-//! The registry is rescanned every 100 ms, between ticks (a new container runs ungated until
-//! then: its gate word starts open). When the loop stops, gates are
+//! The registry is rescanned every 100 ms, between ticks, and at the next tick after the
+//! registration service opened a new container's state ([`Health::registered`]); until the
+//! policy decides for it, a new opportunistic container is held on the devices in use
+//! ([`hold_new`]). When the loop stops, gates are
 //! left at a floor that stalls nobody ([`Controller::release`]).
 //!
 //! Which devices: a device is looked at when any container has launched on it (or has a busy
