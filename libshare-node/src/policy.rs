@@ -532,6 +532,24 @@ struct Slice {
     since: u64,
 }
 
+impl Slice {
+    /// Passes the turn to the next of the demanding containers `dem` (in container order,
+    /// wrapping) when the holder no longer demands, or its `quantum` is over and another
+    /// demands; returns the holder.
+    fn pass(&mut self, dem: &[ContainerId], quantum: u64, now: u64) -> Option<ContainerId> {
+        let holder_demands = self.holder.is_some_and(|h| dem.contains(&h));
+        let over = now.saturating_sub(self.since) >= quantum && dem.len() > 1;
+        if !holder_demands || over {
+            self.holder = self
+                .holder
+                .and_then(|h| dem.iter().copied().find(|&id| id > h))
+                .or_else(|| dem.first().copied());
+            self.since = now;
+        }
+        self.holder
+    }
+}
+
 /// Everything the policy remembers between ticks.
 #[derive(Debug)]
 pub struct PolicyState {
@@ -793,27 +811,17 @@ fn libshare_device(
             .nth(1)
             .is_some();
     let holder = if rotating {
-        let demands = |id: ContainerId| {
-            dev.iter()
-                .zip(facts)
-                .any(|(e, f)| e.id == id && demanding(e, f))
-        };
+        let dem: Vec<ContainerId> = dev
+            .iter()
+            .zip(facts)
+            .filter(|(e, f)| demanding(e, f))
+            .map(|(e, _)| e.id)
+            .collect();
         let quantum = slice
             .holder
             .and_then(|h| dev.iter().find(|e| e.id == h))
             .map_or(0, |e| t.rotate_ns * weight(e));
-        if !slice.holder.is_some_and(demands) || now.saturating_sub(slice.since) >= quantum {
-            let after = slice.holder.unwrap_or(0);
-            let mut ids = dev
-                .iter()
-                .zip(facts)
-                .filter(|(e, f)| demanding(e, f))
-                .map(|(e, _)| e.id);
-            let first = ids.clone().next();
-            slice.holder = ids.find(|&id| id > after).or(first);
-            slice.since = now;
-        }
-        slice.holder
+        slice.pass(&dem, quantum, now)
     } else {
         slice.holder = None;
         None
@@ -915,17 +923,7 @@ fn time_slice_device(
         .filter(|(e, f)| e.c.held > 0 || f.busy || f.recent)
         .map(|(e, _)| e.id)
         .collect();
-    let holder_demands = slice.holder.is_some_and(|h| dem.contains(&h));
-    // The next demanding container after the holder, in container order (wrapping).
-    let next = |h: Option<ContainerId>| {
-        h.and_then(|h| dem.iter().copied().find(|&id| id > h))
-            .or_else(|| dem.first().copied())
-    };
-    let quantum_over = now.saturating_sub(slice.since) >= quantum_ns && dem.len() > 1;
-    if !holder_demands || quantum_over {
-        slice.holder = next(slice.holder);
-        slice.since = now;
-    }
+    slice.pass(&dem, quantum_ns, now);
     for e in dev {
         let gate = match slice.holder {
             Some(h) if h != e.id => Gate::Paused,

@@ -181,15 +181,16 @@ impl Tracker {
 
     /// What is known of `key`, else `prior`.
     fn estimate_or(&self, key: usize, prior: Estimate) -> Estimate {
-        match self.est[slot(key)] {
-            e if e.key == key && key != 0 => e.estimate(),
-            _ => prior,
-        }
+        self.known(key).unwrap_or(prior)
     }
 
-    /// Whether a launch of `key` was timed.
-    fn knows(&self, key: usize) -> bool {
-        key != 0 && self.est[slot(key)].key == key
+    /// What is known of `key`: None if a launch of it was never timed (or its entry was
+    /// overwritten).
+    fn known(&self, key: usize) -> Option<Estimate> {
+        match self.est[slot(key)] {
+            e if e.key == key && key != 0 => Some(e.estimate()),
+            _ => None,
+        }
     }
 
     /// Learns from one measured duration (see the module's doc).
@@ -522,10 +523,8 @@ fn pass_within(
     hold: u64,
     stall_ns: u64,
 ) -> u64 {
-    let (est, known) = {
-        let t = TRACKER.lock();
-        (t.estimate_or(key, prior), t.knows(key))
-    };
+    let known = TRACKER.lock().known(key);
+    let est = known.unwrap_or(prior);
     let hold = if est.span > LONG_NS {
         hold.max(LONG_HOLD)
     } else {
@@ -565,7 +564,7 @@ fn pass_within(
         // launches add no queue beside its container's (issue 31). Transfers are priced by
         // their bytes.
         let span = match gate {
-            Gate::Run { in_flight_us, .. } if !known && prior == DEFAULT_EST => {
+            Gate::Run { in_flight_us, .. } if known.is_none() && prior == DEFAULT_EST => {
                 est.span.max(in_flight_us as u64 * 1_000)
             }
             _ => est.span,

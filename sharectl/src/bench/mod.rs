@@ -810,18 +810,12 @@ fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Result<()> {
     // Twice as long as the others: at 20 requests/s a p99 needs a few hundred requests.
     let d = 2.0 * ctx.d;
     let infer = production_infer(S3_INFER, d);
-    let solo = run_policy(
-        ctx,
-        Policy::Exclusive,
-        std::slice::from_ref(&infer),
-        &[],
-        false,
-    )
-    .context("S3: production alone (the solo baseline)")?;
-    let (sa, sb) = window(&solo, 1.0)?;
-    let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
-        .ok_or_else(|| anyhow!("S3: no solo requests"))?;
-    let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+    let Solo {
+        rec: solo,
+        p99: solo_p99,
+        rate: solo_rate,
+        ..
+    } = solo_latency(ctx, "S3", &infer)?;
     for (i, &op) in ops.iter().enumerate() {
         // One solo row for all parts.
         let policies: Vec<Policy> = ctx
@@ -862,6 +856,36 @@ fn latencies(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
         .filter(|(s, _, _)| *s >= a && *s <= b)
         .filter_map(|(_, _, v)| v["latency_ms"].as_f64())
         .collect()
+}
+
+/// Production inference alone, the solo baseline of a latency scenario (S3, S9, S10): the run,
+/// its window (from 1 s in), its p99 (ms) and its requests/s.
+struct Solo {
+    rec: RunRecord,
+    window: (f64, f64),
+    p99: f64,
+    rate: f64,
+}
+
+fn solo_latency(ctx: &Ctx<'_>, scenario: &str, prod: &JobSpec) -> anyhow::Result<Solo> {
+    let rec = run_policy(
+        ctx,
+        Policy::Exclusive,
+        std::slice::from_ref(prod),
+        &[],
+        false,
+    )
+    .with_context(|| format!("{scenario}: production alone (the solo baseline)"))?;
+    let (a, b) = window(&rec, 1.0)?;
+    let p99 = metrics::percentile(&latencies(&rec, a, b), 99.0)
+        .ok_or_else(|| anyhow!("{scenario}: no solo requests"))?;
+    let (rate, _) = production_in(rec.job("prod"), "request", a, b);
+    Ok(Solo {
+        rec,
+        window: (a, b),
+        p99,
+        rate,
+    })
 }
 
 /// The row of a latency scenario's run (S3, S9): production inference in container `prod`
@@ -1333,12 +1357,12 @@ const S9_PROCESSES: [usize; 4] = [1, 2, 4, 8];
 /// `native` has no containers (one row per N). p99 ratio against production alone (one solo run).
 fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
     let d = 2.0 * ctx.d;
-    let solo = run_policy(ctx, Policy::Exclusive, &[infer40(d)], &[], false)
-        .context("S9: production alone (the solo baseline)")?;
-    let (sa, sb) = window(&solo, 1.0)?;
-    let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
-        .ok_or_else(|| anyhow!("S9: no solo requests"))?;
-    let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+    let Solo {
+        rec: solo,
+        window: (sa, sb),
+        p99: solo_p99,
+        rate: solo_rate,
+    } = solo_latency(ctx, "S9", &infer40(d))?;
     for &p in ctx.policies {
         let layouts: &[bool] = match p {
             Policy::Exclusive => &[],
@@ -1445,18 +1469,12 @@ fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             ],
             d,
         );
-        let solo = run_policy(
-            ctx,
-            Policy::Exclusive,
-            std::slice::from_ref(&prod),
-            &[],
-            false,
-        )
-        .context("S10: production alone (the solo baseline)")?;
-        let (sa, sb) = window(&solo, 1.0)?;
-        let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
-            .ok_or_else(|| anyhow!("S10: no solo requests"))?;
-        let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+        let Solo {
+            rec: solo,
+            window: (sa, sb),
+            p99: solo_p99,
+            rate: solo_rate,
+        } = solo_latency(ctx, "S10", &prod)?;
         for &p in ctx.policies {
             if p == Policy::Exclusive {
                 let mut m = row("S10", p);
