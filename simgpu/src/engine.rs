@@ -51,6 +51,8 @@ pub struct Op {
     pub deps: Vec<(StreamId, u64)>,
     pub event: Option<Arc<EventState>>,
     pub is_kernel: bool,
+    /// The kernel's name, kept only while `SIMGPU_KERNEL_TRACE` is set (for its lines).
+    pub name: Option<Arc<str>>,
     /// Bytes a copy moves over PCIe (host-to-device and device-to-host copies), counted for
     /// NVML's PCIe throughput over the interval the copy engine moves them in.
     pub pcie_bytes: u64,
@@ -66,6 +68,7 @@ impl Op {
             deps: Vec::new(),
             event: None,
             is_kernel: false,
+            name: None,
             pcie_bytes: 0,
         }
     }
@@ -128,6 +131,7 @@ struct Service {
     word: u32,
     event: Option<Arc<EventState>>,
     is_kernel: bool,
+    name: Option<Arc<str>>,
     counted: bool,
     /// When it first became ready, and the intervals it ran in (for the kernel trace).
     queued: u64,
@@ -506,6 +510,7 @@ impl Engine {
                                     word: 0,
                                     event: p.op.event.take(),
                                     is_kernel: p.op.is_kernel,
+                                    name: p.op.name.take(),
                                     counted: false,
                                     queued: earliest,
                                     enqueued: p.enqueued,
@@ -591,6 +596,7 @@ fn placeholder() -> Service {
         word: 0,
         event: None,
         is_kernel: false,
+        name: None,
         counted: false,
         queued: 0,
         enqueued: 0,
@@ -650,7 +656,7 @@ fn serve(s: &Machine, d: usize, mut sv: Service) -> Service {
 
 /// `SIMGPU_KERNEL_TRACE`: one JSON line per kernel (and per other compute operation or copy)
 /// with every interval it ran in.
-fn trace_file() -> Option<&'static std::fs::File> {
+pub(crate) fn trace_file() -> Option<&'static std::fs::File> {
     static FILE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
         let path = std::env::var_os("SIMGPU_KERNEL_TRACE")?;
@@ -691,8 +697,16 @@ fn trace_kernel(d: usize, sv: &Service) {
         .map(|(a, b)| format!("[{a},{b}]"))
         .collect();
     // One write(2) per line, so lines of concurrent processes stay whole (O_APPEND).
+    // Kernel names are C identifiers (mangled or not); anything else is dropped, not escaped.
+    let name: String = sv.name.as_deref().map_or(String::new(), |n| {
+        let n: String = n
+            .chars()
+            .filter(|c| c.is_ascii_graphic() && !matches!(c, '"' | '\\'))
+            .collect();
+        format!("\"name\":\"{n}\",")
+    });
     let line = format!(
-        "{{\"pid\":{},\"dev\":{d},{}\"stream\":{},\"seq\":{},\"enqueued\":{},\"ready\":{},\"slices\":[{}]}}\n",
+        "{{\"pid\":{},\"dev\":{d},{}{name}\"stream\":{},\"seq\":{},\"enqueued\":{},\"ready\":{},\"slices\":[{}]}}\n",
         std::process::id(),
         if sv.is_kernel { "" } else { "\"op\":\"compute\"," },
         sv.stream,

@@ -9,7 +9,7 @@
 //! undocumented interfaces cudart needs), and `nvml/` the NVML subset; `sim` is the process's
 //! simulator; `model/` the objects it holds (memory, modules, graphs and capture) and `engine`
 //! executes stream work against the modelled clock; `shared` is the cross-process state file and
-//! `config/` the settings; `image/` parses fatbins/cubins/PTX.
+//! `config/` the settings; `image` (the `cuda-image` crate) parses fatbins/cubins/PTX.
 
 #![allow(non_snake_case)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -19,7 +19,8 @@ pub mod cglimits;
 pub mod config;
 pub mod driver;
 pub mod engine;
-pub mod image;
+/// The image parser is its own crate (the slicer's tools read images too).
+pub use cuda_image as image;
 pub mod integrity;
 pub mod log;
 pub mod model;

@@ -117,9 +117,11 @@ unsafe fn kernel_op_on(
     let ptr_args = pointer_args(&func, params);
     // SAFETY: `params` is NULL or the kernelParams array (this fn's contract).
     let written = unsafe { super::results::output(s, &func, params) };
+    let name: Option<Arc<str>> = crate::engine::trace_file().map(|_| func.name.as_str().into());
     Ok(Arc::new(move || {
         let mut op = Op::new(Resource::Compute(dev), dur);
         op.is_kernel = true;
+        op.name = name.clone();
         op.extra = super::memory::managed::touch_for_kernel(s, dev, ptr_args.clone());
         if let Some(out) = written.clone() {
             op = op.with_effect(move || out.write(s));

@@ -61,7 +61,11 @@ pub(super) fn entry_header(d: &[u8], off: usize) -> Result<EntryHeader> {
     })
 }
 
-pub(super) fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
+/// A fatbin's entries: each one's header fields, its whole header and its (still compressed)
+/// payload.
+pub(super) type Entries<'a> = Vec<(EntryHeader, &'a [u8], &'a [u8])>;
+
+pub(super) fn entries(fat: &[u8]) -> Result<Entries<'_>> {
     if le_u32(fat, 0)? != FATBIN_MAGIC {
         return Err(ImageError::UnknownFormat(le_u32(fat, 0)?));
     }
@@ -70,7 +74,6 @@ pub(super) fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
     let body = fat
         .get(hs..len)
         .ok_or(ImageError::Truncated("fatbin shorter than its header says"))?;
-    // Headers first (cheap), payloads after.
     let mut entries = Vec::new();
     let mut off = 0usize;
     while off < body.len() {
@@ -93,6 +96,12 @@ pub(super) fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
         off += ehs + payload.len();
         entries.push((e, header, payload));
     }
+    Ok(entries)
+}
+
+pub(super) fn parse_fatbin(fat: &[u8], c: &mut Collector) -> Result<()> {
+    // Headers first (cheap), payloads after.
+    let entries = entries(fat)?;
     // With a target architecture, the cubin the driver would run describes the kernels alone:
     // the other architectures' cubins and the PTX declare the same ones, and decompressing them
     // all made loading PyTorch's libraries several times slower. Everything is read only when

@@ -1,15 +1,15 @@
 use super::*;
 
-const K_CUBIN_SM80: &[u8] = include_bytes!("../../tests/fixtures/k_sm80.cubin");
-const K_CUBIN_SM100: &[u8] = include_bytes!("../../tests/fixtures/k_sm100.cubin");
-const K_PTX: &[u8] = include_bytes!("../../tests/fixtures/k.ptx");
-const K_FATBIN: &[u8] = include_bytes!("../../tests/fixtures/k.fatbin");
-const K_FATBIN_ZSTD: &[u8] = include_bytes!("../../tests/fixtures/k_zstd.fatbin");
-const K_FATBIN_LZ4: &[u8] = include_bytes!("../../tests/fixtures/k_lz4.fatbin");
-const K_FATBIN_NONE: &[u8] = include_bytes!("../../tests/fixtures/k_none.fatbin");
-const K_FATBIN_CONCAT: &[u8] = include_bytes!("../../tests/fixtures/k_concat.fatbin");
-const RDC_CUBIN: &[u8] = include_bytes!("../../tests/fixtures/rdc_sm80.cubin");
-const ALIGN_FATBIN: &[u8] = include_bytes!("../../tests/fixtures/align.fatbin");
+const K_CUBIN_SM80: &[u8] = include_bytes!("../tests/fixtures/k_sm80.cubin");
+const K_CUBIN_SM100: &[u8] = include_bytes!("../tests/fixtures/k_sm100.cubin");
+const K_PTX: &[u8] = include_bytes!("../tests/fixtures/k.ptx");
+const K_FATBIN: &[u8] = include_bytes!("../tests/fixtures/k.fatbin");
+const K_FATBIN_ZSTD: &[u8] = include_bytes!("../tests/fixtures/k_zstd.fatbin");
+const K_FATBIN_LZ4: &[u8] = include_bytes!("../tests/fixtures/k_lz4.fatbin");
+const K_FATBIN_NONE: &[u8] = include_bytes!("../tests/fixtures/k_none.fatbin");
+const K_FATBIN_CONCAT: &[u8] = include_bytes!("../tests/fixtures/k_concat.fatbin");
+const RDC_CUBIN: &[u8] = include_bytes!("../tests/fixtures/rdc_sm80.cubin");
+const ALIGN_FATBIN: &[u8] = include_bytes!("../tests/fixtures/align.fatbin");
 
 fn p(offset: u32, size: u32) -> ParamInfo {
     ParamInfo { offset, size }
@@ -421,4 +421,36 @@ fn fuzz_random_headers() {
         elf[field..field + 2].copy_from_slice(&v[..2]);
         let _ = parse_bytes(&elf);
     }
+}
+
+#[test]
+fn the_ptx_a_fatbin_carries_is_read_whatever_its_compression() {
+    // nvcc's fatbin keeps the PTX without comments and with less whitespace.
+    let words = |t: &str| -> Vec<String> {
+        t.lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
+    };
+    let plain = words(std::str::from_utf8(K_PTX).unwrap().trim_end_matches('\0'));
+    for fat in [K_FATBIN, K_FATBIN_ZSTD, K_FATBIN_LZ4, K_FATBIN_NONE] {
+        let ptx = fatbin_ptx(fat).expect("fatbin_ptx");
+        assert_eq!(ptx.len(), 1, "one PTX entry");
+        assert_eq!(ptx[0].arch, 80);
+        assert_eq!(words(&ptx[0].text), plain, "the text nvcc -ptx writes");
+    }
+    assert!(fatbin_ptx(K_CUBIN_SM80).is_err(), "a cubin is not a fatbin");
+    let mut cut = K_FATBIN_ZSTD.to_vec();
+    cut.truncate(cut.len() / 2);
+    assert!(fatbin_ptx(&cut).is_err());
+}
+
+#[test]
+fn host_fatbins_reads_nothing_from_an_elf_without_the_section_and_rejects_other_files() {
+    assert_eq!(
+        host_fatbins(K_CUBIN_SM80).expect("an ELF"),
+        Vec::<&[u8]>::new()
+    );
+    assert!(host_fatbins(K_PTX).is_err());
+    assert!(host_fatbins(b"").is_err());
 }

@@ -100,7 +100,7 @@ pub(super) unsafe fn elf_from_ptr<'a>(ptr: *const u8) -> Result<&'a [u8]> {
 }
 
 pub(super) struct Section<'a> {
-    name: &'a [u8],
+    pub(super) name: &'a [u8],
     sh_type: u32,
     offset: u64,
     size: u64,

@@ -1,7 +1,10 @@
 //! Metadata of CUDA module images: which kernels (with their parameter layout) and which
-//! `__device__` / `__constant__` globals an image defines.
+//! `__device__` / `__constant__` globals an image defines, and the PTX a fatbin carries.
 //!
-//! The simulated driver does not execute kernels, so this only reads names and sizes. Accepted
+//! simgpu loads modules with it (the simulated driver does not execute kernels, so it reads only
+//! names and sizes), and the slicer's tools read the PTX of the libraries a job loads
+//! ([`host_fatbins`], [`fatbin_ptx`]). It reads NVIDIA's formats as nvcc writes them; nothing in
+//! it is simgpu's. Accepted
 //! images are those `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary` and
 //! `cuLibraryLoadData` accept:
 //!
@@ -165,6 +168,70 @@ pub unsafe fn parse_image_for_arch(ptr: *const u8, sm: u32) -> Result<ImageInfo>
 /// Same as [`parse_bytes`], choosing parameter layouts as [`parse_image_for_arch`] does.
 pub fn parse_bytes_for_arch(data: &[u8], sm: u32) -> Result<ImageInfo> {
     parse_bytes_with(data, Collector::new(Some(sm)))
+}
+
+/// A PTX module a fatbin carries: the virtual architecture it was compiled for (major × 10 +
+/// minor, as the entry's header gives it) and its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PtxModule {
+    pub arch: u32,
+    pub text: String,
+}
+
+/// Every PTX module of the fatbin `fat` starts with, decompressed, in the fatbin's order. Cubins
+/// are skipped, and so are concatenated entries (`nvcc -concat`, which no toolkit library uses).
+pub fn fatbin_ptx(fat: &[u8]) -> Result<Vec<PtxModule>> {
+    let mut out = Vec::new();
+    for (e, _, payload) in entries(fat)? {
+        if e.kind != ENTRY_KIND_PTX {
+            continue;
+        }
+        let content = decompress(&e, payload)?;
+        let end = content
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(content.len());
+        let text = std::str::from_utf8(&content[..end])
+            .map_err(|_| ImageError::Truncated("PTX entry is not UTF-8 text"))?;
+        if !looks_like_ptx(text.as_bytes()) {
+            return Err(ImageError::Truncated("PTX entry is not PTX text"));
+        }
+        out.push(PtxModule {
+            arch: e.arch,
+            text: text.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// The fatbins a host ELF (a program or shared library nvcc linked) embeds in its `.nv_fatbin`
+/// section, in order (each starts with its header; the padding between them is skipped). A file
+/// without that section has none.
+pub fn host_fatbins(elf: &[u8]) -> Result<Vec<&[u8]>> {
+    if elf.len() < 4 || le_u32(elf, 0)? != ELF_MAGIC {
+        return Err(ImageError::UnknownFormat(if elf.len() >= 4 {
+            le_u32(elf, 0)?
+        } else {
+            0
+        }));
+    }
+    let secs = sections(elf)?;
+    let Some(sec) = secs.iter().find(|s| s.name == b".nv_fatbin") else {
+        return Ok(Vec::new());
+    };
+    let data = section_bytes(elf, sec, ".nv_fatbin section")?;
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    while off + FATBIN_HEADER_LEN <= data.len() {
+        if le_u32(data, off)? != FATBIN_MAGIC {
+            off += 1; // padding before the next fatbin
+            continue;
+        }
+        let len = fatbin_len(&data[off..])?;
+        out.push(slice(data, off as u64, len as u64, "fatbin in .nv_fatbin")?);
+        off += len;
+    }
+    Ok(out)
 }
 
 /// The first four bytes of an image, or None when a NUL comes first (a short PTX text may be
