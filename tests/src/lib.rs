@@ -251,6 +251,29 @@ fn build_cached(inputs: &[&Path], out: &Path, make: impl FnOnce(&Path) -> Comman
     out.to_path_buf()
 }
 
+/// The CUDA 13.5 ptxas from the wheels.
+pub fn ptxas() -> PathBuf {
+    cache_path("cu13/nvidia/cu13/bin/ptxas")
+}
+
+/// The PTX nvcc 13.5 writes for a `.cu` file of `tests/cuda/`, a virtual architecture
+/// (`compute_80`) and more flags (`-G`). Output: `target/cuda-tests/<stem>-<arch><flags>.ptx`.
+pub fn compile_ptx(source: &str, arch: &str, flags: &[&str]) -> PathBuf {
+    let src = cuda_source(source);
+    let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+    let out = cuda_tests_dir().join(format!("{stem}-{arch}{}.ptx", flags.concat()));
+    let nvcc = nvcc();
+    build_cached(&[&src, &cuda_source("check.h")], &out, |tmp| {
+        let mut cmd = Command::new(&nvcc);
+        cmd.args(["-ptx", "-O3", &format!("-arch={arch}")])
+            .args(flags)
+            .arg(&src)
+            .arg("-o")
+            .arg(tmp);
+        cmd
+    })
+}
+
 /// Compiles a C program from `tests/cuda/` with gcc against a cudart wheel (rpath to its lib dir).
 /// Output: `target/cuda-tests/<stem>-<cu12|cu13>`.
 pub fn compile_c(source: &str, cudart: Cudart) -> PathBuf {
