@@ -119,6 +119,7 @@ pub struct Gpu {
     module: sys::CUmodule,
     spin: sys::CUfunction,
     spin_touch: sys::CUfunction,
+    block_spin: sys::CUfunction,
     pub info: DeviceInfo,
 }
 
@@ -165,6 +166,7 @@ impl Gpu {
             module: std::ptr::null_mut(),
             spin: std::ptr::null_mut(),
             spin_touch: std::ptr::null_mut(),
+            block_spin: std::ptr::null_mut(),
             info: DeviceInfo {
                 ordinal,
                 name,
@@ -195,7 +197,43 @@ impl Gpu {
         gpu.spin_touch = check("cuModuleGetFunction", unsafe {
             result::module::get_function(gpu.module, fname)
         })?;
+        let fname = CString::new(crate::BLOCK_SPIN_KERNEL).expect("no NUL");
+        // SAFETY: as above, `gpu.module` is loaded.
+        gpu.block_spin = check("cuModuleGetFunction", unsafe {
+            result::module::get_function(gpu.module, fname)
+        })?;
         Ok(gpu)
+    }
+
+    /// The device's multiprocessors (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`).
+    pub fn sm_count(&self) -> Result<u32, CudaError> {
+        // SAFETY: `self.dev` is the device handle `open` got from cuDeviceGet.
+        let n = check("cuDeviceGetAttribute", unsafe {
+            result::device::get_attribute(
+                self.dev,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+        })?;
+        Ok(n.max(1) as u32)
+    }
+
+    /// Launches `block_spin(ns)` with `blocks` blocks of [`crate::BLOCK_SPIN_THREADS`]: every
+    /// block spins `ns`, the launch takes its waves of resident blocks × `ns`.
+    pub fn block_spin(&self, ns: u64, blocks: u32) -> Result<(), CudaError> {
+        let mut arg = ns;
+        let mut params = [&mut arg as *mut u64 as *mut c_void];
+        // SAFETY: the function takes exactly one u64 parameter; the driver copies the
+        // parameter values before cuLaunchKernel returns.
+        check("cuLaunchKernel", unsafe {
+            result::launch_kernel(
+                self.block_spin,
+                (blocks.max(1), 1, 1),
+                (crate::BLOCK_SPIN_THREADS, 1, 1),
+                0,
+                self.stream,
+                &mut params,
+            )
+        })
     }
 
     /// Launches `simgpu_spin_touch(ns, buf, bytes)`: the kernel's working set is `buf`.

@@ -35,3 +35,14 @@ pub const SPIN_KERNEL: &str = "simgpu_spin";
 /// Name of the kernel entry that also touches a buffer (its working set).
 #[cfg(feature = "driver")]
 pub const SPIN_TOUCH_KERNEL: &str = "simgpu_spin_touch";
+
+/// Name of the kernel entry whose every block spins (its time is its waves of blocks).
+#[cfg(feature = "driver")]
+pub const BLOCK_SPIN_KERNEL: &str = "block_spin";
+
+/// Threads per block of [`BLOCK_SPIN_KERNEL`], and the blocks of that size one SM keeps resident
+/// (2048 threads per SM on A100 and H100; simgpu's `blocks_per_sm`).
+#[cfg(feature = "driver")]
+pub const BLOCK_SPIN_THREADS: u32 = 256;
+#[cfg(feature = "driver")]
+pub const BLOCK_SPIN_PER_SM: u32 = 8;

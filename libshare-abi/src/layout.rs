@@ -206,6 +206,13 @@ pub struct DeviceState {
     /// Opportunistic shims: the most pinned memory beyond `pin_cap` an allocation waiting for
     /// the daemon needs (the daemon takes it with the want's bit).
     pub pin_need: AtomicU64,
+    // Kernel slicing (issue 31; reserved, always 0, before).
+    /// Opportunistic shims: launches that went as block ranges of their grid (`slicing.rs`).
+    pub sliced: AtomicU64,
+    /// Opportunistic shims: launches that were to go as block ranges but went whole (one block,
+    /// no PTX the shim saw, a kernel the slicer refused or could not read, a slice module the
+    /// driver did not load, a first range that failed).
+    pub unsliced: AtomicU64,
 }
 
 #[repr(C, align(64))]

@@ -190,6 +190,18 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
         "GPU time of the container's launches measured by its shims with events; opportunistic containers only (production launches are not timed, they stay at 0)",
         Some(Unit::Seconds),
     );
+    let sliced = fam::<Counter>(
+        &mut r,
+        "sliced_launches",
+        "Opportunistic launches that went as block ranges of their grid beside production (kernel slicing)",
+        None,
+    );
+    let unsliced = fam::<Counter>(
+        &mut r,
+        "unsliced_launches",
+        "Opportunistic launches longer than the latency budget that went whole: no PTX, a kernel the slicer refused or could not read, a slice module the driver did not load",
+        None,
+    );
     let throttled = fam::<CounterF>(
         &mut r,
         "throttled",
@@ -288,6 +300,8 @@ pub fn encode(v: &NodeView, health: Option<&Health>) -> String {
             launches.get_or_create(&l).inc_by(d.launches);
             gpu.get_or_create(&l).inc_by(d.gpu_ns as f64 / 1e9);
             throttled.get_or_create(&l).inc_by(d.held_ns as f64 / 1e9);
+            sliced.get_or_create(&l).inc_by(d.sliced);
+            unsliced.get_or_create(&l).inc_by(d.unsliced);
             held.get_or_create(&l).set(d.held_threads.into());
             in_flight.get_or_create(&l).set(d.in_flight_ns as f64 / 1e9);
             let (state, bound_us, win, sh) = gate_parts(d.gate);

@@ -42,6 +42,10 @@ pub struct DeviceView {
     pub gpu_ns: u64,
     /// Time launches spent held at the gate, ns, cumulative (summed over waiting threads).
     pub held_ns: u64,
+    /// Launches that went as block ranges of their grid (kernel slicing), and launches that
+    /// were to but went whole, cumulative.
+    pub sliced: u64,
+    pub unsliced: u64,
     /// Threads waiting at the gate now.
     pub held_threads: u32,
     /// Estimated GPU time of gated launches outstanding now, ns.
@@ -151,6 +155,8 @@ pub fn container(name: &str, st: &State) -> ContainerView {
                     .sum(),
                 gpu_ns: dev.gpu_ns.load(Acquire),
                 held_ns: dev.held_ns.load(Acquire),
+                sliced: dev.sliced.load(Acquire),
+                unsliced: dev.unsliced.load(Acquire),
                 held_threads: dev.held.load(Acquire),
                 in_flight_ns: dev.in_flight_ns.load(Acquire),
                 gate: dev.gate(),

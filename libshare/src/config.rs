@@ -48,6 +48,9 @@ pub struct Config {
     /// HAMi's `CUDA_OVERSUBSCRIBE=true`: an opportunistic container may oversubscribe device
     /// memory (its allocations become managed memory; its limit may exceed the device).
     pub oversubscribe: bool,
+    /// Kernel slicing of this process's launches while it is opportunistic (`slicing.rs`):
+    /// `LIBSHARE_SLICING=on` (default) or `off`.
+    pub slicing: bool,
     pub log: Option<String>,
     /// One line each, printed once when the shim initialises.
     pub warnings: Vec<String>,
@@ -62,6 +65,7 @@ pub const KNOWN: &[&str] = &[
     "LIBSHARE_STATE_DIR",
     "LIBSHARE_SOCKET",
     "LIBSHARE_REGISTER_TIMEOUT",
+    "LIBSHARE_SLICING",
     "LIBSHARE_LOG",
     "LIBSHARE_REAL_LIBCUDA",
     "LIBSHARE_REAL_LIBNVML",
@@ -290,6 +294,11 @@ impl Config {
         // smallest of its devices'.
         let compute_percent = hami.sm.iter().flatten().min().copied();
         let oversubscribe = hami.oversubscribe.unwrap_or(false);
+        let slicing = match get("LIBSHARE_SLICING") {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(v) => return Err(invalid("LIBSHARE_SLICING", v, "expected on or off")),
+        };
         // The context overhead is charged before any allocation: at or above a limit, every
         // context would fail.
         if let Some((d, l)) = memory_limit.iter().enumerate().find_map(|(d, l)| {
@@ -311,6 +320,7 @@ impl Config {
             register_timeout,
             compute_percent,
             oversubscribe,
+            slicing,
             log: get("LIBSHARE_LOG").map(String::from),
             warnings,
         })

@@ -340,6 +340,105 @@ pub fn launch(
     )
 }
 
+/// A `cuLaunchKernel`'s grid and `kernelParams`: what cutting it into block ranges needs
+/// (`launch_kernel`; the launcher of a range keeps the rest of the launch).
+#[derive(Clone, Copy)]
+pub struct Geometry {
+    pub grid: [u32; 3],
+    /// The launch's `kernelParams` (one pointer per parameter of the kernel), or NULL.
+    pub params: *mut *mut std::ffi::c_void,
+}
+
+/// Most block ranges one launch is cut into.
+const MAX_PIECES: u32 = 256;
+/// Keys of a kernel's block ranges: the function's own key with this bit (their spans are a
+/// range's, not the whole kernel's).
+const SLICE_KEY: usize = 1 << 61;
+
+/// An opportunistic `cuLaunchKernel` of `f` (`rate::launch_kernel`): while the gate bounds what
+/// is in flight (production present on the device: `Gate::Run` with an in-flight bound) and
+/// `f`'s span, as timed, is longer than the bound, it goes as block ranges of its grid through
+/// its sliced entry (`slicing.rs`), each gated and timed as a launch, priced at the span ÷ the
+/// ranges; else, or when `f` has no sliced entry (counted in `unsliced`), as [`launch`] does.
+/// A kernel not timed yet goes whole once (it is priced at the bound at least, see
+/// [`pass_within`]). The first range failing to launch (nothing has run) sends it whole, and
+/// the function is not cut again.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_kernel(
+    d: &'static DeviceState,
+    dev: usize,
+    f: usize,
+    g: Geometry,
+    stream: Handle,
+    ptsz: bool,
+    real_launch: impl Fn(usize, [u32; 3], *mut *mut std::ffi::c_void) -> CUresult,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let whole = |call| launch_with(d, dev, f, DEFAULT_EST, 0, stream, ptsz, call);
+    let bound_ns = match d.gate_at(now_ns()) {
+        Gate::Run { in_flight_us, .. } if in_flight_us > 0 => u64::from(in_flight_us) * 1_000,
+        _ => return whole(call),
+    };
+    let Some(est) = TRACKER.lock().known(f) else {
+        return whole(call);
+    };
+    let pieces = libshare_slice::pieces_for(est.span, bound_ns, MAX_PIECES);
+    if pieces <= 1 || REAL.capturing(stream, ptsz).is_some() {
+        return whole(call);
+    }
+    // One block cannot be cut; a kernel without a sliced entry cannot either: both go whole,
+    // counted (an operator's view of the long kernels production meets whole).
+    let cuttable = g.grid.iter().any(|&e| e > 1);
+    let Some(sl) =
+        crate::slicing::sliced(f).filter(|sl| cuttable && (sl.params == 0 || !g.params.is_null()))
+    else {
+        d.unsliced.fetch_add(1, Relaxed);
+        return whole(call);
+    };
+    // The kernel's parameters, then the range's first block and the whole grid.
+    let mut range = [0u32; 6];
+    let mut params: Vec<*mut std::ffi::c_void> = (0..sl.params)
+        // SAFETY: `kernelParams` holds one pointer per parameter of the kernel, and the
+        // kernel's PTX declares `sl.params` of them.
+        .map(|i| unsafe { *g.params.add(i) })
+        .collect();
+    let base = range.as_mut_ptr();
+    // SAFETY: `i` < 6, inside `range`, which outlives every launch below.
+    params.extend((0..6).map(|i| unsafe { base.add(i) } as *mut std::ffi::c_void));
+    let per = Estimate {
+        span: est.span / u64::from(pieces),
+        cost: est.cost / u64::from(pieces),
+    };
+    let mut first = true;
+    for s in libshare_slice::plan(g.grid, pieces) {
+        let values = [
+            s.offset[0],
+            s.offset[1],
+            s.offset[2],
+            g.grid[0],
+            g.grid[1],
+            g.grid[2],
+        ];
+        // SAFETY: `base` points at `range`'s six u32; no reference to it is alive.
+        unsafe { base.cast::<[u32; 6]>().write(values) };
+        let ps = params.as_mut_ptr();
+        let rc = launch_with(d, dev, f | SLICE_KEY, per, 0, stream, ptsz, || {
+            real_launch(sl.f, s.grid, ps)
+        });
+        if rc != CUDA_SUCCESS {
+            if !first {
+                return rc;
+            }
+            crate::slicing::refuse(f);
+            d.unsliced.fetch_add(1, Relaxed);
+            return whole(call);
+        }
+        first = false;
+    }
+    d.sliced.fetch_add(1, Relaxed);
+    CUDA_SUCCESS
+}
+
 /// Rate assumed for a kernel's reads of demoted memory (over PCIe) before launches like it were
 /// timed, bytes per second: PCIe 4.0 x16 as measured on an A100 (~25 GB/s).
 pub const REMOTE_BANDWIDTH: u64 = 25_000_000_000;

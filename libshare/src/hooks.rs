@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_uint, c_void};
 
 use crate::types::*;
-use crate::{context, graph_mem, init, launch, memory, procaddr, sync, transfer};
+use crate::{context, graph_mem, init, launch, memory, procaddr, slicing, sync, transfer};
 
 driver_hooks!(hook_exports);
 
@@ -663,6 +663,16 @@ mod tests {
         ("cuMemcpyAsync", 4000, false, Some("cuMemcpyAsync")),
         ("cuMemcpyAsync", 7000, true, Some("cuMemcpyAsync_ptsz")),
         ("cuMemcpyAsync", 6999, true, Some("cuMemcpyAsync")),
+        ("cuModuleLoadData", 2000, false, Some("cuModuleLoadData")),
+        ("cuModuleLoadData", 13050, true, Some("cuModuleLoadData")),
+        (
+            "cuModuleLoadDataEx",
+            2010,
+            false,
+            Some("cuModuleLoadDataEx"),
+        ),
+        ("cuModuleLoadDataEx", 2000, false, None),
+        ("cuModuleUnload", 2000, false, Some("cuModuleUnload")),
     ];
 
     #[test]

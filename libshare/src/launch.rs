@@ -14,18 +14,75 @@ use crate::types::*;
 pub fn kernel<const PTSZ: bool>(
     call: impl FnOnce() -> CUresult,
     f: CUfunction,
-    _gx: u32,
-    _gy: u32,
-    _gz: u32,
-    _bx: u32,
-    _by: u32,
-    _bz: u32,
-    _smem: u32,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    smem: u32,
     stream: CUstream,
     params: Out<*mut std::ffi::c_void>,
-    _extra: Out<*mut std::ffi::c_void>,
+    extra: Out<*mut std::ffi::c_void>,
 ) -> R {
-    rc(rate::launch(f as usize, params.raw(), stream, PTSZ, call))
+    let g = crate::gate::Geometry {
+        grid: [gx, gy, gz],
+        params: params.raw(),
+    };
+    // A block range of the launch, through the kernel's sliced entry (`slicing.rs`).
+    let block = [bx, by, bz];
+    let range = |sliced: usize, grid: [u32; 3], kernel_params: *mut *mut std::ffi::c_void| {
+        range::<PTSZ>(sliced, grid, block, smem, stream as usize, kernel_params)
+    };
+    rc(rate::launch_kernel(
+        f,
+        g,
+        extra.raw(),
+        stream,
+        PTSZ,
+        range,
+        call,
+    ))
+}
+
+/// One block range of a `cuLaunchKernel` (`PTSZ`: its `_ptsz` twin) through the real driver:
+/// the kernel's sliced entry, the range's grid, the launch's block, shared memory and stream,
+/// the kernel's arguments followed by the range's six.
+fn range<const PTSZ: bool>(
+    sliced: usize,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+    stream: usize,
+    kernel_params: *mut *mut std::ffi::c_void,
+) -> CUresult {
+    let real = crate::driver::real();
+    let launch = if PTSZ {
+        real.cuLaunchKernel_ptsz
+    } else {
+        real.cuLaunchKernel
+    };
+    match launch {
+        // SAFETY: the launch the program made (its stream, block and shared memory), with the
+        // sliced entry of its kernel, a block range of its grid and the kernel's arguments
+        // followed by the range's six (`gate::launch_kernel` builds them).
+        Some(l) => unsafe {
+            l(
+                sliced as CUfunction,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                smem,
+                stream as CUstream,
+                kernel_params,
+                std::ptr::null_mut(),
+            )
+        },
+        None => CUDA_ERROR_NOT_SUPPORTED,
+    }
 }
 
 #[inline(always)]

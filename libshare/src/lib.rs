@@ -50,6 +50,7 @@ pub mod procaddr;
 pub mod process;
 pub mod rate;
 pub mod register;
+pub mod slicing;
 pub mod sync;
 pub mod transfer;
 

@@ -35,6 +35,11 @@ macro_rules! driver_hooks {
     wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph::<false>;
     wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph::<true>;
 
+    // Modules loaded from PTX: kept for kernel slicing (`slicing.rs`).
+    wrap cuModuleLoadData(module: *mut CUmodule, image: *const c_void) => slicing::load_data;
+    wrap cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, n: c_uint, options: *mut c_uint, values: *mut *mut c_void) => slicing::load_data_ex;
+    wrap cuModuleUnload(module: CUmodule) => slicing::unload;
+
     // Memsets and device-to-device copies: counted and gated as launches (`transfer.rs`).
     wrap cuMemsetD8(d: u32, uc: u8, n: c_uint) => transfer::memset_v1::<1>;
     wrap cuMemsetD8_v2(d: CUdeviceptr, uc: u8, n: usize) => transfer::memset::<1, false>;
@@ -180,5 +185,8 @@ macro_rules! driver_hooks {
     call cuStreamGetCaptureInfo_v2(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
     call cuStreamGetCaptureInfo_v2_ptsz(stream: CUstream, status: *mut c_uint, id: *mut u64, graph: *mut CUgraph, deps: *mut *const CUgraphNode, n: *mut usize);
     call cuArrayGetDescriptor_v2(desc: *mut ArrayDesc, h: *mut c_void);
+    call cuModuleGetFunction(f: *mut CUfunction, module: CUmodule, name: *const c_char);
+    call cuFuncGetModule(module: *mut CUmodule, f: CUfunction);
+    call cuFuncGetName(name: *mut *const c_char, f: CUfunction);
     } };
 }

@@ -39,6 +39,44 @@ pub fn launch(
     call()
 }
 
+/// [`launch`] of a `cuLaunchKernel` (`g`: its geometry; `extra` its `extra` argument): an
+/// opportunistic one that reads no demoted memory and passes its arguments in `kernelParams`
+/// may go as block ranges of its grid (`gate::launch_kernel`, `slicing.rs`), launched with
+/// `real_launch(function, grid, kernelParams)`. Production's path is [`launch`]'s.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn launch_kernel(
+    f: CUfunction,
+    g: crate::gate::Geometry,
+    extra: *mut *mut std::ffi::c_void,
+    stream: CUstream,
+    ptsz: bool,
+    real_launch: impl Fn(usize, [u32; 3], *mut *mut std::ffi::c_void) -> CUresult,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Some((s, dev, d, opportunistic)) = counted() else {
+        return call();
+    };
+    s.launches()[dev].fetch_add(1, Relaxed);
+    if opportunistic {
+        let remote = crate::demote::remote_bytes(dev, f, g.params);
+        if remote == 0 && extra.is_null() {
+            return crate::gate::launch_kernel(
+                d,
+                dev,
+                f as usize,
+                g,
+                stream as usize,
+                ptsz,
+                real_launch,
+                call,
+            );
+        }
+        return crate::gate::launch(d, dev, f as usize, remote, stream as usize, ptsz, call);
+    }
+    call()
+}
+
 /// The current device's work of this process's container, counted as one launch and marked
 /// busy (`note_launch`: one add and one load): this shim, the device, its state and whether the
 /// process is opportunistic. None before the shim is initialised.

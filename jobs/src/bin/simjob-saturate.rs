@@ -3,7 +3,8 @@
 //!
 //! Issues operations back to back, keeping at most --depth in flight (one event per operation;
 //! when --depth are queued it waits for the oldest), for --duration. `--op kernel` (default)
-//! launches kernels of --kernel-ms; `--op memset` issues one `cuMemsetD8Async` of a --bytes
+//! launches kernels of --kernel-ms; `--op blocks` kernels of --kernel-ms made of waves of
+//! blocks that each spin --wave (a kernel slicing can cut into block ranges); `--op memset` issues one `cuMemsetD8Async` of a --bytes
 //! buffer, `--op copy` one `cuMemcpyDtoDAsync` between two --bytes buffers. A memset's or copy's
 //! GPU time is not known in advance: each is bracketed by a pair of timed events and its
 //! `cuEventElapsedTime` is added to `gpu_ms` (a kernel's `gpu_ms` is --kernel-ms). The span
@@ -29,6 +30,8 @@ const JOB: &str = "simjob-saturate";
 enum Op {
     /// A spin kernel of --kernel-ms.
     Kernel,
+    /// A kernel of --kernel-ms made of waves of blocks that each spin --wave.
+    Blocks,
     /// `cuMemsetD8Async` of a --bytes buffer.
     Memset,
     /// `cuMemcpyDtoDAsync` of --bytes from one device buffer to another.
@@ -39,6 +42,7 @@ impl Op {
     fn name(self) -> &'static str {
         match self {
             Op::Kernel => "kernel",
+            Op::Blocks => "blocks",
             Op::Memset => "memset",
             Op::Copy => "copy",
         }
@@ -59,13 +63,18 @@ struct Args {
     #[arg(long, value_enum, default_value = "kernel")]
     op: Op,
 
-    /// GPU time of each kernel, in milliseconds (`--op kernel`).
+    /// GPU time of each kernel, in milliseconds (`--op kernel|blocks`).
     #[arg(long, value_name = "MS", default_value = "2", value_parser = cli::parse_ms)]
     kernel_ms: f64,
 
     /// Bytes each memset sets or each copy moves (`--op memset|copy`).
     #[arg(long, value_name = "SIZE", default_value = "2MiB", value_parser = parse_bytes)]
     bytes: u64,
+
+    /// What one wave of blocks spins (`--op blocks`): simgpu's `SIMGPU_WAVE` (its default 10us),
+    /// so that simgpu and a GPU time the kernel alike.
+    #[arg(long, value_name = "DURATION", default_value = "10us", value_parser = cli::parse_duration)]
+    wave: Duration,
 
     /// Maximum number of operations in flight.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
@@ -137,7 +146,12 @@ impl Tally {
 fn run(args: Args) -> anyhow::Result<()> {
     let gpu = Gpu::open(args.common.device)?;
     let ns = (args.kernel_ms * 1e6).round() as u64;
-    let timed = args.op != Op::Kernel;
+    let wave_ns = (args.wave.as_nanos() as u64).max(1);
+    // Waves of resident blocks that make --kernel-ms, and the blocks of that many waves.
+    let blocks = (ns.div_ceil(wave_ns).max(1)
+        * u64::from(gpu.sm_count()? * jobs::BLOCK_SPIN_PER_SM))
+    .min(u64::from(i32::MAX as u32)) as u32;
+    let timed = !matches!(args.op, Op::Kernel | Op::Blocks);
     let bufs = if timed {
         let a = gpu.alloc(args.bytes, false)?;
         let b = if args.op == Op::Copy {
@@ -186,6 +200,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         config["kernel_ms"] = args.kernel_ms.into();
     }
+    if args.op == Op::Blocks {
+        config["blocks"] = blocks.into();
+        config["wave_us"] = (wave_ns as f64 / 1e3).into();
+    }
     rep.started(config.clone());
     let start = rep.start();
     let mut window = RateWindow::new(0.0, 0);
@@ -214,6 +232,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             match (args.op, &bufs) {
                 (Op::Memset, Some(b)) => gpu.memset(&b.a, 0xA5)?,
                 (Op::Copy, Some(Buffers { a, b: Some(b) })) => gpu.copy_on_device(b, a)?,
+                (Op::Blocks, _) => gpu.block_spin(wave_ns, blocks)?,
                 _ => gpu.spin(ns)?,
             }
             if let Some(s) = &slot.start {
