@@ -28,15 +28,9 @@ pub fn launch(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let Some((s, dev, d, opportunistic)) = counted() else {
-        return call();
-    };
-    s.launches()[dev].fetch_add(1, Relaxed);
-    if opportunistic {
-        let remote = crate::demote::remote_bytes(dev, key as CUfunction, params);
-        return crate::gate::launch(d, dev, key, remote, stream as usize, ptsz, call);
-    }
-    call()
+    seam(key, params, call, |d, dev, remote, call| {
+        crate::gate::launch(d, dev, key, remote, stream as usize, ptsz, call)
+    })
 }
 
 /// [`launch`] of a `cuLaunchKernel` (`g`: its geometry; `extra` its `extra` argument): an
@@ -54,25 +48,33 @@ pub fn launch_kernel(
     real_launch: impl Fn(usize, [u32; 3], *mut *mut std::ffi::c_void) -> CUresult,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    let (key, stream) = (f as usize, stream as usize);
+    seam(key, g.params, call, |d, dev, remote, call| {
+        if remote == 0 && extra.is_null() {
+            crate::gate::launch_kernel(d, dev, key, g, stream, ptsz, real_launch, call)
+        } else {
+            crate::gate::launch(d, dev, key, remote, stream, ptsz, call)
+        }
+    })
+}
+
+/// The seam itself: counts the launch (container and process), and hands an opportunistic
+/// process's to `gated` with its device's state, the device and the demoted bytes its
+/// parameters point into; production's runs `call` at once.
+#[inline(always)]
+fn seam<C: FnOnce() -> CUresult>(
+    key: usize,
+    params: *mut *mut std::ffi::c_void,
+    call: C,
+    gated: impl FnOnce(&'static DeviceState, usize, u64, C) -> CUresult,
+) -> CUresult {
     let Some((s, dev, d, opportunistic)) = counted() else {
         return call();
     };
     s.launches()[dev].fetch_add(1, Relaxed);
     if opportunistic {
-        let remote = crate::demote::remote_bytes(dev, f, g.params);
-        if remote == 0 && extra.is_null() {
-            return crate::gate::launch_kernel(
-                d,
-                dev,
-                f as usize,
-                g,
-                stream as usize,
-                ptsz,
-                real_launch,
-                call,
-            );
-        }
-        return crate::gate::launch(d, dev, f as usize, remote, stream as usize, ptsz, call);
+        let remote = crate::demote::remote_bytes(dev, key as CUfunction, params);
+        return gated(d, dev, remote, call);
     }
     call()
 }

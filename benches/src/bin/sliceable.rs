@@ -80,8 +80,15 @@ fn main() -> anyhow::Result<()> {
             }
         }
         println!("what the rewrite made of every (kernel, PTX module) pair: {by:?}");
-        for (name, defs) in found.iter().filter(|(n, _)| n.contains(text.as_str())).take(20) {
-            let archs: Vec<String> = defs.iter().map(|(a, s, st)| format!("{a}{}:{st:?}", if *s { "a" } else { "" })).collect();
+        for (name, defs) in found
+            .iter()
+            .filter(|(n, _)| n.contains(text.as_str()))
+            .take(20)
+        {
+            let archs: Vec<String> = defs
+                .iter()
+                .map(|(a, s, st)| format!("{a}{}:{st:?}", if *s { "a" } else { "" }))
+                .collect();
             println!("{name}: {}", archs.join(" "));
         }
         return Ok(());
