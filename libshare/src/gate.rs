@@ -374,7 +374,7 @@ pub fn launch_kernel(
     real_launch: impl Fn(usize, [u32; 3], *mut *mut std::ffi::c_void) -> CUresult,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let whole = |call| launch_with(d, dev, f, DEFAULT_EST, 0, stream, ptsz, call);
+    let whole = |call| launch(d, dev, f, 0, stream, ptsz, call);
     let bound_ns = match d.gate_at(now_ns()) {
         Gate::Run { in_flight_us, .. } if in_flight_us > 0 => u64::from(in_flight_us) * 1_000,
         _ => return whole(call),
