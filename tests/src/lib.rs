@@ -1056,6 +1056,7 @@ pub mod cgroups;
 pub mod containers;
 pub mod debian;
 pub mod dra_kubelet;
+pub mod house;
 pub mod kubelet;
 
 /// A `sharectl daemon` the test started (`target/release/sharectl`), killed with SIGKILL when
