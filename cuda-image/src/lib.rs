@@ -204,6 +204,58 @@ pub fn fatbin_ptx(fat: &[u8]) -> Result<Vec<PtxModule>> {
     Ok(out)
 }
 
+/// The PTX an image handed to the driver carries: a PTX text itself (architecture 0: it names
+/// its own target); for a fatbin or its wrapper, every PTX entry ([`fatbin_ptx`]); none for an
+/// ELF cubin or a text that is not PTX. Which one a device can use: [`PtxModule::best_for`].
+///
+/// # Safety
+/// As for [`parse_image`].
+pub unsafe fn image_ptx(ptr: *const u8) -> Result<Vec<PtxModule>> {
+    if ptr.is_null() {
+        return Err(ImageError::Null);
+    }
+    // SAFETY: caller contract.
+    let fat = match unsafe { head(ptr) }.map(u32::from_le_bytes) {
+        Some(FATBIN_WRAPPER_MAGIC) => {
+            // SAFETY: as in `parse_image_with`.
+            let data = unsafe { std::ptr::read_unaligned(ptr.add(8) as *const *const u8) };
+            if data.is_null() {
+                return Err(ImageError::Null);
+            }
+            // SAFETY: the wrapper's data points to a fatbin.
+            unsafe { fatbin_from_ptr(data)? }
+        }
+        // SAFETY: caller contract.
+        Some(FATBIN_MAGIC) => unsafe { fatbin_from_ptr(ptr)? },
+        Some(ELF_MAGIC) => return Ok(Vec::new()),
+        _ => {
+            // SAFETY: not a binary image, so per the contract a NUL-terminated text.
+            let text = unsafe { std::ffi::CStr::from_ptr(ptr as *const std::ffi::c_char) };
+            let text = text.to_bytes();
+            return Ok(match std::str::from_utf8(text) {
+                Ok(t) if looks_like_ptx(text) => vec![PtxModule {
+                    arch: 0,
+                    text: t.to_owned(),
+                }],
+                _ => Vec::new(),
+            });
+        }
+    };
+    fatbin_ptx(fat)
+}
+
+impl PtxModule {
+    /// Of `modules`, the one a device of compute capability `sm` (major × 10 + minor) would
+    /// JIT: the highest virtual architecture not above `sm` (a PTX text, architecture 0,
+    /// always fits).
+    pub fn best_for(modules: &[PtxModule], sm: u32) -> Option<&PtxModule> {
+        modules
+            .iter()
+            .filter(|m| m.arch <= sm)
+            .max_by_key(|m| m.arch)
+    }
+}
+
 /// The fatbins a host ELF (a program or shared library nvcc linked) embeds in its `.nv_fatbin`
 /// section, in order (each starts with its header; the padding between them is skipped). A file
 /// without that section has none.

@@ -454,3 +454,55 @@ fn host_fatbins_reads_nothing_from_an_elf_without_the_section_and_rejects_other_
     assert!(host_fatbins(K_PTX).is_err());
     assert!(host_fatbins(b"").is_err());
 }
+
+#[test]
+fn the_ptx_an_image_carries_for_a_device() {
+    // A fatbin with compute_80 PTX: a device of 8.0 or newer can JIT it, a 7.5 cannot.
+    for fat in [K_FATBIN, K_FATBIN_ZSTD] {
+        // SAFETY: a fatbin in a live static.
+        let mods = unsafe { image_ptx(fat.as_ptr()) }.unwrap();
+        assert_eq!(mods, fatbin_ptx(fat).unwrap());
+        let for90 = PtxModule::best_for(&mods, 90).expect("PTX for 9.0");
+        assert!(for90.arch == 80 && for90.text.contains(".entry"));
+        assert_eq!(PtxModule::best_for(&mods, 75), None);
+        // Through the wrapper cudart registers (magic, version, data, filename).
+        let mut w = FATBIN_WRAPPER_MAGIC.to_le_bytes().to_vec();
+        w.extend_from_slice(&1u32.to_le_bytes());
+        w.extend_from_slice(&(fat.as_ptr() as usize).to_le_bytes());
+        w.extend_from_slice(&0usize.to_le_bytes());
+        // SAFETY: a wrapper pointing at a live fatbin.
+        assert_eq!(unsafe { image_ptx(w.as_ptr()) }.unwrap(), mods);
+    }
+    // The highest architecture that fits wins.
+    let two = [
+        PtxModule {
+            arch: 90,
+            text: "b".into(),
+        },
+        PtxModule {
+            arch: 70,
+            text: "a".into(),
+        },
+        PtxModule {
+            arch: 120,
+            text: "c".into(),
+        },
+    ];
+    assert_eq!(PtxModule::best_for(&two, 100).unwrap().arch, 90);
+    assert_eq!(PtxModule::best_for(&two, 80).unwrap().arch, 70);
+    // A cubin carries none; PTX text is itself (architecture 0); other text is not PTX.
+    // SAFETY: live statics / NUL-terminated locals.
+    assert!(unsafe { image_ptx(K_CUBIN_SM80.as_ptr()) }
+        .unwrap()
+        .is_empty());
+    let text = [K_PTX, b"\0"].concat();
+    // SAFETY: a NUL-terminated PTX text.
+    let ptx = unsafe { image_ptx(text.as_ptr()) }.unwrap();
+    assert_eq!((ptx[0].arch, ptx[0].text.as_bytes()), (0, K_PTX));
+    // SAFETY: a NUL-terminated text.
+    assert!(unsafe { image_ptx(c"hello".as_ptr().cast()) }
+        .unwrap()
+        .is_empty());
+    // SAFETY: NULL is refused before any read.
+    assert!(unsafe { image_ptx(std::ptr::null()) }.is_err());
+}

@@ -673,6 +673,27 @@ mod tests {
         ),
         ("cuModuleLoadDataEx", 2000, false, None),
         ("cuModuleUnload", 2000, false, Some("cuModuleUnload")),
+        (
+            "cuModuleLoadFatBinary",
+            2000,
+            false,
+            Some("cuModuleLoadFatBinary"),
+        ),
+        ("cuLibraryLoadData", 12000, false, Some("cuLibraryLoadData")),
+        ("cuLibraryLoadData", 11080, false, None),
+        ("cuLibraryUnload", 12000, false, Some("cuLibraryUnload")),
+        (
+            "cuLibraryGetKernel",
+            12000,
+            false,
+            Some("cuLibraryGetKernel"),
+        ),
+        (
+            "cuKernelGetFunction",
+            12000,
+            true,
+            Some("cuKernelGetFunction"),
+        ),
     ];
 
     #[test]

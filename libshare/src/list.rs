@@ -35,10 +35,16 @@ macro_rules! driver_hooks {
     wrap cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph::<false>;
     wrap cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph::<true>;
 
-    // Modules loaded from PTX: kept for kernel slicing (`slicing.rs`).
+    // Modules and libraries whose image carries PTX (PTX text, or a fatbin with a PTX entry):
+    // kept for kernel slicing (`slicing.rs`), with the kernels a library hands out.
     wrap cuModuleLoadData(module: *mut CUmodule, image: *const c_void) => slicing::load_data;
     wrap cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, n: c_uint, options: *mut c_uint, values: *mut *mut c_void) => slicing::load_data_ex;
+    wrap cuModuleLoadFatBinary(module: *mut CUmodule, image: *const c_void) => slicing::load_data;
     wrap cuModuleUnload(module: CUmodule) => slicing::unload;
+    wrap cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut c_uint, jit_values: *mut *mut c_void, n_jit: c_uint, library_options: *mut c_uint, library_values: *mut *mut c_void, n_library: c_uint) => slicing::library_load_data;
+    wrap cuLibraryUnload(library: CUlibrary) => slicing::unload;
+    wrap cuLibraryGetKernel(kernel: *mut CUkernel, library: CUlibrary, name: *const c_char) => slicing::library_get_kernel;
+    wrap cuKernelGetFunction(f: *mut CUfunction, kernel: CUkernel) => slicing::kernel_get_function;
 
     // Memsets and device-to-device copies: counted and gated as launches (`transfer.rs`).
     wrap cuMemsetD8(d: u32, uc: u8, n: c_uint) => transfer::memset_v1::<1>;

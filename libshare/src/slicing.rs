@@ -4,12 +4,19 @@
 //! for one range instead of the whole kernel. The gate (`gate::launch_kernel`) decides when;
 //! this module knows which kernels can and holds their sliced entries.
 //!
-//! Where the PTX comes from: the image of a `cuModuleLoadData`/`cuModuleLoadDataEx` that is PTX
-//! text (what the driver compiles itself: NVRTC's output, programs that embed PTX), copied when
-//! the process is opportunistic and slicing is on (`LIBSHARE_SLICING`, default on); the program
-//! may free its buffer. Cubins and fatbins are not read: their kernels go whole and are counted
-//! `unsliced` when they would have been cut (PyTorch's and cuBLAS's kernels are cubins only:
-//! BENCHMARKS.md, "Kernel slicing").
+//! Where the PTX comes from: the image of a `cuModuleLoadData`/`cuModuleLoadDataEx`/
+//! `cuModuleLoadFatBinary` or a `cuLibraryLoadData` (cudart's path since CUDA 12: every fatbin
+//! a program registers) that is PTX text (NVRTC's output, programs that embed PTX) or a fatbin
+//! (or cudart's wrapper of one) with PTX entries (nvcc keeps the PTX of each `compute_XX` it
+//! was asked for; its default keeps one), read by `cuda_image::image_ptx` and copied when the
+//! process is opportunistic and slicing is on (`LIBSHARE_SLICING`, default on); the program
+//! may free its buffer. The slice module is built from the PTX of the highest architecture the
+//! device can JIT; where the driver runs a cubin of the same source for the whole kernel, the
+//! ranges run that PTX's code (the same program, compiled again). Cubins alone are not read:
+//! their kernels go whole and are counted `unsliced` when they would have been cut (PyTorch's
+//! and cuBLAS's kernels are cubins only for A100/H100: BENCHMARKS.md, "Kernel slicing"). A
+//! library's kernel is known by the handle `cuLibraryGetKernel` gave (cudart launches it as
+//! the function) or `cuKernelGetFunction` made of it; `cuLibraryLoadFromFile` is not read.
 //!
 //! The slice module is built once per module, the first time one of its kernels is to be cut:
 //! the PTX rewritten, loaded with the real `cuModuleLoadData` in the current context (the one the
@@ -26,10 +33,11 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void, CStr, CString};
 use std::sync::Mutex;
 
+use cuda_image::PtxModule;
 use libshare_abi::Class;
 use libshare_slice::{rewrite, Outcome};
 
-use crate::boundary::{rc, Out, R};
+use crate::boundary::{rc, CStrArg, Out, R};
 use crate::driver::real;
 use crate::per_process::PerProcess;
 use crate::types::*;
@@ -43,8 +51,8 @@ pub struct Sliced {
 }
 
 enum Module {
-    /// The PTX it was loaded from; no slice module yet.
-    Ptx(Box<str>),
+    /// The PTX its image carried (one text, or a fatbin's entries); no slice module yet.
+    Ptx(Vec<PtxModule>),
     /// Its slice module (loaded) and each sliced kernel by name.
     Built {
         slices: usize,
@@ -56,9 +64,14 @@ enum Module {
 
 #[derive(Default)]
 struct Slicer {
+    /// By module or library handle.
     modules: HashMap<usize, Module>,
-    /// Each function asked about: its module, and its sliced entry (None: it goes whole).
+    /// Each function asked about: its module or library, and its sliced entry (None: it goes
+    /// whole).
     functions: HashMap<usize, (usize, Option<Sliced>)>,
+    /// The kernels libraries handed out (`cuLibraryGetKernel`, and the functions
+    /// `cuKernelGetFunction` made of them): their library and name.
+    kernels: HashMap<usize, (usize, String)>,
 }
 
 static SLICER: PerProcess<Mutex<Slicer>> = PerProcess::new();
@@ -69,42 +82,13 @@ fn wanted() -> bool {
         .is_some_and(|s| s.cfg.slicing && s.account.state.header().class() == Class::Opportunistic)
 }
 
-/// The PTX text an image is, if it is one: not a fatbin, its wrapper or an ELF cubin (their
-/// first four bytes), then NUL-terminated text that declares a `.version`.
+/// Records the PTX of a module or library just loaded, when this process's kernels may be
+/// sliced.
 ///
 /// # Safety
-/// `image` is what `cuModuleLoadData` accepts: a fatbin, its wrapper, a cubin or a
-/// NUL-terminated PTX text, readable.
-unsafe fn ptx_text(image: *const c_void) -> Option<Box<str>> {
-    if image.is_null() {
-        return None;
-    }
-    let p = image as *const u8;
-    let mut head = [0u8; 4];
-    for (i, b) in head.iter_mut().enumerate() {
-        // SAFETY: the bytes before were not NUL, so the image goes on (a text to its NUL, a
-        // binary image for at least its 4-byte magic).
-        *b = unsafe { *p.add(i) };
-        if *b == 0 {
-            break;
-        }
-    }
-    const MAGICS: [u32; 3] = [0xBA55_ED50, 0x4662_43b1, 0x464c_457f];
-    if MAGICS.contains(&u32::from_le_bytes(head)) {
-        return None;
-    }
-    // SAFETY: not a binary image, so a NUL-terminated text (the function's contract).
-    let text = unsafe { CStr::from_ptr(image as *const c_char) }
-        .to_str()
-        .ok()?;
-    text.contains(".version").then(|| text.into())
-}
-
-/// Records the PTX of a module just loaded, when this process's kernels may be sliced.
-///
-/// # Safety
-/// As for [`ptx_text`].
-unsafe fn note_load(module: Option<CUmodule>, image: *const c_void) {
+/// `image` is what `cuModuleLoadData` accepts (a fatbin, its wrapper, a cubin or a
+/// NUL-terminated PTX text), readable: `cuda_image::image_ptx`'s contract.
+unsafe fn note_load(module: Option<*mut c_void>, image: *const c_void) {
     let Some(module) = module.filter(|m| !m.is_null()) else {
         return;
     };
@@ -112,7 +96,10 @@ unsafe fn note_load(module: Option<CUmodule>, image: *const c_void) {
         return;
     }
     // SAFETY: this fn's contract.
-    if let Some(ptx) = unsafe { ptx_text(image) } {
+    let Ok(ptx) = (unsafe { cuda_image::image_ptx(image as *const u8) }) else {
+        return;
+    };
+    if !ptx.is_empty() {
         let mut s = SLICER.lock();
         forget(&mut s, module as usize);
         s.modules.insert(module as usize, Module::Ptx(ptx));
@@ -148,7 +135,67 @@ pub fn load_data_ex(
     Ok(())
 }
 
-pub fn unload(call: impl FnOnce() -> CUresult, module: CUmodule) -> R {
+#[allow(clippy::not_unsafe_ptr_arg_deref)] // as for `load_data`
+#[allow(clippy::too_many_arguments)] // the driver's
+pub fn library_load_data(
+    call: impl FnOnce() -> CUresult,
+    library: Out<CUlibrary>,
+    code: *const c_void,
+    _jit_options: Out<c_uint>,
+    _jit_values: Out<*mut c_void>,
+    _n_jit: c_uint,
+    _library_options: Out<c_uint>,
+    _library_values: Out<*mut c_void>,
+    _n_library: c_uint,
+) -> R {
+    rc(call())?;
+    // SAFETY: the driver accepted `code` as a library image (it just loaded it).
+    unsafe { note_load(library.get(), code) };
+    Ok(())
+}
+
+/// A kernel of a library this shim kept the PTX of: remembered with its name.
+pub fn library_get_kernel(
+    call: impl FnOnce() -> CUresult,
+    kernel: Out<CUkernel>,
+    library: CUlibrary,
+    name: CStrArg,
+) -> R {
+    rc(call())?;
+    if !wanted() {
+        return Ok(());
+    }
+    if let (Some(k), Some(name)) = (kernel.get(), name.to_str()) {
+        let mut s = SLICER.lock();
+        if s.modules.contains_key(&(library as usize)) {
+            s.kernels
+                .insert(k as usize, (library as usize, name.to_owned()));
+        }
+    }
+    Ok(())
+}
+
+/// The function made of a kernel the shim knows is that kernel.
+pub fn kernel_get_function(
+    call: impl FnOnce() -> CUresult,
+    f: Out<CUfunction>,
+    kernel: CUkernel,
+) -> R {
+    rc(call())?;
+    if !wanted() {
+        return Ok(());
+    }
+    if let Some(f) = f.get() {
+        let mut s = SLICER.lock();
+        if let Some(known) = s.kernels.get(&(kernel as usize)).cloned() {
+            s.kernels.insert(f as usize, known);
+        }
+    }
+    Ok(())
+}
+
+/// `cuModuleUnload` and `cuLibraryUnload`: the handle's PTX and slice module are forgotten.
+pub fn unload(call: impl FnOnce() -> CUresult, module: *mut c_void) -> R {
     let r = rc(call());
     if r.is_ok() {
         forget(&mut SLICER.lock(), module as usize);
@@ -165,6 +212,7 @@ fn forget(s: &mut Slicer, module: usize) {
         }
     }
     s.functions.retain(|_, (m, _)| *m != module);
+    s.kernels.retain(|_, (m, _)| *m != module);
 }
 
 /// The sliced entry of function `f`, if it has one (building its module's slice module the
@@ -174,7 +222,10 @@ pub fn sliced(f: usize) -> Option<Sliced> {
     if let Some((_, known)) = s.functions.get(&f) {
         return *known;
     }
-    let (module, name) = identify(f)?;
+    let (module, name) = match s.kernels.get(&f) {
+        Some(known) => known.clone(),
+        None => identify(f)?,
+    };
     let found = match s.modules.get_mut(&module) {
         None => None,
         Some(m) => {
@@ -223,9 +274,28 @@ fn identify(f: usize) -> Option<(usize, String)> {
     }
 }
 
-/// The slice module of `ptx`, loaded in the current context, or `Whole`.
-fn build(ptx: &str) -> Module {
-    let Ok(r) = rewrite(ptx) else {
+/// The compute capability (major × 10 + minor) of the current context's device.
+fn current_sm() -> Option<u32> {
+    const MAJOR: c_uint = 75; // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    const MINOR: c_uint = 76;
+    let (ctx_device, attribute) = (real().cuCtxGetDevice?, real().cuDeviceGetAttribute?);
+    let (mut dev, mut major, mut minor): (CUdevice, i32, i32) = (0, 0, 0);
+    // SAFETY: live out-pointers of the written types.
+    unsafe {
+        (ctx_device(&mut dev) == CUDA_SUCCESS
+            && attribute(&mut major, MAJOR, dev) == CUDA_SUCCESS
+            && attribute(&mut minor, MINOR, dev) == CUDA_SUCCESS)
+            .then(|| (major * 10 + minor) as u32)
+    }
+}
+
+/// The slice module of the PTX the current context's device can JIT, loaded in that
+/// context, or `Whole`.
+fn build(ptx: &[PtxModule]) -> Module {
+    let Some(ptx) = current_sm().and_then(|sm| PtxModule::best_for(ptx, sm)) else {
+        return Module::Whole;
+    };
+    let Ok(r) = rewrite(&ptx.text) else {
         return Module::Whole;
     };
     let (Some(load), Some(get)) = (real().cuModuleLoadData, real().cuModuleGetFunction) else {

@@ -319,22 +319,30 @@ pub fn compile_driver_c(source: &str) -> PathBuf {
     })
 }
 
-/// Compiles a `.cu` program from `tests/cuda/` with the CUDA 13.5 nvcc for sm_80.
+/// Compiles a `.cu` program from `tests/cuda/` with the CUDA 13.5 nvcc for sm_80 (nvcc's
+/// `-arch=sm_80`: the sm_80 cubin and the compute_80 PTX in its fatbin).
 /// Output: `target/cuda-tests/<stem>-<shared|static>`.
 pub fn compile_cu(source: &str, link: CudartLink) -> PathBuf {
+    compile_cu_for(source, link, "", &["-arch=sm_80"])
+}
+
+/// [`compile_cu`] with other code in the fatbin: `targets` are nvcc's flags for it (e.g.
+/// `-gencode=arch=compute_80,code=sm_80`: the cubin alone), `tag` names the variant.
+/// Output: `target/cuda-tests/<stem>-<shared|static><tag>`.
+pub fn compile_cu_for(source: &str, link: CudartLink, tag: &str, targets: &[&str]) -> PathBuf {
     let src = cuda_source(source);
     let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
     let variant = match link {
         CudartLink::Shared => "shared",
         CudartLink::Static => "static",
     };
-    let out = cuda_tests_dir().join(format!("{stem}-{variant}"));
+    let out = cuda_tests_dir().join(format!("{stem}-{variant}{tag}"));
     let nvcc = nvcc();
     let lib_dir = Cudart::V13.lib_dir();
     cache_path("cu13/nvidia/cu13/lib/libcudart.so");
     build_cached(&[&src, &cuda_source("check.h")], &out, |tmp| {
         let mut cmd = Command::new(&nvcc);
-        cmd.args(["-arch=sm_80", "-O2"]);
+        cmd.args(targets).arg("-O2");
         if link == CudartLink::Shared {
             cmd.args(["-cudart", "shared"]);
         }

@@ -3,13 +3,14 @@
 //! --op blocks`: waves of blocks) has them cut into block ranges of about the latency budget, and
 //! gets far more of the GPU than when they go whole (held, as kernels longer than production's
 //! gaps are), with production's requests as bounded; a 10 ms kernel of one block cannot be cut,
-//! goes whole and is counted `unsliced`; `LIBSHARE_SLICING=off` turns it off, and a bad value is
-//! one line.
+//! goes whole and is counted `unsliced`; a cudart program's kernels are cut through the PTX
+//! its fatbin carries (`cuLibraryLoadData`), and go whole, counted, when it carries cubins only;
+//! `LIBSHARE_SLICING=off` turns it off, and a bad value is one line.
 //!
 //! The observables are the containers' shared words (`libshare_abi::State`: `gpu_ns`, `sliced`,
 //! `unsliced`) and the production job's own per-request trace; simgpu's own state is not used.
 
-use libshare_tests::{artifacts, describe, Daemon, SimGpu};
+use libshare_tests::{artifacts, compile_cu_for, describe, CudartLink, Daemon, SimGpu};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
 
@@ -62,9 +63,27 @@ fn percentile(xs: &[f64], p: f64) -> f64 {
     xs[((xs.len() - 1) as f64 * p / 100.0).round() as usize]
 }
 
+/// An opportunistic cudart program (`tests/cuda/rt_spin.cu`, built with nvcc's `targets`):
+/// 10 ms kernels of waves of blocks for 4 s, launched by cudart from its registered fatbin.
+fn rt_spin(gpu: &SimGpu, tag: &str, targets: &[&str]) -> libshare_tests::Running {
+    let program = compile_cu_for("rt_spin.cu", CudartLink::Shared, tag, targets);
+    let mut cmd = gpu.command(program);
+    // simgpu's default wave is 10 us: 1000 waves make 10 ms.
+    cmd.args(["4", "10", "10"])
+        .env("LIBSHARE_CONTAINER", "opp")
+        .env("LIBSHARE_CLASS", "opportunistic");
+    gpu.spawn(cmd)
+}
+
 /// One run: production for 6 s, the opportunistic job from 1.5 s for 4 s. Returns the job's
 /// container's (gpu_ns, sliced, unsliced) and production's latencies beside it.
 fn run(op: &str, slicing: &str) -> ((u64, u64, u64), Vec<f64>) {
+    run_beside_production(|gpu| saturate(gpu, "opp", op, slicing))
+}
+
+fn run_beside_production(
+    job: impl FnOnce(&SimGpu) -> libshare_tests::Running,
+) -> ((u64, u64, u64), Vec<f64>) {
     let gpu = SimGpu::new().with_shim();
     let _daemon = Daemon::start(&gpu.shim_state_dir(), &["--latency-budget", "2ms"]);
     let prod = infer(&gpu, 6.0);
@@ -73,8 +92,7 @@ fn run(op: &str, slicing: &str) -> ((u64, u64, u64), Vec<f64>) {
         prod_state.device(0).launches.load(Acquire) > 40
     })
     .expect("production's first requests");
-    let job = saturate(&gpu, "opp", op, slicing);
-    let out = job.finish();
+    let out = job(&gpu).finish();
     assert!(out.status.success(), "{}", describe(&out));
     let st = gpu.wait_container_state("opp");
     let d = st.device(0);
@@ -119,6 +137,27 @@ fn long_kernels_run_as_block_ranges_beside_production_and_take_more_of_the_gpu()
         p99 <= 2.0 * p99_whole.max(4.0) + 4.0,
         "production's p99 beside cut kernels {p99:.1} ms, beside whole ones {p99_whole:.1} ms"
     );
+}
+
+#[test]
+fn a_cudart_programs_kernels_are_cut_through_the_ptx_its_fatbin_carries() {
+    // nvcc's -arch=sm_80: the sm_80 cubin (what the driver runs whole) and the compute_80 PTX
+    // (what the shim cuts), registered by cudart through cuLibraryLoadData.
+    let ((gpu_ns, sliced, unsliced), _) =
+        run_beside_production(|gpu| rt_spin(gpu, "", &["-arch=sm_80"]));
+    println!("cudart, cubin + PTX: {sliced} cut, {unsliced} whole, {gpu_ns} ns of GPU");
+    assert!(sliced > 10, "only {sliced} launches were cut");
+    assert_eq!(unsliced, 0, "every long launch had a sliced entry");
+}
+
+#[test]
+fn a_cudart_program_with_cubins_only_goes_whole_counted_unsliced() {
+    let ((gpu_ns, sliced, unsliced), _) = run_beside_production(|gpu| {
+        rt_spin(gpu, "-sm80", &["-gencode=arch=compute_80,code=sm_80"])
+    });
+    println!("cudart, cubin only: {sliced} cut, {unsliced} whole, {gpu_ns} ns of GPU");
+    assert_eq!(sliced, 0, "no PTX, nothing to cut");
+    assert!(unsliced > 0, "the long kernels that went whole are counted");
 }
 
 #[test]
