@@ -35,7 +35,7 @@ struct Cli {
 enum Command {
     /// A production and an opportunistic job sharing the GPU (simgpu when there is none) under the
     /// shim, with live throughput and per-container memory.
-    Demo(demo::DemoArgs),
+    Demo(commands::demo::DemoArgs),
     /// Sharing scenarios (issue 9) under every policy: one result line per scenario and policy.
     Bench(bench::BenchArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
@@ -118,7 +118,7 @@ fn main() -> ExitCode {
         sigpipe(false);
     }
     let result = match cli.command {
-        Command::Demo(args) => demo::run(args),
+        Command::Demo(args) => commands::demo::run(args),
         Command::Status(args) => commands::status::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),

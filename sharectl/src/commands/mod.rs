@@ -2,6 +2,7 @@
 //! struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
 
 pub mod daemon;
+pub mod demo;
 pub mod gpu_check;
 pub mod health;
 pub mod set;
