@@ -1,5 +1,5 @@
-//! The daemon, admin and node-view commands (`status`, `top`), `bench`, `demo` and `gpu-check`: each an `Args`
-//! struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
+//! The daemon, admin and node-view commands (`status`, `top`), `bench`, `demo` and `gpu-check`:
+//! each an `Args` struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
 
 pub mod bench;
 pub mod daemon;
