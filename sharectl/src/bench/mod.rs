@@ -236,6 +236,9 @@ pub fn run(args: Options) -> anyhow::Result<()> {
             out.failed
         );
     }
+    if !out.skipped.is_empty() {
+        bail!("{} skipped: see the line above", out.skipped.join(", "));
+    }
     Ok(())
 }
 
@@ -296,6 +299,8 @@ struct Output {
     plot: Option<PathBuf>,
     /// Rows that are errors.
     failed: usize,
+    /// Scenarios that could not run here (S8 without PyTorch).
+    skipped: Vec<&'static str>,
 }
 
 /// Prints a line; a closed stdout is ignored (the runs still clean up after themselves).
@@ -329,6 +334,7 @@ impl Output {
             format,
             plot: args.plot.clone(),
             failed: 0,
+            skipped: Vec::new(),
         }
     }
 
@@ -380,6 +386,13 @@ impl Output {
                 notes.join(", ")
             ));
         }
+    }
+
+    /// A scenario that cannot run here: one line on stderr instead of its rows (the others
+    /// still run; the exit code is 1).
+    fn skip(&mut self, scenario: &'static str, why: &str) {
+        eprintln!("sharectl bench: {scenario} skipped: {why}");
+        self.skipped.push(scenario);
     }
 
     fn error(&mut self, scenario: &str, policy: Policy, e: &anyhow::Error) {

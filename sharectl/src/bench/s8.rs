@@ -2,6 +2,7 @@
 
 use super::exec::{Class, Cpus, JobSpec, RunRecord, RunSpec, Setup};
 use super::latency::latencies;
+use super::python;
 use super::{
     for_policies, metrics, num, opt, production_in, row, run_policy, window, CpuLayout, Ctx,
     Output, Policy,
@@ -74,6 +75,10 @@ pub(super) fn s8_env() -> Vec<(String, std::ffi::OsString)> {
 /// `cpus=shared` rows (`native` and `libshare`, with their own solo run) show that contention
 /// apart from the GPU's.
 pub(super) fn s8(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+    if let Err(why) = python::check_torch(&ctx.bench.python) {
+        out.skip("S8", &why);
+        return Ok(());
+    }
     match ctx.cpus {
         CpuLayout::ByClass => s8_with(ctx, out, Cpus::ByClass, ctx.policies)?,
         CpuLayout::Shared => s8_with(ctx, out, Cpus::Shared, ctx.policies)?,
