@@ -53,7 +53,7 @@ pub fn run(args: Options) -> anyhow::Result<()> {
         out,
         daemon: std::cell::Cell::new(false),
     };
-    out.intro(&gpu, &shim, &args);
+    out.intro(&gpu, &shim, args.duration);
 
     out.phase_header(1, if demo.shim.is_some() { 3 } else { 2 }, args.duration);
     let solo = demo.phase(None)?;

@@ -1,6 +1,5 @@
 //! The demo's output: its intro, live lines, phase results and summary, as text or JSON lines.
 
-use super::run::Options;
 use super::{
     Container, Grow, NoShim, OppRate, PhaseResult, Shim, BATCH, GROW, GROW_BYTES, OPPORTUNISTIC,
     OPPORTUNISTIC_GPU_MS, OPPORTUNISTIC_KERNELS, PROD, PRODUCTION, PRODUCTION_GPU_MS,
@@ -105,7 +104,7 @@ impl Output {
         say!("{v}");
     }
 
-    pub(super) fn intro(&self, gpu: &Gpu, shim: &Result<Shim, NoShim>, args: &Options) {
+    pub(super) fn intro(&self, gpu: &Gpu, shim: &Result<Shim, NoShim>, secs: f64) {
         let gpu_json = match gpu {
             Gpu::Real { description } => json!({"kind": "real", "description": description}),
             Gpu::Sim { lib_dir, state } => json!({
@@ -135,7 +134,7 @@ impl Output {
                 "event": "start",
                 "gpu": gpu_json,
                 "libshare": libshare,
-                "duration_s": args.duration,
+                "duration_s": secs,
                 "production": cmdline(Train::BIN, &PRODUCTION.args()),
                 "production_container": container_json(PROD),
                 "opportunistic": cmdline(Train::BIN, &OPPORTUNISTIC.args()),
