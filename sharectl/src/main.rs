@@ -35,9 +35,9 @@ struct Cli {
 enum Command {
     /// A production and an opportunistic job sharing the GPU (simgpu when there is none) under the
     /// shim, with live throughput and per-container memory.
-    Demo(demo::DemoArgs),
+    Demo(commands::demo::DemoArgs),
     /// Sharing scenarios (issue 9) under every policy: one result line per scenario and policy.
-    Bench(bench::BenchArgs),
+    Bench(commands::bench::BenchArgs),
     /// What every container holds: memory used/quota/peak per GPU, class, processes.
     Status(commands::status::StatusArgs),
     /// The node daemon: steers every container's GPU gate each period until SIGTERM.
@@ -118,9 +118,9 @@ fn main() -> ExitCode {
         sigpipe(false);
     }
     let result = match cli.command {
-        Command::Demo(args) => demo::run(args),
+        Command::Demo(args) => commands::demo::run(args),
         Command::Status(args) => commands::status::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => commands::bench::run(args),
         Command::Daemon(args) => commands::daemon::run(args),
         Command::Set(args) => commands::set::run(args),
         Command::Get(args) => commands::set::get_or_reset(args, false),

@@ -1,7 +1,9 @@
-//! The daemon, admin and node-view commands (`status`, `top`), and `gpu-check`: each an `Args`
-//! struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
+//! The daemon, admin and node-view commands (`status`, `top`), `bench`, `demo` and `gpu-check`:
+//! each an `Args` struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
 
+pub mod bench;
 pub mod daemon;
+pub mod demo;
 pub mod gpu_check;
 pub mod health;
 pub mod set;

@@ -14,7 +14,9 @@
 mod calibrate;
 mod checks;
 mod measures;
+mod quota;
 pub mod report;
+mod resolution;
 mod runner;
 
 use crate::platform::StateDir;
@@ -89,35 +91,35 @@ pub const PLAN: &[Plan] = &[
         what: "under the shim, every entry point of the CUDA 12.9/13.5 API list through cuGetProcAddress_v2 (8 versions, default and per-thread) and every export through dlsym gives the symbol the driver gives, as a hook or passed through",
         gpu_only: "which versions and symbols NVIDIA's driver hands out (simgpu's table is built from the same list the shim is checked against)",
         max_s: 120,
-        run: checks::resolution,
+        run: resolution::resolution,
     },
     Plan {
         name: "quota_paths",
         what: "an allocation through each way of reaching the driver (exports, dlsym, cuGetProcAddress v1, v2, v2 per-thread) is charged: a second 600 MiB over a 1 GiB quota is refused",
         gpu_only: "that NVIDIA's driver returns what the shim wraps on every path",
         max_s: 90,
-        run: checks::quota_paths,
+        run: quota::quota_paths,
     },
     Plan {
         name: "quota_kinds",
         what: "each allocation kind (cuMemAlloc, pitched, managed, stream-ordered, VMM, arrays) is charged, refused past a 256 MiB quota and returned on free; pinned host memory is not charged; without the shim the driver grants the same",
         gpu_only: "the driver's own sizes and pool behaviour for each kind (the shim charges what it asked)",
         max_s: 60,
-        run: checks::quota_kinds,
+        run: quota::quota_kinds,
     },
     Plan {
         name: "views",
         what: "under a 1 GiB quota, cuMemGetInfo and NVML's nvmlDeviceGetMemoryInfo report the same total, free and used",
         gpu_only: "NVML's view beside the real driver's (reserved memory, the context's own)",
         max_s: 45,
-        run: checks::views,
+        run: quota::views,
     },
     Plan {
         name: "kill9",
         what: "kill -9 of a job holding 300 MiB returns it to its container's quota (the next process of the container sees it free)",
         gpu_only: "that the driver frees a killed process's memory at once (NVML's used, before and after); simgpu frees it when the next process registers",
         max_s: 60,
-        run: checks::kill9,
+        run: quota::kill9,
     },
     Plan {
         name: "gate",

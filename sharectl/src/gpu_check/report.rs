@@ -376,6 +376,13 @@ fn fmt(v: Option<f64>) -> String {
 }
 
 /// Writes `path` through a temporary file and a rename: a reader never sees half a report.
+///
+/// Not `libshare_abi::fsafe::write_atomic`, the checked writer of libshare's own host files: its
+/// walk from `/` refuses a directory writable by group or others (a team's `2775` directory, a
+/// umask of 002) and one owned by another user than us or root (`sudo sharectl gpu-check
+/// ~alice/out` stops at `/home/alice`), and follows no symlink that root does not own. OUT_DIR is
+/// the operator's own choice and `logs/` beside these files is written plainly, so those checks
+/// would refuse directories the rest of the run uses.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
