@@ -11,7 +11,7 @@ use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
 use crate::settings::{node_devices, Settings, SettingsError};
 use libshare_abi::admin::{
-    check_quota, valid_container_name, ContainerReport, DeviceReport, Request, Response, SetRequest,
+    ContainerReport, DeviceReport, Request, RequestError, Response, SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
 use libshare_abi::units::format_size;
@@ -26,18 +26,9 @@ use std::sync::{Arc, Mutex};
 pub enum AdminError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("\"{}\" is not a container name ({NAME_RULE})", libshare_abi::names::escape(.0))]
-    BadName(String),
-    #[error("nothing to set: give --class, --memory, --compute, --weight or --oversubscribe")]
-    NothingToSet,
-    #[error("device {0} does not exist (devices are 0..{max})", max = MAX_DEVICES - 1)]
-    DeviceOutOfRange(u32),
-    #[error("device {device} does not exist: this node has {have} GPU(s)")]
-    NoSuchDevice { device: u32, have: usize },
-    #[error("{0}")]
-    QuotaTooSmall(String),
-    #[error("a compute share is between 0% and 100%")]
-    ComputeShare,
+    /// The request as it stands ([`Request::validate`], the same check `sharectl` makes).
+    #[error(transparent)]
+    Invalid(#[from] RequestError),
     #[error(
         "a quota of {} is above device {device}'s memory ({}); an opportunistic container may exceed it with --oversubscribe",
         format_size(*.quota),
@@ -187,34 +178,8 @@ impl AdminService {
         Ok(r)
     }
 
+    /// `set` of a request [`Request::validate`] passed.
     fn set(&self, q: SetRequest) -> Result<ContainerReport, AdminError> {
-        if q.class.is_none()
-            && q.memory.is_none()
-            && q.compute.is_none()
-            && q.weight.is_none()
-            && q.oversubscribe.is_none()
-        {
-            return Err(AdminError::NothingToSet);
-        }
-        if let Some(d) = q.device {
-            if d as usize >= MAX_DEVICES {
-                return Err(AdminError::DeviceOutOfRange(d));
-            }
-            if let Some(t) = &self.totals {
-                if d as usize >= t.len() {
-                    return Err(AdminError::NoSuchDevice {
-                        device: d,
-                        have: t.len(),
-                    });
-                }
-            }
-        }
-        if let Some(m) = q.memory {
-            check_quota(m).map_err(AdminError::QuotaTooSmall)?;
-        }
-        if q.compute.is_some_and(|c| c > 10_000) {
-            return Err(AdminError::ComputeShare);
-        }
         let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let mut s = settings.get(&q.container).cloned().unwrap_or_default();
         // A container that may oversubscribe limits a footprint of managed memory, which may
@@ -286,20 +251,10 @@ impl AdminService {
     }
 
     fn answer(&self, req: Request) -> Result<ContainerReport, AdminError> {
-        let named = |name: &str| {
-            if valid_container_name(name) {
-                Ok(())
-            } else {
-                Err(AdminError::BadName(name.to_string()))
-            }
-        };
+        req.validate(self.totals.as_ref().map(Vec::len))?;
         match req {
-            Request::Set(q) => {
-                named(&q.container)?;
-                self.set(q)
-            }
+            Request::Set(q) => self.set(q),
             Request::Get { container } => {
-                named(&container)?;
                 let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
                 let r = self.report(&container, &settings)?;
                 if !r.present && settings.get(&container).is_none() {
@@ -307,10 +262,7 @@ impl AdminService {
                 }
                 Ok(r)
             }
-            Request::Reset { container } => {
-                named(&container)?;
-                self.reset(&container)
-            }
+            Request::Reset { container } => self.reset(&container),
             // A runtime's id (64 hex digits, or the name runc was given): checked there.
             Request::Started { container, pid } => self.started(&container, pid),
         }
