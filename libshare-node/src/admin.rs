@@ -15,9 +15,9 @@ use libshare_abi::admin::{
 };
 use libshare_abi::names::NAME_RULE;
 use libshare_abi::units::format_size;
-use libshare_abi::{container_dir, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
+use libshare_abi::{container_dir, State, MAX_DEVICES};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::Acquire;
 use std::sync::{Arc, Mutex};
 
 /// Why the daemon refused an admin request: each one line, sent back as the answer's message
@@ -236,16 +236,8 @@ impl AdminService {
         }
         settings.put(name, None)?;
         if let Some(st) = st {
-            // Back to the defaults; the quota stays until a job of the container starts with
-            // its own limit (never unlimited behind the operator's back).
-            for d in 0..MAX_DEVICES {
-                st.device(d).compute.store(0, Release);
-                st.device(d).weight.store(0, Release);
-            }
-            st.header()
-                .flags
-                .fetch_and(!(FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE), AcqRel);
-            self.write(&settings, name, &st);
+            // Back to the defaults, through the one writer (the quota stays: see Words::reset).
+            Words::of(&settings.effective(name), self.devices(), self.env_trusted).reset(&st);
         }
         self.report(name, &settings)
     }
@@ -287,5 +279,95 @@ impl Service for AdminService {
 
     fn refusal(&self, why: Refusal) -> Vec<u8> {
         Response::error(why.message()).encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::admin::MIN_QUOTA;
+    use libshare_abi::{Class, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE};
+
+    fn service(dir: &std::path::Path, totals: Option<Vec<u64>>) -> AdminService {
+        let settings = Settings::load(dir.join("settings.toml"), Default::default()).unwrap();
+        AdminService::new(
+            dir.to_path_buf(),
+            Arc::new(Mutex::new(settings)),
+            totals,
+            false,
+        )
+    }
+
+    fn set(f: impl FnOnce(&mut SetRequest)) -> Request {
+        let mut q = SetRequest {
+            container: "web".into(),
+            ..Default::default()
+        };
+        f(&mut q);
+        Request::Set(q)
+    }
+
+    /// The daemon refuses what `Request::validate` refuses, with its message, and changes
+    /// nothing.
+    #[test]
+    fn invalid_requests_are_refused_with_the_requests_own_message() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = service(tmp.path(), Some(vec![8 << 30; 2]));
+        for req in [
+            set(|_| {}),
+            set(|q| q.memory = Some(MIN_QUOTA - 1)),
+            set(|q| (q.device, q.weight) = (Some(2), Some(1))),
+            set(|q| q.compute = Some(10_001)),
+            set(|q| (q.container, q.weight) = ("a/b".into(), Some(1))),
+            Request::Reset {
+                container: "..".into(),
+            },
+        ] {
+            let want = req.validate(Some(2)).unwrap_err().to_string();
+            let got = a.answer(req).unwrap_err().to_string();
+            assert_eq!(got, want);
+        }
+        assert!(!container_dir(tmp.path(), "web").exists(), "nothing made");
+        assert!(!tmp.path().join("settings.toml").exists(), "nothing saved");
+    }
+
+    /// `reset` goes through the one writer: the flags and shares the settings gave are taken
+    /// back, the quota stays.
+    #[test]
+    fn reset_takes_back_the_settings_words_and_keeps_the_quota() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = service(tmp.path(), Some(vec![8 << 30]));
+        a.answer(set(|q| {
+            q.class = Some(Class::Opportunistic);
+            q.memory = Some(1 << 30);
+            q.compute = Some(2_500);
+            q.weight = Some(4);
+            q.oversubscribe = Some(true);
+        }))
+        .unwrap();
+        let st = a.state("web", false).unwrap().unwrap();
+        let mask = FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE;
+        assert_eq!(st.header().flags.load(Acquire) & mask, mask);
+        assert_eq!(st.device(0).compute.load(Acquire), 2_500);
+        let r = a
+            .answer(Request::Reset {
+                container: "web".into(),
+            })
+            .unwrap();
+        assert_eq!(r.settings, Default::default());
+        assert_eq!(st.header().flags.load(Acquire) & mask, 0);
+        assert_eq!(
+            st.header().class(),
+            Class::Production,
+            "the daemon's default"
+        );
+        assert_eq!(st.device(0).compute.load(Acquire), 0);
+        assert_eq!(st.device(0).weight.load(Acquire), 0);
+        assert_eq!(st.device(0).quota.load(Acquire), 1 << 30, "the quota stays");
+        assert!(a
+            .answer(Request::Reset {
+                container: "none".into()
+            })
+            .is_err());
     }
 }
