@@ -17,15 +17,69 @@ pub use crate::Class;
 /// it no CUDA context fits, so a smaller figure is a typo (`--memory 1` is one byte).
 pub const MIN_QUOTA: u64 = 16 << 20;
 
-/// A memory quota `sharectl set` accepts, or one line saying the floor.
+/// A memory quota `sharectl set` accepts, or one line saying the floor
+/// ([`RequestError::QuotaTooSmall`]).
 pub fn check_quota(bytes: u64) -> Result<(), String> {
     if bytes < MIN_QUOTA {
-        return Err(format!(
-            "a memory quota below {} is refused ({bytes} bytes given): give at least --memory 16MiB",
-            crate::units::format_size(MIN_QUOTA)
-        ));
+        return Err(RequestError::QuotaTooSmall(bytes).to_string());
     }
     Ok(())
+}
+
+/// Why a request is refused as it stands, before anything is looked up: each one line, the
+/// same from `sharectl` and from the daemon (both call [`Request::validate`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("\"{name}\" is not a container name ({rule})", name = crate::names::escape(.0), rule = crate::names::NAME_RULE)]
+    BadName(String),
+    #[error("nothing to set: give --memory, --compute, --weight, --class or --oversubscribe")]
+    NothingToSet,
+    #[error("device {0} does not exist: this node has {1} GPU(s)")]
+    NoSuchDevice(u32, usize),
+    #[error("device {0} does not exist (devices are 0..{max})", max = crate::MAX_DEVICES - 1)]
+    DeviceOutOfRange(u32),
+    #[error(
+        "a memory quota below {floor} is refused ({0} bytes given): give at least --memory 16MiB",
+        floor = crate::units::format_size(MIN_QUOTA)
+    )]
+    QuotaTooSmall(u64),
+    #[error("a compute share is between 0% and 100%")]
+    ComputeShare,
+}
+
+impl SetRequest {
+    /// Whether this request can be applied as it stands: a container name, something to set,
+    /// a device that exists (on a node of `gpus` GPUs, where that is known; always one of the
+    /// state file's), a quota of at least [`MIN_QUOTA`], a compute share of at most 100 %.
+    pub fn validate(&self, gpus: Option<usize>) -> Result<(), RequestError> {
+        if !valid_container_name(&self.container) {
+            return Err(RequestError::BadName(self.container.clone()));
+        }
+        if self.class.is_none()
+            && self.memory.is_none()
+            && self.compute.is_none()
+            && self.weight.is_none()
+            && self.oversubscribe.is_none()
+        {
+            return Err(RequestError::NothingToSet);
+        }
+        if let Some(d) = self.device {
+            match gpus {
+                Some(n) if d as usize >= n => return Err(RequestError::NoSuchDevice(d, n)),
+                _ if d as usize >= crate::MAX_DEVICES => {
+                    return Err(RequestError::DeviceOutOfRange(d))
+                }
+                _ => {}
+            }
+        }
+        if let Some(m) = self.memory.filter(|&m| m < MIN_QUOTA) {
+            return Err(RequestError::QuotaTooSmall(m));
+        }
+        if self.compute.is_some_and(|c| c > 10_000) {
+            return Err(RequestError::ComputeShare);
+        }
+        Ok(())
+    }
 }
 
 /// What the daemon sets on one device (or on every device: [`ContainerSettings::all`]).
@@ -179,6 +233,23 @@ pub enum Response {
 }
 
 impl Request {
+    /// Whether this request can be answered as it stands ([`SetRequest::validate`]; `get` and
+    /// `reset` name a container). `started` carries a runtime's id, not a name: the daemon
+    /// checks it against the process's cgroup.
+    pub fn validate(&self, gpus: Option<usize>) -> Result<(), RequestError> {
+        match self {
+            Request::Set(q) => q.validate(gpus),
+            Request::Get { container } | Request::Reset { container } => {
+                if valid_container_name(container) {
+                    Ok(())
+                } else {
+                    Err(RequestError::BadName(container.clone()))
+                }
+            }
+            Request::Started { .. } => Ok(()),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a request serialises")
     }
@@ -261,6 +332,93 @@ mod tests {
             let e = check_quota(tiny).unwrap_err();
             assert!(e.contains("16 MiB") && !e.contains('\n'), "{e}");
         }
+    }
+
+    /// One refusal per fault, in the order the checks run, each one line.
+    #[test]
+    fn set_requests_are_validated_once() {
+        let ok = SetRequest {
+            container: "web".into(),
+            memory: Some(MIN_QUOTA),
+            ..Default::default()
+        };
+        assert_eq!(ok.validate(None), Ok(()));
+        let with = |f: &dyn Fn(&mut SetRequest)| {
+            let mut q = ok.clone();
+            f(&mut q);
+            q
+        };
+        let bad = with(&|q| q.container = "a b\x1b".into());
+        let e = bad.validate(None).unwrap_err();
+        assert_eq!(e, RequestError::BadName("a b\x1b".into()));
+        assert!(e.to_string().contains(crate::names::NAME_RULE), "{e}");
+        assert!(!e.to_string().chars().any(|c| c.is_control()), "{e:?}");
+        let nothing = with(&|q| q.memory = None);
+        assert_eq!(nothing.validate(None), Err(RequestError::NothingToSet));
+        for f in [
+            |q: &mut SetRequest| q.class = Some(Class::Production),
+            |q: &mut SetRequest| q.compute = Some(0),
+            |q: &mut SetRequest| q.weight = Some(1),
+            |q: &mut SetRequest| q.oversubscribe = Some(false),
+        ] {
+            let mut q = nothing.clone();
+            f(&mut q);
+            assert_eq!(q.validate(None), Ok(()), "{q:?}");
+        }
+        let last = crate::MAX_DEVICES as u32 - 1;
+        assert_eq!(with(&|q| q.device = Some(last)).validate(None), Ok(()));
+        let far = with(&|q| q.device = Some(last + 1));
+        assert_eq!(
+            far.validate(None),
+            Err(RequestError::DeviceOutOfRange(last + 1))
+        );
+        assert_eq!(
+            far.validate(Some(2)),
+            Err(RequestError::NoSuchDevice(last + 1, 2))
+        );
+        let two = with(&|q| q.device = Some(2));
+        assert_eq!(two.validate(Some(2)), Err(RequestError::NoSuchDevice(2, 2)));
+        assert_eq!(two.validate(Some(3)), Ok(()));
+        let tiny = with(&|q| q.memory = Some(MIN_QUOTA - 1));
+        assert_eq!(
+            tiny.validate(None),
+            Err(RequestError::QuotaTooSmall(MIN_QUOTA - 1))
+        );
+        assert_eq!(
+            check_quota(MIN_QUOTA - 1),
+            Err(tiny.validate(None).unwrap_err().to_string())
+        );
+        let full = with(&|q| q.compute = Some(10_000));
+        assert_eq!(full.validate(None), Ok(()));
+        let over = with(&|q| q.compute = Some(10_001));
+        assert_eq!(over.validate(None), Err(RequestError::ComputeShare));
+        for e in [
+            RequestError::NothingToSet,
+            RequestError::NoSuchDevice(2, 2),
+            RequestError::DeviceOutOfRange(99),
+            RequestError::QuotaTooSmall(1),
+            RequestError::ComputeShare,
+        ] {
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+        // get and reset name a container; started carries a runtime's id.
+        let get = Request::Get {
+            container: "x/y".into(),
+        };
+        assert_eq!(get.validate(None), Err(RequestError::BadName("x/y".into())));
+        let reset = Request::Reset {
+            container: "web".into(),
+        };
+        assert_eq!(reset.validate(None), Ok(()));
+        let started = Request::Started {
+            container: "a".repeat(64),
+            pid: 1,
+        };
+        assert_eq!(started.validate(None), Ok(()));
+        assert_eq!(
+            Request::Set(tiny).validate(None),
+            Err(RequestError::QuotaTooSmall(MIN_QUOTA - 1))
+        );
     }
 
     proptest! {

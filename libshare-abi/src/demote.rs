@@ -63,6 +63,24 @@ pub fn protected(protect: u32, now: u64) -> bool {
     protect != 0 && stamp(now).wrapping_sub(protect) < STALE_MS
 }
 
+impl crate::Header {
+    /// The daemon's protection of a production container: its [`stamp`] at its last look, 0 =
+    /// none. One relaxed load (a production shim's allocation path reads it): the word stands
+    /// alone, nothing is published with it.
+    #[inline(always)]
+    pub fn protect(&self) -> u32 {
+        self.protect.load(Relaxed)
+    }
+
+    /// The daemon: renews the protection with `stamp`, or ends it with 0 (a word that already
+    /// says so is left unwritten).
+    pub fn set_protect(&self, stamp: u32) {
+        if self.protect.load(Relaxed) != stamp {
+            self.protect.store(stamp, Release);
+        }
+    }
+}
+
 impl DeviceState {
     /// Production: `bytes` more its allocation waits to find free.
     pub fn post_want(&self, bytes: u64) {

@@ -482,42 +482,68 @@ fn dir_and_name(path: &Path) -> Result<(&Path, &std::ffi::OsStr), StateError> {
     Ok((dir, name))
 }
 
+/// How [`write_atomic_in`] reaches the directory it writes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteDir {
+    /// libshare's own files: the directory is walked with [`open_dir`]'s checks (every
+    /// directory on the way root's or ours, none writable by others but root's sticky ones) and
+    /// created (0700) where missing.
+    Checked,
+    /// Another program's directory that the operator names, e.g. node-exporter's textfile
+    /// collector (its user's, group-writable, setgid): it must exist, and neither its owner nor
+    /// its mode is checked. Only the file is ours, with every other guarantee of the writer.
+    Unchecked,
+}
+
 /// Replaces `path` with `bytes`, atomically and durably: the one checked writer of the files
 /// libshare keeps on the host (allocations and prepared claims, their CDI specs, the preload
-/// list). The directory is reached (and created, 0700, if missing) with [`open_dir`]'s checks;
-/// the bytes go to a new temporary file beside it (`O_CREAT|O_EXCL|O_NOFOLLOW`, an
-/// unpredictable name: a planted file or link is never written through), which gets `mode`
-/// whatever the umask, is written and `fsync`ed, then renamed over `path`, and the directory is
-/// `fsync`ed so the rename survives a crash. A reader sees the old file or the new one, never
-/// half of one. On any error the temporary file is removed and `path` is unchanged.
+/// list, the daemon's settings). The directory is reached (and created, 0700, if missing) with
+/// [`open_dir`]'s checks; see [`write_atomic_in`] for the rest.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateError> {
+    write_atomic_in(WriteDir::Checked, path, bytes, mode)
+}
+
+/// [`write_atomic`], with the directory reached as `dir` says. The bytes go to a new temporary
+/// file beside `path` (`O_CREAT|O_EXCL|O_NOFOLLOW`, an unpredictable name, another one tried if
+/// that name is taken: a planted file or link is never written through and cannot stop the
+/// write), which gets `mode` whatever the umask, is written and `fsync`ed, then renamed over
+/// `path`, and the directory is `fsync`ed so the rename survives a crash. A reader sees the old
+/// file or the new one, never half of one. On any error the temporary file is removed and
+/// `path` is unchanged.
+pub fn write_atomic_in(
+    dir: WriteDir,
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<(), StateError> {
     use std::io::Write;
     let (dir_path, name) = dir_and_name(path)?;
-    let dir = open_dir(dir_path, true)?;
+    let dir = match dir {
+        WriteDir::Checked => open_dir(dir_path, true)?,
+        WriteDir::Unchecked => {
+            let c = cstr(dir_path.as_os_str(), dir_path)?;
+            let fd = open_at(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0);
+            if fd < 0 {
+                return Err(StateError::io("open", dir_path, errno()));
+            }
+            // SAFETY: a fresh descriptor from openat, owned by nobody else.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        }
+    };
     let final_name = cstr(name, path)?;
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() as u64);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp_name = format!(
-        ".{}.{}-{:x}.tmp",
-        name.to_string_lossy(),
-        std::process::id(),
-        nanos ^ (seq << 32)
-    );
-    let tmp = cstr(tmp_name.as_ref(), path)?;
-    let fd = open_at(
-        dir.as_raw_fd(),
-        &tmp,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-        0o600,
-    );
-    if fd < 0 {
-        return Err(StateError::io("create a temporary file for", path, errno()));
-    }
-    // SAFETY: a fresh descriptor from openat, owned by nobody else.
-    let mut f = unsafe { File::from_raw_fd(fd) };
+    let (mut f, tmp) = create_temp(&dir, path, || {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as u64);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!(
+            ".{}.{}-{:x}.tmp",
+            name.to_string_lossy(),
+            std::process::id(),
+            nanos ^ (seq << 32)
+        )
+    })?;
     let written = (|| {
         // SAFETY: `f` is an open descriptor; the umask may have removed bits.
         if unsafe { libc::fchmod(f.as_raw_fd(), mode & 0o7777) } != 0 {
@@ -549,6 +575,40 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateErr
     // only (the rename is done).
     unsafe { libc::fsync(dir.as_raw_fd()) };
     Ok(())
+}
+
+/// How many names [`create_temp`] tries before it gives up.
+const TEMP_TRIES: usize = 16;
+
+/// Creates a new file (0600) in `dir` under the first name `next_name` gives that nobody has
+/// taken (`O_EXCL`: an existing file or link of that name is neither opened nor followed; the
+/// next name is tried). Returns it and its name.
+fn create_temp(
+    dir: &OwnedFd,
+    path: &Path,
+    mut next_name: impl FnMut() -> String,
+) -> Result<(File, CString), StateError> {
+    for _ in 0..TEMP_TRIES {
+        let tmp = cstr(next_name().as_ref(), path)?;
+        let fd = open_at(
+            dir.as_raw_fd(),
+            &tmp,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        );
+        if fd >= 0 {
+            // SAFETY: a fresh descriptor from openat, owned by nobody else.
+            return Ok((unsafe { File::from_raw_fd(fd) }, tmp));
+        }
+        if errno().raw_os_error() != Some(libc::EEXIST) {
+            return Err(StateError::io("create a temporary file for", path, errno()));
+        }
+    }
+    Err(StateError::io(
+        "create a temporary file for",
+        path,
+        std::io::Error::other(format!("{TEMP_TRIES} names tried were all taken")),
+    ))
 }
 
 /// Reads a file libshare wrote on the host (see [`write_atomic`]) with the checks an operator's
@@ -628,5 +688,41 @@ mod writer_tests {
         let e = write_atomic(&open.join("x"), b"x", 0o600).unwrap_err();
         assert!(matches!(e, StateError::OpenToOthers { .. }), "{e}");
         assert!(std::fs::read_dir(&open).unwrap().next().is_none());
+
+        // Unchecked: that directory is written in as it is, but never created.
+        write_atomic_in(WriteDir::Unchecked, &open.join("x"), b"x", 0o640).unwrap();
+        assert_eq!(std::fs::read(open.join("x")).unwrap(), b"x");
+        let m = std::fs::metadata(open.join("x"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(m & 0o7777, 0o640);
+        assert!(write_atomic_in(WriteDir::Unchecked, &d.path().join("no/x"), b"", 0o600).is_err());
+        assert!(!d.path().join("no").exists());
+    }
+
+    /// A name someone planted where the temporary file would go (a file, a link) is passed
+    /// over for the next one: neither written through nor a reason to fail.
+    #[test]
+    fn a_planted_temporary_name_is_passed_over() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = open_dir(d.path(), false).unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, d.path().join(".a.tmp")).unwrap();
+        std::fs::write(d.path().join(".b.tmp"), b"theirs").unwrap();
+        let mut names = [".a.tmp", ".b.tmp", ".c.tmp"].into_iter();
+        let (mut f, name) =
+            create_temp(&dir, &d.path().join("f"), || names.next().unwrap().into()).unwrap();
+        assert_eq!(name.to_str().unwrap(), ".c.tmp");
+        std::io::Write::write_all(&mut f, b"mine").unwrap();
+        assert_eq!(std::fs::read(d.path().join(".c.tmp")).unwrap(), b"mine");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read(d.path().join(".b.tmp")).unwrap(), b"theirs");
+
+        // Every name taken: an error that says so, nothing touched.
+        let e = create_temp(&dir, &d.path().join("f"), || ".b.tmp".into()).unwrap_err();
+        assert!(e.to_string().contains("all taken"), "{e}");
+        assert_eq!(std::fs::read(d.path().join(".b.tmp")).unwrap(), b"theirs");
     }
 }

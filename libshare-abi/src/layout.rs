@@ -54,13 +54,19 @@ impl Class {
         }
     }
 
+    /// The class a shared word names, if it names one (the check at open: `None` is a corrupt
+    /// file).
+    pub fn from_word(word: u32) -> Option<Class> {
+        match word {
+            CLASS_PRODUCTION => Some(Class::Production),
+            CLASS_OPPORTUNISTIC => Some(Class::Opportunistic),
+            _ => None,
+        }
+    }
+
     /// The class of a shared word; an unknown word is [`Class::Opportunistic`] (the safe side).
     pub fn decode(word: u32) -> Class {
-        if word == CLASS_PRODUCTION {
-            Class::Production
-        } else {
-            Class::Opportunistic
-        }
+        Class::from_word(word).unwrap_or(Class::Opportunistic)
     }
 }
 

@@ -168,7 +168,7 @@ pub(crate) fn validate_header_bytes(b: &[u8], path: &Path) -> Result<(), StateEr
     if sizes.iter().any(|ok| !ok) {
         return Err(corrupt("layout sizes differ"));
     }
-    if u32_at(40) > CLASS_OPPORTUNISTIC {
+    if Class::from_word(u32_at(40)).is_none() {
         return Err(corrupt("unknown class"));
     }
     if u32_at(44) & !KNOWN_FLAGS != 0 {

@@ -86,7 +86,7 @@ pub fn open_mount_point(path: &Path) -> Result<std::os::fd::OwnedFd, StateError>
     fsafe::open_subdir_nofollow(&dir, name, path)
 }
 
-pub use fsafe::{fd_dev_ino, write_atomic};
+pub use fsafe::{fd_dev_ino, write_atomic, write_atomic_in, WriteDir};
 
 /// Creates (`mode`) or opens `path` as the daemon's own directory and makes its mode exactly
 /// `mode`; whether rights of group or others were removed.

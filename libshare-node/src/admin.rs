@@ -11,13 +11,13 @@ use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
 use crate::settings::{node_devices, Settings, SettingsError};
 use libshare_abi::admin::{
-    check_quota, valid_container_name, ContainerReport, DeviceReport, Request, Response, SetRequest,
+    ContainerReport, DeviceReport, Request, RequestError, Response, SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
 use libshare_abi::units::format_size;
-use libshare_abi::{container_dir, State, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE, MAX_DEVICES};
+use libshare_abi::{container_dir, State, MAX_DEVICES};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::Acquire;
 use std::sync::{Arc, Mutex};
 
 /// Why the daemon refused an admin request: each one line, sent back as the answer's message
@@ -26,18 +26,9 @@ use std::sync::{Arc, Mutex};
 pub enum AdminError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("\"{}\" is not a container name ({NAME_RULE})", libshare_abi::names::escape(.0))]
-    BadName(String),
-    #[error("nothing to set: give --class, --memory, --compute, --weight or --oversubscribe")]
-    NothingToSet,
-    #[error("device {0} does not exist (devices are 0..{max})", max = MAX_DEVICES - 1)]
-    DeviceOutOfRange(u32),
-    #[error("device {device} does not exist: this node has {have} GPU(s)")]
-    NoSuchDevice { device: u32, have: usize },
-    #[error("{0}")]
-    QuotaTooSmall(String),
-    #[error("a compute share is between 0% and 100%")]
-    ComputeShare,
+    /// The request as it stands ([`Request::validate`], the same check `sharectl` makes).
+    #[error(transparent)]
+    Invalid(#[from] RequestError),
     #[error(
         "a quota of {} is above device {device}'s memory ({}); an opportunistic container may exceed it with --oversubscribe",
         format_size(*.quota),
@@ -187,34 +178,8 @@ impl AdminService {
         Ok(r)
     }
 
+    /// `set` of a request [`Request::validate`] passed.
     fn set(&self, q: SetRequest) -> Result<ContainerReport, AdminError> {
-        if q.class.is_none()
-            && q.memory.is_none()
-            && q.compute.is_none()
-            && q.weight.is_none()
-            && q.oversubscribe.is_none()
-        {
-            return Err(AdminError::NothingToSet);
-        }
-        if let Some(d) = q.device {
-            if d as usize >= MAX_DEVICES {
-                return Err(AdminError::DeviceOutOfRange(d));
-            }
-            if let Some(t) = &self.totals {
-                if d as usize >= t.len() {
-                    return Err(AdminError::NoSuchDevice {
-                        device: d,
-                        have: t.len(),
-                    });
-                }
-            }
-        }
-        if let Some(m) = q.memory {
-            check_quota(m).map_err(AdminError::QuotaTooSmall)?;
-        }
-        if q.compute.is_some_and(|c| c > 10_000) {
-            return Err(AdminError::ComputeShare);
-        }
         let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let mut s = settings.get(&q.container).cloned().unwrap_or_default();
         // A container that may oversubscribe limits a footprint of managed memory, which may
@@ -271,35 +236,17 @@ impl AdminService {
         }
         settings.put(name, None)?;
         if let Some(st) = st {
-            // Back to the defaults; the quota stays until a job of the container starts with
-            // its own limit (never unlimited behind the operator's back).
-            for d in 0..MAX_DEVICES {
-                st.device(d).compute.store(0, Release);
-                st.device(d).weight.store(0, Release);
-            }
-            st.header()
-                .flags
-                .fetch_and(!(FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE), AcqRel);
-            self.write(&settings, name, &st);
+            // Back to the defaults, through the one writer (the quota stays: see Words::reset).
+            Words::of(&settings.effective(name), self.devices(), self.env_trusted).reset(&st);
         }
         self.report(name, &settings)
     }
 
     fn answer(&self, req: Request) -> Result<ContainerReport, AdminError> {
-        let named = |name: &str| {
-            if valid_container_name(name) {
-                Ok(())
-            } else {
-                Err(AdminError::BadName(name.to_string()))
-            }
-        };
+        req.validate(self.totals.as_ref().map(Vec::len))?;
         match req {
-            Request::Set(q) => {
-                named(&q.container)?;
-                self.set(q)
-            }
+            Request::Set(q) => self.set(q),
             Request::Get { container } => {
-                named(&container)?;
                 let settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
                 let r = self.report(&container, &settings)?;
                 if !r.present && settings.get(&container).is_none() {
@@ -307,10 +254,7 @@ impl AdminService {
                 }
                 Ok(r)
             }
-            Request::Reset { container } => {
-                named(&container)?;
-                self.reset(&container)
-            }
+            Request::Reset { container } => self.reset(&container),
             // A runtime's id (64 hex digits, or the name runc was given): checked there.
             Request::Started { container, pid } => self.started(&container, pid),
         }
@@ -335,5 +279,95 @@ impl Service for AdminService {
 
     fn refusal(&self, why: Refusal) -> Vec<u8> {
         Response::error(why.message()).encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::admin::MIN_QUOTA;
+    use libshare_abi::{Class, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE};
+
+    fn service(dir: &std::path::Path, totals: Option<Vec<u64>>) -> AdminService {
+        let settings = Settings::load(dir.join("settings.toml"), Default::default()).unwrap();
+        AdminService::new(
+            dir.to_path_buf(),
+            Arc::new(Mutex::new(settings)),
+            totals,
+            false,
+        )
+    }
+
+    fn set(f: impl FnOnce(&mut SetRequest)) -> Request {
+        let mut q = SetRequest {
+            container: "web".into(),
+            ..Default::default()
+        };
+        f(&mut q);
+        Request::Set(q)
+    }
+
+    /// The daemon refuses what `Request::validate` refuses, with its message, and changes
+    /// nothing.
+    #[test]
+    fn invalid_requests_are_refused_with_the_requests_own_message() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = service(tmp.path(), Some(vec![8 << 30; 2]));
+        for req in [
+            set(|_| {}),
+            set(|q| q.memory = Some(MIN_QUOTA - 1)),
+            set(|q| (q.device, q.weight) = (Some(2), Some(1))),
+            set(|q| q.compute = Some(10_001)),
+            set(|q| (q.container, q.weight) = ("a/b".into(), Some(1))),
+            Request::Reset {
+                container: "..".into(),
+            },
+        ] {
+            let want = req.validate(Some(2)).unwrap_err().to_string();
+            let got = a.answer(req).unwrap_err().to_string();
+            assert_eq!(got, want);
+        }
+        assert!(!container_dir(tmp.path(), "web").exists(), "nothing made");
+        assert!(!tmp.path().join("settings.toml").exists(), "nothing saved");
+    }
+
+    /// `reset` goes through the one writer: the flags and shares the settings gave are taken
+    /// back, the quota stays.
+    #[test]
+    fn reset_takes_back_the_settings_words_and_keeps_the_quota() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = service(tmp.path(), Some(vec![8 << 30]));
+        a.answer(set(|q| {
+            q.class = Some(Class::Opportunistic);
+            q.memory = Some(1 << 30);
+            q.compute = Some(2_500);
+            q.weight = Some(4);
+            q.oversubscribe = Some(true);
+        }))
+        .unwrap();
+        let st = a.state("web", false).unwrap().unwrap();
+        let mask = FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE;
+        assert_eq!(st.header().flags.load(Acquire) & mask, mask);
+        assert_eq!(st.device(0).compute.load(Acquire), 2_500);
+        let r = a
+            .answer(Request::Reset {
+                container: "web".into(),
+            })
+            .unwrap();
+        assert_eq!(r.settings, Default::default());
+        assert_eq!(st.header().flags.load(Acquire) & mask, 0);
+        assert_eq!(
+            st.header().class(),
+            Class::Production,
+            "the daemon's default"
+        );
+        assert_eq!(st.device(0).compute.load(Acquire), 0);
+        assert_eq!(st.device(0).weight.load(Acquire), 0);
+        assert_eq!(st.device(0).quota.load(Acquire), 1 << 30, "the quota stays");
+        assert!(a
+            .answer(Request::Reset {
+                container: "none".into()
+            })
+            .is_err());
     }
 }

@@ -181,6 +181,37 @@ impl Words {
         r
     }
 
+    /// Writes `self` into `state` after the admin's settings for the container were forgotten
+    /// (`sharectl reset`; `self` is then what the defaults still say): a word only those
+    /// settings gave goes back to what a state nobody set holds — compute share and weight 0
+    /// (no limit) on every device, not [`FLAG_DAEMON_MANAGED`], not [`FLAG_OVERSUBSCRIBE`] —
+    /// and the rest is [`Words::assert`]ed. A quota stays unless `self` holds one (never lifted
+    /// behind the operator's back: a job of the container that starts with its own limit sets
+    /// it), and so does the class. Which words changed.
+    pub fn reset(&self, state: &State) -> Restored {
+        let cleared = Words {
+            compute: self.compute.map(|c| Some(c.unwrap_or(0))),
+            weight: self.weight.map(|w| Some(w.unwrap_or(0))),
+            ..*self
+        };
+        let mut drop = 0;
+        if !self.managed {
+            drop |= FLAG_DAEMON_MANAGED;
+        }
+        if self.oversubscribe != Some(true) {
+            drop |= FLAG_OVERSUBSCRIBE;
+        }
+        let flags = &state.header().flags;
+        let was = flags.load(Acquire) & drop;
+        if was != 0 {
+            flags.fetch_and(!drop, AcqRel);
+        }
+        let mut r = cleared.assert(state);
+        r.managed |= was & FLAG_DAEMON_MANAGED != 0;
+        r.oversubscribe |= was & FLAG_OVERSUBSCRIBE != 0;
+        r
+    }
+
     /// The class the policy uses: the daemon's, else the file's.
     #[inline]
     pub fn class_or(&self, file: Class) -> Class {
@@ -432,6 +463,58 @@ mod tests {
         st.header().flags.fetch_or(FLAG_OVERSUBSCRIBE, AcqRel);
         Words::of(&opportunistic(1 << 30), 1, true).assert(&st);
         assert!(st.oversubscribes());
+    }
+
+    /// A reset takes back what only the forgotten settings said, keeps the quota, and leaves
+    /// what the defaults still say.
+    #[test]
+    fn a_reset_clears_what_only_the_settings_said() {
+        let tmp = tempfile::tempdir().unwrap();
+        let st = State::open_or_create(&tmp.path().join("c")).unwrap();
+        let mut s = opportunistic(1 << 30);
+        s.oversubscribe = Some(true);
+        s.all.compute = Some(3_000);
+        for trusted in [true, false] {
+            Words::of(&s, 2, trusted).assert(&st);
+            st.device(5).compute.store(7, Release); // a word outside the node's devices
+            assert!(st.oversubscribes());
+            let r = Words::of(&ContainerSettings::default(), 2, trusted).reset(&st);
+            assert!(
+                r.managed && r.oversubscribe && r.compute && r.weight,
+                "{r:?}"
+            );
+            let flags = st.header().flags.load(Acquire);
+            assert_eq!(flags & (FLAG_DAEMON_MANAGED | FLAG_OVERSUBSCRIBE), 0);
+            for d in 0..MAX_DEVICES {
+                assert_eq!(st.device(d).compute.load(Acquire), 0, "device {d}");
+                assert_eq!(st.device(d).weight.load(Acquire), 0, "device {d}");
+            }
+            assert_eq!(st.device(0).quota.load(Acquire), 1 << 30, "the quota stays");
+            let class = if trusted {
+                Class::Opportunistic // the file's: nobody has a word on it now
+            } else {
+                Class::Production
+            };
+            assert_eq!(st.header().class(), class);
+        }
+        // Defaults that still say something: that stays.
+        Words::of(&s, 2, false).assert(&st);
+        let mut defaults = ContainerSettings::default();
+        defaults.all.weight = Some(2);
+        defaults.oversubscribe = Some(true);
+        defaults.all.memory = Some(2 << 30);
+        Words::of(&defaults, 2, false).reset(&st);
+        let flags = st.header().flags.load(Acquire);
+        assert_ne!(flags & FLAG_DAEMON_MANAGED, 0, "the defaults give a quota");
+        assert_ne!(flags & FLAG_OVERSUBSCRIBE, 0);
+        assert_eq!(st.device(1).weight.load(Acquire), 2);
+        assert_eq!(st.device(1).compute.load(Acquire), 0);
+        assert_eq!(st.device(0).quota.load(Acquire), 2 << 30);
+        assert_eq!(
+            st.device(2).weight.load(Acquire),
+            0,
+            "only the node's devices"
+        );
     }
 
     #[test]

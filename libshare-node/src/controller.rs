@@ -777,7 +777,7 @@ pub fn run_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libshare_abi::{container_dir, rate, CLASS_PRODUCTION};
+    use libshare_abi::{container_dir, rate, Class};
 
     /// A container that goes takes its listening entries with it: a node that sees thousands of
     /// containers come and go keeps only the live ones'.
@@ -788,7 +788,7 @@ mod tests {
             .map(|i| {
                 let dir = container_dir(tmp.path(), &format!("prod-{i}"));
                 let st = State::open_or_create(&dir).unwrap();
-                st.header().class.store(CLASS_PRODUCTION, Release);
+                st.header().set_class(Class::Production);
                 st.device(0).note_launch();
                 dir
             })

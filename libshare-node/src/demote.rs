@@ -75,10 +75,7 @@ impl Demoter {
             let s = if active { stamp(now) } else { 0 };
             STAMP.store(s, Release);
             for c in cs.iter().filter(|c| class(c) != Class::Opportunistic) {
-                let p = &c.state.header().protect;
-                if p.load(Relaxed) != s {
-                    p.store(s, Release);
-                }
+                c.state.header().set_protect(s);
             }
         }
         if !active {

@@ -56,7 +56,7 @@ pub enum MetricsError {
     #[error("cannot start the metrics thread: {0}")]
     Spawn(std::io::Error),
     #[error("cannot write the metrics textfile {}: {err}", path.display())]
-    Textfile { path: PathBuf, err: std::io::Error },
+    Textfile { path: PathBuf, err: String },
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -762,34 +762,22 @@ fn response(status: &str, ctype: &str, body: &[u8]) -> Vec<u8> {
 /// group may (node-exporter's, where the directory is setgid to it).
 pub const TEXTFILE_MODE: u32 = 0o640;
 
-/// Writes the metrics to `path` once: to a new temporary file beside it (never an existing
-/// one, nor through a link: `O_EXCL`), mode [`TEXTFILE_MODE`] whatever the umask, then renamed
-/// over it.
+/// Writes the metrics to `path` once, through the one atomic writer
+/// ([`libshare_abi::write_atomic_in`]: a new temporary file beside it, never an existing one nor
+/// through a link, mode [`TEXTFILE_MODE`] whatever the umask, `fsync`, renamed over it). The
+/// directory is node-exporter's or the operator's, not libshare's: it must exist, and its owner
+/// and mode are not checked ([`libshare_abi::WriteDir::Unchecked`]).
 pub fn write_textfile(path: &Path, text: &str) -> Result<(), MetricsError> {
-    let err = |err| MetricsError::Textfile {
-        path: path.to_path_buf(),
-        err,
-    };
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}.tmp", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        let _ = std::fs::remove_file(&tmp); // left by a crash of this pid's writer
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(TEXTFILE_MODE)
-            .open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(TEXTFILE_MODE))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
-    })
+    use libshare_abi::{StateError, WriteDir};
+    libshare_abi::write_atomic_in(WriteDir::Unchecked, path, text.as_bytes(), TEXTFILE_MODE)
+        .map_err(|e| MetricsError::Textfile {
+            path: path.to_path_buf(),
+            err: match e {
+                // The file is named already: the system's reason alone.
+                StateError::Io { err, .. } => err,
+                e => e.to_string(),
+            },
+        })
 }
 
 /// Writes the textfile at once (an error here is returned: a wrong path is seen at start) and

@@ -171,8 +171,8 @@ impl RegisterService {
             }
         }
         let stamp = crate::demote::STAMP.load(Acquire);
-        if stamp != 0 && st.header().class.load(Acquire) != libshare_abi::CLASS_OPPORTUNISTIC {
-            st.header().protect.store(stamp, Release);
+        if stamp != 0 && st.header().class() == libshare_abi::Class::Production {
+            st.header().set_protect(stamp);
         }
         let f = st
             .dup_file()

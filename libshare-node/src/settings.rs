@@ -1,9 +1,10 @@
 //! The daemon's settings per container (class; memory quota, compute share and weight, on every
 //! device or one), persisted in a TOML file and written into each container's state file.
 //!
-//! - Persistence: the whole file is rewritten on every change, atomically (a temporary file in
-//!   the same directory, `fsync`, `rename`, `fsync` of the directory), so a crash leaves the
-//!   old or the new settings, never half of them. A file that does not parse stops the daemon
+//! - Persistence: the whole file is rewritten on every change by the one checked atomic writer
+//!   ([`libshare_abi::write_atomic`]: a temporary file in the same directory, `fsync`, `rename`,
+//!   `fsync` of the directory), so a crash leaves the old or the new settings, never half of
+//!   them. A file that does not parse stops the daemon
 //!   with one line rather than dropping quotas.
 //! - Defaults (`--config`, `[defaults]`): what a container without its own value gets.
 //! - What a container's effective settings write into its state (the quota per device, the
@@ -16,8 +17,6 @@ use libshare_abi::admin::ContainerSettings;
 use libshare_abi::MAX_DEVICES;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -178,46 +177,21 @@ pub fn node_devices(totals: Option<&[u64]>) -> usize {
     totals.map_or(MAX_DEVICES, |t| t.len().min(MAX_DEVICES))
 }
 
-/// Replaces `path` with `f`'s TOML atomically.
+/// Replaces `path` with `f`'s TOML through the one checked writer
+/// ([`libshare_abi::write_atomic`]: its directory checked as the file's reader checks it).
 fn save(path: &Path, f: &File) -> Result<(), SettingsError> {
-    let err = |e: std::io::Error| SettingsError::Write {
+    let err = |err: String| SettingsError::Write {
         path: path.into(),
-        err: e.to_string(),
+        err,
     };
-    let text = toml::to_string(f).map_err(|e| SettingsError::Write {
-        path: path.into(),
-        err: e.to_string(),
-    })?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("settings"),
-        std::process::id()
-    ));
-    {
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(err)?;
-        out.write_all(b"# libshare daemon settings: written by `sharectl set`/`reset`; edit with the daemon stopped\n")
-            .and_then(|_| out.write_all(text.as_bytes()))
-            .and_then(|_| out.sync_all())
-            .map_err(err)?;
-    }
-    std::fs::rename(&tmp, path).map_err(err)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    let text = toml::to_string(f).map_err(|e| err(e.to_string()))?;
+    let mut bytes = b"# libshare daemon settings: written by `sharectl set`/`reset`; edit with the daemon stopped\n".to_vec();
+    bytes.extend_from_slice(text.as_bytes());
+    libshare_abi::write_atomic(path, &bytes, 0o600).map_err(|e| match e {
+        // The file is named already: the system's reason alone.
+        libshare_abi::StateError::Io { err: why, .. } => err(why),
+        e => err(e.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -352,6 +326,13 @@ mod tests {
             &open_dir,
             "chmod go-w",
         );
+        // Nor is a new one saved there (the writer checks the directory as the reader does).
+        let mut fresh = Settings::load(open_dir.join("new.toml"), Default::default()).unwrap();
+        let e = fresh.put("web", Some(Default::default())).unwrap_err();
+        assert!(matches!(e, SettingsError::Write { .. }), "{e}");
+        assert!(e.to_string().contains("chmod go-w"), "{e}");
+        assert!(!open_dir.join("new.toml").exists());
+        assert!(fresh.get("web").is_none(), "a failed save changes nothing");
         // Owned by another user (only root can make one: skipped otherwise).
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } == 0 {

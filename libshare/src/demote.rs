@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use libshare_abi::demote::{protected, WAIT_BOUND_NS};
 use libshare_abi::rate::{futex_wait, now_ns};
-use libshare_abi::{CLASS_PRODUCTION, MAX_DEVICES};
+use libshare_abi::{Class, MAX_DEVICES};
 
 use crate::ops::{DriverOps, REAL};
 use crate::per_process::PerProcess;
@@ -38,7 +38,7 @@ const CU_STREAM_NON_BLOCKING: u32 = 1;
 /// fitted, or no protection).
 #[inline]
 pub fn make_room(sh: &Shim, size: u64) -> u64 {
-    let protect = sh.account.state.header().protect.load(Relaxed);
+    let protect = sh.account.state.header().protect();
     if protect == 0 {
         return 0;
     }
@@ -52,9 +52,7 @@ fn wait_for_room(sh: &Shim, size: u64, protect: u32) -> u64 {
         Some(d) if d < MAX_DEVICES => d,
         _ => return 0,
     };
-    if sh.account.state.header().class.load(Relaxed) != CLASS_PRODUCTION
-        || !protected(protect, start)
-    {
+    if sh.account.state.header().class() != Class::Production || !protected(protect, start) {
         return 0;
     }
     let Some(f) = free() else { return 0 };

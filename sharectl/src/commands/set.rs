@@ -4,12 +4,12 @@
 //! across restarts. `set --offline` writes the state file directly, without a daemon (the
 //! setting then does not persist, and a daemon started later overrides it with its own).
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use libshare_abi::admin::{self, ContainerReport, Request, Response, SetRequest};
 use libshare_abi::names::escape;
 use libshare_abi::units::format_size;
-use libshare_abi::{Class, State, MAX_DEVICES};
+use libshare_abi::{Class, State};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub struct SetArgs {
     pub state_dir: Option<PathBuf>,
     /// Only this GPU (default: every GPU).
     #[arg(long)]
-    pub device: Option<usize>,
+    pub device: Option<u32>,
     /// Memory quota: 8GiB, 512MiB, 8Gi (GB/MB are powers of 10).
     #[arg(long, value_parser = parse_memory)]
     pub memory: Option<u64>,
@@ -199,58 +199,37 @@ pub fn get_or_reset(a: NameArgs, reset: bool) -> Result<()> {
     } else {
         Request::Get { container }
     };
+    req.validate(None)?;
     print(&ask(&super::state_dir(a.state_dir), &req)?, a.json);
     Ok(())
 }
 
 pub fn run(a: SetArgs) -> Result<()> {
-    if !admin::valid_container_name(&a.container) {
-        bail!(
-            "\"{}\" is not a container name ({})",
-            escape(&a.container),
-            libshare_abi::names::NAME_RULE
-        );
-    }
     let oversubscribe = match (a.oversubscribe, a.no_oversubscribe) {
         (true, _) => Some(true),
         (_, true) => Some(false),
         _ => None,
     };
-    if a.compute.is_none()
-        && a.weight.is_none()
-        && a.class.is_none()
-        && a.memory.is_none()
-        && oversubscribe.is_none()
-    {
-        bail!("nothing to set: give --memory, --compute, --weight, --class or --oversubscribe");
-    }
-    if let Some(m) = a.memory {
-        admin::check_quota(m).map_err(|e| anyhow!(e))?;
-    }
+    let q = SetRequest {
+        container: a.container.clone(),
+        device: a.device,
+        class: a.class,
+        memory: a.memory,
+        compute: a.compute,
+        weight: a.weight,
+        oversubscribe,
+    };
     if !a.offline {
-        let req = Request::Set(SetRequest {
-            container: a.container.clone(),
-            device: a.device.map(|d| d as u32),
-            class: a.class,
-            memory: a.memory,
-            compute: a.compute,
-            weight: a.weight,
-            oversubscribe,
-        });
-        let r = ask(&super::state_dir(a.state_dir), &req)?;
+        // The node's GPUs are the daemon's to know: it checks the device against them.
+        q.validate(None)?;
+        let r = ask(&super::state_dir(a.state_dir), &Request::Set(q))?;
         print(&r, false);
         return Ok(());
     }
     // The node's devices (NVML), as the daemon writes them; every slot when NVML is missing.
     let totals = libshare_node::nvml::device_totals().ok();
     let count = libshare_node::settings::node_devices(totals.as_deref());
-    match a.device {
-        Some(d) if totals.is_some() && d >= count => {
-            bail!("--device {d} does not exist: this node has {count} GPU(s)")
-        }
-        Some(d) if d >= MAX_DEVICES => bail!("--device {d}: devices are 0..{}", MAX_DEVICES - 1),
-        _ => {}
-    }
+    q.validate(totals.as_ref().map(Vec::len))?;
     let dir = libshare_abi::container_dir(&super::state_dir(a.state_dir), &a.container);
     let st = State::open_or_create(&dir).with_context(|| format!("container {}", a.container))?;
     // The same words the daemon writes for these settings (libshare_node::authority).
@@ -264,7 +243,7 @@ pub fn run(a: SetArgs) -> Result<()> {
         compute: a.compute,
         weight: a.weight,
     };
-    match a.device {
+    match q.device {
         Some(d) => {
             s.devices.insert(d.to_string(), one);
         }
