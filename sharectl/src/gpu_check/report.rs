@@ -375,18 +375,20 @@ fn fmt(v: Option<f64>) -> String {
     }
 }
 
-/// Writes `path` through a temporary file and a rename: a reader never sees half a report.
+/// Writes `path` (0644) through the one atomic writer: a reader never sees half a report, a
+/// crash leaves the old one.
 ///
-/// Not `libshare_abi::fsafe::write_atomic`, the checked writer of libshare's own host files: its
-/// walk from `/` refuses a directory writable by group or others (a team's `2775` directory, a
-/// umask of 002) and one owned by another user than us or root (`sudo sharectl gpu-check
-/// ~alice/out` stops at `/home/alice`), and follows no symlink that root does not own. OUT_DIR is
-/// the operator's own choice and `logs/` beside these files is written plainly, so those checks
-/// would refuse directories the rest of the run uses.
+/// OUT_DIR is the operator's own choice (a team's `2775` directory, another user's home under
+/// `sudo`), so it is reached as an existing directory of another program's
+/// (`WriteDir::Unchecked`), not walked with the checks of libshare's own host files.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    libshare_abi::fsafe::write_atomic_in(
+        libshare_abi::fsafe::WriteDir::Unchecked,
+        path,
+        bytes,
+        0o644,
+    )
+    .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 #[cfg(test)]
