@@ -11,7 +11,8 @@ use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
 use crate::settings::{node_devices, Settings, SettingsError};
 use libshare_abi::admin::{
-    check_quota, valid_container_name, ContainerReport, DeviceReport, Request, Response, SetRequest,
+    check_quota, valid_container_name, ContainerReport, ContainerSettings, DeviceReport, Request,
+    Response, SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
 use libshare_abi::units::format_size;
@@ -188,6 +189,29 @@ impl AdminService {
     }
 
     fn set(&self, q: SetRequest) -> Result<ContainerReport, AdminError> {
+        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = settings.get(&q.container).cloned().unwrap_or_default();
+        self.layer(&mut s, &q)?;
+        self.put(&mut settings, &q.container, s)
+    }
+
+    /// `bind`: the `set`s `new` stands for, layered in turn over a copy of the container's
+    /// settings, then written once (a refused one changes nothing).
+    fn bind(&self, name: &str, new: ContainerSettings) -> Result<ContainerReport, AdminError> {
+        let reqs = new.requests(name).map_err(AdminError::BadRequest)?;
+        if reqs.is_empty() {
+            return Err(AdminError::NothingToSet);
+        }
+        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = settings.get(name).cloned().unwrap_or_default();
+        for q in &reqs {
+            self.layer(&mut s, q)?;
+        }
+        self.put(&mut settings, name, s)
+    }
+
+    /// `q` checked and layered over `s` (a container's settings).
+    fn layer(&self, s: &mut ContainerSettings, q: &SetRequest) -> Result<(), AdminError> {
         if q.class.is_none()
             && q.memory.is_none()
             && q.compute.is_none()
@@ -215,8 +239,6 @@ impl AdminService {
         if q.compute.is_some_and(|c| c > 10_000) {
             return Err(AdminError::ComputeShare);
         }
-        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
-        let mut s = settings.get(&q.container).cloned().unwrap_or_default();
         // A container that may oversubscribe limits a footprint of managed memory, which may
         // exceed the device (issue 20).
         let oversubscribes = q.oversubscribe.or(s.oversubscribe) == Some(true);
@@ -255,12 +277,22 @@ impl AdminService {
             }
             s.devices.retain(|_, d| !d.is_empty());
         }
+        Ok(())
+    }
+
+    /// Stores `s` as `name`'s settings and writes them into its state.
+    fn put(
+        &self,
+        settings: &mut Settings,
+        name: &str,
+        s: ContainerSettings,
+    ) -> Result<ContainerReport, AdminError> {
         // The state first (created if the container has not started, so the setting is in place
         // before its first allocation), then the file: a failed save changes neither.
-        let st = self.state(&q.container, true)?.expect("created");
-        settings.put(&q.container, Some(s))?;
-        self.write(&settings, &q.container, &st);
-        self.report(&q.container, &settings)
+        let st = self.state(name, true)?.expect("created");
+        settings.put(name, Some(s))?;
+        self.write(settings, name, &st);
+        self.report(name, settings)
     }
 
     fn reset(&self, name: &str) -> Result<ContainerReport, AdminError> {
@@ -310,6 +342,13 @@ impl AdminService {
             Request::Reset { container } => {
                 named(&container)?;
                 self.reset(&container)
+            }
+            Request::Bind {
+                container,
+                settings,
+            } => {
+                named(&container)?;
+                self.bind(&container, settings)
             }
             // A runtime's id (64 hex digits, or the name runc was given): checked there.
             Request::Started { container, pid } => self.started(&container, pid),
