@@ -1,9 +1,16 @@
-//! The daemon, admin and node-view commands (`status`, `top`), and `gpu-check`: each an `Args`
-//! struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
+//! The daemon, admin and node-view commands (`status`, `top`), the container and Kubernetes
+//! commands (`cdi`, `hook`, `runtime`, `device-plugin`, `dra-plugin`), and `gpu-check`: each an
+//! `Args` struct and one `run` over `libshare-node`, `libshare-abi`, `crate::containers`,
+//! `libshare-k8s` or its own module.
 
+pub mod cdi;
 pub mod daemon;
+pub mod device_plugin;
+pub mod dra_plugin;
 pub mod gpu_check;
 pub mod health;
+pub mod hook;
+pub mod runtime;
 pub mod set;
 pub mod status;
 pub mod top;
