@@ -376,3 +376,122 @@ impl Service for AdminService {
         Response::error(why.message()).encode()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libshare_abi::admin::{Class, DeviceSettings};
+
+    const GIB: u64 = 1 << 30;
+
+    fn service(dir: &std::path::Path) -> AdminService {
+        let settings =
+            Settings::load(dir.join("settings.toml"), ContainerSettings::default()).unwrap();
+        AdminService::new(
+            dir.to_path_buf(),
+            Arc::new(Mutex::new(settings)),
+            Some(vec![8 * GIB, 8 * GIB]),
+            false,
+        )
+    }
+
+    fn bind(container: &str, settings: &ContainerSettings) -> Request {
+        Request::Bind {
+            container: container.into(),
+            settings: settings.clone(),
+        }
+    }
+
+    #[test]
+    fn a_bind_sets_a_whole_container_or_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let svc = service(d.path());
+        let mut s = ContainerSettings {
+            class: Some(Class::Opportunistic),
+            ..Default::default()
+        };
+        s.all.compute = Some(3000);
+        s.devices.insert(
+            "1".into(),
+            DeviceSettings {
+                memory: Some(2 * GIB),
+                ..Default::default()
+            },
+        );
+        let r = svc.answer(bind("abc", &s)).unwrap();
+        assert_eq!(r.settings, s);
+        assert!(
+            r.present,
+            "the state is created before the container starts"
+        );
+        // Refused (device 1's quota above its memory, device 5 absent): nothing changes.
+        let mut big = s.clone();
+        big.class = Some(Class::Production);
+        big.devices.get_mut("1").unwrap().memory = Some(9 * GIB);
+        let e = svc.answer(bind("abc", &big)).unwrap_err();
+        assert!(
+            matches!(e, AdminError::QuotaAboveDevice { device: 1, .. }),
+            "{e}"
+        );
+        let mut absent = s.clone();
+        absent.devices.insert("5".into(), DeviceSettings::default());
+        absent.devices.get_mut("5").unwrap().weight = Some(2);
+        assert!(matches!(
+            svc.answer(bind("abc", &absent)).unwrap_err(),
+            AdminError::NoSuchDevice { device: 5, .. }
+        ));
+        let get = Request::Get {
+            container: "abc".into(),
+        };
+        assert_eq!(svc.answer(get).unwrap().settings, s);
+        assert!(matches!(
+            svc.answer(bind("abc", &ContainerSettings::default())),
+            Err(AdminError::NothingToSet)
+        ));
+        assert!(matches!(
+            svc.answer(bind("../x", &s)),
+            Err(AdminError::BadName(_))
+        ));
+    }
+
+    #[test]
+    fn a_bind_layers_as_its_sets_would() {
+        let d = tempfile::tempdir().unwrap();
+        let svc = service(d.path());
+        let set = |q: SetRequest| svc.answer(Request::Set(q)).unwrap();
+        // What the container had: a weight everywhere and a compute share on device 0.
+        set(SetRequest {
+            container: "c".into(),
+            weight: Some(4),
+            ..Default::default()
+        });
+        set(SetRequest {
+            container: "c".into(),
+            device: Some(0),
+            compute: Some(1000),
+            ..Default::default()
+        });
+        let mut s = ContainerSettings {
+            class: Some(Class::Production),
+            ..Default::default()
+        };
+        s.all.compute = Some(5000);
+        s.devices.insert(
+            "0".into(),
+            DeviceSettings {
+                memory: Some(GIB),
+                ..Default::default()
+            },
+        );
+        let got = svc.answer(bind("c", &s)).unwrap().settings;
+        assert_eq!(got.class, Some(Class::Production));
+        assert_eq!(got.all.weight, Some(4), "kept");
+        assert_eq!(got.all.compute, Some(5000));
+        assert_eq!(
+            got.device(0).compute,
+            Some(5000),
+            "a share for every device replaces device 0's"
+        );
+        assert_eq!(got.device(0).memory, Some(GIB));
+    }
+}

@@ -74,7 +74,7 @@ pub fn bound_spec(
         .unwrap_or_else(|e| json!({ "error": e.to_string() }))
 }
 
-/// A spec of `kind` with `devices`, every one of them getting `inject.rs`'s mounts and the hook
+/// A spec of `kind` with `devices`, every one of them getting [`super::inject`]'s mounts and the hook
 /// (`sharectl hook --cdi <inject args> <hook_args>`): `cdi generate`'s, and the device plugin's
 /// one spec per allocation (`hook_args`: `--allocation NAME`).
 pub fn spec_with(
