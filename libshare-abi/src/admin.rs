@@ -45,6 +45,8 @@ pub enum RequestError {
     QuotaTooSmall(u64),
     #[error("a compute share is between 0% and 100%")]
     ComputeShare,
+    #[error("device {0:?} is not a device index")]
+    DeviceKey(String),
 }
 
 impl SetRequest {
@@ -156,6 +158,37 @@ impl ContainerSettings {
     }
 }
 
+impl ContainerSettings {
+    /// The `set`s these settings stand for on `container`: the one for every device (class,
+    /// oversubscription, [`ContainerSettings::all`]) first, then one per device; none for what
+    /// is empty. Err: a device key that is not an index.
+    pub fn requests(&self, container: &str) -> Result<Vec<SetRequest>, RequestError> {
+        let one = |device: Option<u32>, d: &DeviceSettings| SetRequest {
+            container: container.to_string(),
+            device,
+            class: None,
+            memory: d.memory,
+            compute: d.compute,
+            weight: d.weight,
+            oversubscribe: None,
+        };
+        let mut all = one(None, &self.all);
+        all.class = self.class;
+        all.oversubscribe = self.oversubscribe;
+        let mut v: Vec<SetRequest> = Vec::new();
+        if all != one(None, &DeviceSettings::default()) {
+            v.push(all);
+        }
+        for (k, d) in &self.devices {
+            let device: u32 = k.parse().map_err(|_| RequestError::DeviceKey(k.clone()))?;
+            if !d.is_empty() {
+                v.push(one(Some(device), d));
+            }
+        }
+        Ok(v)
+    }
+}
+
 /// `set`: the fields given change, the others stay.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +218,13 @@ pub enum Request {
     },
     Reset {
         container: String,
+    },
+    /// A Kubernetes bind (`sharectl hook` for a device plugin's allocation or a DRA claim): a
+    /// container's settings in one request, layered over what it has as the `set`s they stand
+    /// for would be ([`ContainerSettings::requests`]), all of them or none.
+    Bind {
+        container: String,
+        settings: ContainerSettings,
     },
     /// The runtime's `createRuntime` hook (`sharectl hook`): the container whose runtime id is
     /// `container` has process `pid` (host pid namespace). The daemon reads that process's
@@ -245,6 +285,17 @@ impl Request {
                 } else {
                     Err(RequestError::BadName(container.clone()))
                 }
+            }
+            // Every `set` the settings stand for, and at least one.
+            Request::Bind {
+                container,
+                settings,
+            } => {
+                let reqs = settings.requests(container)?;
+                if reqs.is_empty() {
+                    return Err(RequestError::NothingToSet);
+                }
+                reqs.iter().try_for_each(|q| q.validate(gpus))
             }
             Request::Started { .. } => Ok(()),
         }
@@ -308,6 +359,39 @@ mod tests {
         );
         assert!(Request::decode(br#"{"op":"started","container":"c","pid":-1}"#).is_err());
         assert!(Request::decode(br#"{"op":"set","container":"x","memory":-1}"#).is_err());
+        let bind = Request::Bind {
+            container: "c".into(),
+            settings: ContainerSettings {
+                class: Some(Class::Opportunistic),
+                devices: [(
+                    "2".to_string(),
+                    DeviceSettings {
+                        memory: Some(1 << 30),
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+                ..Default::default()
+            },
+        };
+        assert_eq!(Request::decode(&bind.encode()), Ok(bind.clone()));
+        let Request::Bind { settings, .. } = bind else {
+            unreachable!()
+        };
+        let reqs = settings.requests("c").unwrap();
+        assert_eq!(reqs.len(), 2);
+        assert_eq!(
+            (reqs[0].class, reqs[0].device),
+            (Some(Class::Opportunistic), None)
+        );
+        assert_eq!((reqs[1].device, reqs[1].memory), (Some(2), Some(1 << 30)));
+        assert!(ContainerSettings::default()
+            .requests("c")
+            .unwrap()
+            .is_empty());
+        let mut bad = ContainerSettings::default();
+        bad.devices.insert("x".into(), DeviceSettings::default());
+        assert!(bad.requests("c").is_err());
         let mut s = ContainerSettings::default();
         s.all.memory = Some(10);
         s.devices.insert(

@@ -11,7 +11,7 @@ use crate::authority::Words;
 use crate::server::{Peer, Refusal, Reply, Service};
 use crate::settings::{node_devices, Settings, SettingsError};
 use libshare_abi::admin::{
-    ContainerReport, DeviceReport, Request, RequestError, Response, SetRequest,
+    ContainerReport, ContainerSettings, DeviceReport, Request, RequestError, Response, SetRequest,
 };
 use libshare_abi::names::NAME_RULE;
 use libshare_abi::units::format_size;
@@ -182,6 +182,26 @@ impl AdminService {
     fn set(&self, q: SetRequest) -> Result<ContainerReport, AdminError> {
         let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
         let mut s = settings.get(&q.container).cloned().unwrap_or_default();
+        self.layer(&mut s, &q)?;
+        self.put(&mut settings, &q.container, s)
+    }
+
+    /// `bind` of a request [`Request::validate`] passed: the `set`s `new` stands for, layered
+    /// in turn over a copy of the container's settings, then written once (a refused one
+    /// changes nothing).
+    fn bind(&self, name: &str, new: ContainerSettings) -> Result<ContainerReport, AdminError> {
+        let reqs = new.requests(name)?;
+        let mut settings = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = settings.get(name).cloned().unwrap_or_default();
+        for q in &reqs {
+            self.layer(&mut s, q)?;
+        }
+        self.put(&mut settings, name, s)
+    }
+
+    /// A valid `q` layered over `s` (a container's settings); what only the stored settings
+    /// can tell is checked here (a quota above the device, unless it oversubscribes).
+    fn layer(&self, s: &mut ContainerSettings, q: &SetRequest) -> Result<(), AdminError> {
         // A container that may oversubscribe limits a footprint of managed memory, which may
         // exceed the device (issue 20).
         let oversubscribes = q.oversubscribe.or(s.oversubscribe) == Some(true);
@@ -220,12 +240,22 @@ impl AdminService {
             }
             s.devices.retain(|_, d| !d.is_empty());
         }
+        Ok(())
+    }
+
+    /// Stores `s` as `name`'s settings and writes them into its state.
+    fn put(
+        &self,
+        settings: &mut Settings,
+        name: &str,
+        s: ContainerSettings,
+    ) -> Result<ContainerReport, AdminError> {
         // The state first (created if the container has not started, so the setting is in place
         // before its first allocation), then the file: a failed save changes neither.
-        let st = self.state(&q.container, true)?.expect("created");
-        settings.put(&q.container, Some(s))?;
-        self.write(&settings, &q.container, &st);
-        self.report(&q.container, &settings)
+        let st = self.state(name, true)?.expect("created");
+        settings.put(name, Some(s))?;
+        self.write(settings, name, &st);
+        self.report(name, settings)
     }
 
     fn reset(&self, name: &str) -> Result<ContainerReport, AdminError> {
@@ -255,6 +285,10 @@ impl AdminService {
                 Ok(r)
             }
             Request::Reset { container } => self.reset(&container),
+            Request::Bind {
+                container,
+                settings,
+            } => self.bind(&container, settings),
             // A runtime's id (64 hex digits, or the name runc was given): checked there.
             Request::Started { container, pid } => self.started(&container, pid),
         }
@@ -285,7 +319,7 @@ impl Service for AdminService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libshare_abi::admin::MIN_QUOTA;
+    use libshare_abi::admin::{DeviceSettings, MIN_QUOTA};
     use libshare_abi::{Class, FLAG_DAEMON_MANAGED, FLAG_OVERSUBSCRIBE};
 
     fn service(dir: &std::path::Path, totals: Option<Vec<u64>>) -> AdminService {
@@ -369,5 +403,107 @@ mod tests {
                 container: "none".into()
             })
             .is_err());
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    fn bind(container: &str, settings: &ContainerSettings) -> Request {
+        Request::Bind {
+            container: container.into(),
+            settings: settings.clone(),
+        }
+    }
+
+    #[test]
+    fn a_bind_sets_a_whole_container_or_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let svc = service(d.path(), Some(vec![8 * GIB, 8 * GIB]));
+        let mut s = ContainerSettings {
+            class: Some(Class::Opportunistic),
+            ..Default::default()
+        };
+        s.all.compute = Some(3000);
+        s.devices.insert(
+            "1".into(),
+            DeviceSettings {
+                memory: Some(2 * GIB),
+                ..Default::default()
+            },
+        );
+        let r = svc.answer(bind("abc", &s)).unwrap();
+        assert_eq!(r.settings, s);
+        assert!(
+            r.present,
+            "the state is created before the container starts"
+        );
+        // Refused (device 1's quota above its memory, device 5 absent): nothing changes.
+        let mut big = s.clone();
+        big.class = Some(Class::Production);
+        big.devices.get_mut("1").unwrap().memory = Some(9 * GIB);
+        let e = svc.answer(bind("abc", &big)).unwrap_err();
+        assert!(
+            matches!(e, AdminError::QuotaAboveDevice { device: 1, .. }),
+            "{e}"
+        );
+        let mut absent = s.clone();
+        absent.devices.insert("5".into(), DeviceSettings::default());
+        absent.devices.get_mut("5").unwrap().weight = Some(2);
+        assert!(matches!(
+            svc.answer(bind("abc", &absent)).unwrap_err(),
+            AdminError::Invalid(RequestError::NoSuchDevice(5, 2))
+        ));
+        let get = Request::Get {
+            container: "abc".into(),
+        };
+        assert_eq!(svc.answer(get).unwrap().settings, s);
+        assert!(matches!(
+            svc.answer(bind("abc", &ContainerSettings::default())),
+            Err(AdminError::Invalid(RequestError::NothingToSet))
+        ));
+        assert!(matches!(
+            svc.answer(bind("../x", &s)),
+            Err(AdminError::Invalid(RequestError::BadName(_)))
+        ));
+    }
+
+    #[test]
+    fn a_bind_layers_as_its_sets_would() {
+        let d = tempfile::tempdir().unwrap();
+        let svc = service(d.path(), Some(vec![8 * GIB, 8 * GIB]));
+        let set = |q: SetRequest| svc.answer(Request::Set(q)).unwrap();
+        // What the container had: a weight everywhere and a compute share on device 0.
+        set(SetRequest {
+            container: "c".into(),
+            weight: Some(4),
+            ..Default::default()
+        });
+        set(SetRequest {
+            container: "c".into(),
+            device: Some(0),
+            compute: Some(1000),
+            ..Default::default()
+        });
+        let mut s = ContainerSettings {
+            class: Some(Class::Production),
+            ..Default::default()
+        };
+        s.all.compute = Some(5000);
+        s.devices.insert(
+            "0".into(),
+            DeviceSettings {
+                memory: Some(GIB),
+                ..Default::default()
+            },
+        );
+        let got = svc.answer(bind("c", &s)).unwrap().settings;
+        assert_eq!(got.class, Some(Class::Production));
+        assert_eq!(got.all.weight, Some(4), "kept");
+        assert_eq!(got.all.compute, Some(5000));
+        assert_eq!(
+            got.device(0).compute,
+            Some(5000),
+            "a share for every device replaces device 0's"
+        );
+        assert_eq!(got.device(0).memory, Some(GIB));
     }
 }

@@ -253,6 +253,13 @@ fn is_hex_id(s: &str) -> bool {
     s.len() >= 12 && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// The one rule from a runtime's hex container id (12 to 128 hex digits: containerd's, CRI-O's,
+/// podman's, Docker's) to the container's name here: its first 12 digits, lowercase, as the
+/// runtimes' cgroup layouts name it. `None` for any other id.
+pub fn short_id(id: &str) -> Option<String> {
+    is_hex_id(id).then(|| id[..12].to_ascii_lowercase())
+}
+
 /// The container id a runtime put in one path component, if any.
 fn runtime_id(component: &str) -> Option<&str> {
     for (pre, post) in [
@@ -308,7 +315,10 @@ fn layout(path: &str, cfg: &IdentityConfig) -> Option<(String, usize)> {
     let under_parent = parents
         .filter_map(components)
         .any(|pp| !pp.is_empty() && pp.len() <= i && parts.starts_with(&pp));
-    under_parent.then(|| (id[..12].to_ascii_lowercase(), i + 1))
+    if !under_parent {
+        return None;
+    }
+    Some((short_id(id)?, i + 1))
 }
 
 /// A process under systemd's slice of user `<uid>` (`/user.slice/user-<uid>.slice/…`): its
@@ -405,9 +415,7 @@ pub fn unmapped(claimed: &str, cfg: &IdentityConfig) -> String {
 /// (the runtimes' layouts), or the id itself (an operator prefix's `P/<id>`).
 pub fn names_of_id(id: &str) -> Vec<String> {
     let mut v = Vec::new();
-    if is_hex_id(id) {
-        v.push(id[..12].to_ascii_lowercase());
-    }
+    v.extend(short_id(id));
     if valid_container_name(id) {
         v.push(id.to_string());
     }

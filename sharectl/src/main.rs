@@ -1,24 +1,19 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
 //! Each subcommand lives in its own module: `demo`, `bench`, and `commands/` (`daemon`,
-//! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`); containers: `cdi` (the CDI spec),
-//! `hook` (the OCI hook), `runtime` (the runc wrapper), over the one list of edits in `inject`;
-//! Kubernetes: `device_plugin` and `dra_plugin` (over crate `libshare-k8s`); `gpu_check` (a GPU
-//! node's check and simgpu's calibration, issue 33).
+//! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`; `cdi`, `hook`,
+//! `runtime`, `device-plugin`, `dra-plugin`, thin layers over `containers/` (the edits, the OCI
+//! types, the bind to the daemon) and crate `libshare-k8s`); `gpu_check` (a GPU node's check and
+//! simgpu's calibration, issue 33).
 
 mod bench;
-mod cdi;
 mod child;
 mod commands;
+mod containers;
 mod daemon_child;
 mod demo;
-mod device_plugin;
-mod dra_plugin;
 mod gpu_check;
-mod hook;
-mod inject;
 mod platform;
-mod runtime;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -60,23 +55,23 @@ enum Command {
     /// containerd >= 1.7 and Docker >= 25 inject libshare into containers asking for
     /// libshare.dev/gpu=<i>|all.
     #[command(subcommand)]
-    Cdi(cdi::CdiCommand),
+    Cdi(commands::cdi::CdiCommand),
     /// OCI hook (createRuntime): injects libshare into the container whose state is on stdin
     /// (runc config.json hooks, podman/CRI-O hooks.d: --print-hooks-d).
-    Hook(hook::HookArgs),
+    Hook(commands::hook::HookArgs),
     /// runc wrapper (`sharectl runtime [OPTIONS] -- RUNC-ARGS`): adds the hook to containers
     /// asking for a shared GPU (LIBSHARE_VISIBLE_DEVICES or annotation libshare.dev/gpu), then
     /// execs runc with its arguments unchanged.
     #[command(disable_help_flag = true)]
-    Runtime(runtime::RuntimeCli),
+    Runtime(commands::runtime::RuntimeCli),
     /// Kubernetes device plugin (kubelet API v1beta1): advertises each GPU as memory shares
     /// (libshare.dev/gpu-memory), answers Allocate with a CDI device whose hook binds the
     /// allocation's quota and the pod's class to the container on the daemon.
-    DevicePlugin(device_plugin::DevicePluginArgs),
+    DevicePlugin(commands::device_plugin::DevicePluginArgs),
     /// Kubernetes DRA kubelet plugin, driver gpu.libshare.dev: publishes each GPU as a
     /// shareable device (consumable memory and compute) and prepares claims: the memory a claim
     /// consumes becomes its containers' quota, its DeviceClass their class.
-    DraPlugin(dra_plugin::DraPluginArgs),
+    DraPlugin(commands::dra_plugin::DraPluginArgs),
     /// Exit 0 when the daemon answers on its admin socket within 5 s (a liveness probe).
     Health(commands::health::HealthArgs),
     /// libshare on this machine's NVIDIA GPU, and simgpu calibrated against it (issue 33):
@@ -126,11 +121,11 @@ fn main() -> ExitCode {
         Command::Get(args) => commands::set::get_or_reset(args, false),
         Command::Reset(args) => commands::set::get_or_reset(args, true),
         Command::Top(args) => commands::top::run(args),
-        Command::Cdi(cmd) => cdi::run(cmd),
-        Command::Hook(args) => hook::run(args),
-        Command::Runtime(args) => runtime::run(args),
-        Command::DevicePlugin(args) => device_plugin::run(args),
-        Command::DraPlugin(args) => dra_plugin::run(args),
+        Command::Cdi(cmd) => commands::cdi::run(cmd),
+        Command::Hook(args) => commands::hook::run(args),
+        Command::Runtime(args) => commands::runtime::run(args),
+        Command::DevicePlugin(args) => commands::device_plugin::run(args),
+        Command::DraPlugin(args) => commands::dra_plugin::run(args),
         Command::Health(args) => commands::health::run(args),
         Command::GpuCheck(args) => commands::gpu_check::run(args),
     };

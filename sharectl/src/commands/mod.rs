@@ -1,11 +1,18 @@
-//! The daemon, admin and node-view commands (`status`, `top`), `bench`, `demo` and `gpu-check`:
-//! each an `Args` struct and one `run` over `libshare-node`, `libshare-abi` or its own module.
+//! Every subcommand: each an `Args` struct and one `run` over a library — `libshare-node` and
+//! `libshare-abi` (the daemon, `set`/`get`/`reset`, `status`, `top`, `health`),
+//! `crate::containers` and `libshare-k8s` (`cdi`, `hook`, `runtime`, `device-plugin`,
+//! `dra-plugin`), or the command's own module (`bench`, `demo`, `gpu-check`).
 
 pub mod bench;
+pub mod cdi;
 pub mod daemon;
 pub mod demo;
+pub mod device_plugin;
+pub mod dra_plugin;
 pub mod gpu_check;
 pub mod health;
+pub mod hook;
+pub mod runtime;
 pub mod set;
 pub mod status;
 pub mod top;

@@ -1,4 +1,4 @@
-//! `sharectl runtime`: an OCI runtime wrapper in the manner of nvidia-container-runtime, for
+//! What `sharectl runtime` does: an OCI runtime wrapper in the manner of nvidia-container-runtime, for
 //! engines without CDI (Docker < 25 through `--add-runtime` / daemon.json `runtimes`,
 //! containerd 1.6 through `--runc-binary`).
 //!
@@ -13,45 +13,18 @@
 //! one line and exit 1 before runc runs: the container is not created, as with runc's own
 //! errors, and the bundle is left as it was.
 
-use crate::inject::{sharectl_exe, write_atomic, InjectArgs, ANNOTATION, ENV_DEVICES};
+use super::inject::{sharectl_exe, write_atomic, InjectArgs, ANNOTATION, ENV_DEVICES};
+use super::oci::{read_config_json, Config};
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Args, Parser};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-
-#[derive(Args, Debug)]
-pub struct RuntimeCli {
-    /// [OPTIONS] -- RUNC-ARGUMENTS (the options: `sharectl runtime --help`).
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "ARGS"
-    )]
-    pub args: Vec<OsString>,
-}
-
-/// The wrapper's own options (before `--`).
-#[derive(Parser, Debug)]
-#[command(
-    name = "sharectl runtime",
-    no_binary_name = true,
-    override_usage = "sharectl runtime [OPTIONS] -- <RUNC ARGUMENTS>...",
-    about = "runc wrapper: adds the libshare hook to containers asking for a shared GPU, then execs runc"
-)]
-struct RuntimeOpts {
-    #[command(flatten)]
-    inject: InjectArgs,
-    /// The OCI runtime to exec.
-    #[arg(long, value_name = "PATH", default_value = "runc")]
-    runc: PathBuf,
-}
+use std::path::{Path, PathBuf};
 
 /// runc's global options that take a value.
-const GLOBAL_WITH_VALUE: [&str; 5] = ["--log", "--log-format", "--root", "--criu", "--rootless"];
+pub const GLOBAL_WITH_VALUE: [&str; 5] =
+    ["--log", "--log-format", "--root", "--criu", "--rootless"];
 /// runc 1.1's commands.
-const VERBS: [&str; 18] = [
+pub const VERBS: [&str; 18] = [
     "checkpoint",
     "create",
     "delete",
@@ -72,48 +45,8 @@ const VERBS: [&str; 18] = [
     "state",
 ];
 
-pub fn run(cli: RuntimeCli) -> Result<()> {
-    let (own, runc_args) = match cli.args.iter().position(|a| a == "--") {
-        Some(i) => (&cli.args[..i], &cli.args[i + 1..]),
-        // `sharectl runtime --help`: the wrapper's own options.
-        None if cli.args.len() == 1 && (cli.args[0] == "--help" || cli.args[0] == "-h") => {
-            (&cli.args[..], &cli.args[..0])
-        }
-        None => (&cli.args[..0], &cli.args[..]),
-    };
-    let opts = RuntimeOpts::try_parse_from(own).map_err(|e| {
-        if e.kind() == clap::error::ErrorKind::DisplayHelp {
-            let _ = e.print();
-            std::process::exit(0);
-        }
-        anyhow!(
-            "{}",
-            e.to_string().lines().next().unwrap_or("bad options").trim()
-        )
-    })?;
-    let verb_at = verb_index(runc_args);
-    if let Some(i) = verb_at {
-        let verb = runc_args[i].to_string_lossy();
-        if !VERBS.contains(&verb.as_ref()) {
-            bail!(
-                "unknown runc command {verb:?}: nothing was run (runc's commands: {})",
-                VERBS.join(", ")
-            );
-        }
-        if verb == "create" || verb == "run" {
-            let bundle = bundle_of(&runc_args[i + 1..])?;
-            edit_bundle(&opts.inject, &bundle)?;
-        }
-    }
-    let err = std::process::Command::new(&opts.runc)
-        .arg0("runc")
-        .args(runc_args)
-        .exec();
-    Err(anyhow!("cannot run {}: {err}", opts.runc.display()))
-}
-
 /// Where runc's command is: the first argument that is not a global option or its value.
-fn verb_index(args: &[OsString]) -> Option<usize> {
+pub fn verb_index(args: &[OsString]) -> Option<usize> {
     let mut i = 0;
     while i < args.len() {
         let a = args[i].to_string_lossy();
@@ -130,7 +63,7 @@ fn verb_index(args: &[OsString]) -> Option<usize> {
 }
 
 /// The `--bundle`/`-b` of a create or run (default: the working directory).
-fn bundle_of(args: &[OsString]) -> Result<PathBuf> {
+pub fn bundle_of(args: &[OsString]) -> Result<PathBuf> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let s = a.to_string_lossy();
@@ -150,26 +83,25 @@ fn bundle_of(args: &[OsString]) -> Result<PathBuf> {
 }
 
 /// What the container asks for: its `LIBSHARE_VISIBLE_DEVICES`, else its annotation.
-fn wanted(cfg: &Value) -> Option<String> {
+fn wanted(cfg: &Config) -> Option<String> {
     let prefix = format!("{ENV_DEVICES}=");
-    let from_env = cfg["process"]["env"].as_array().and_then(|env| {
-        env.iter()
-            .filter_map(|e| e.as_str())
-            .filter_map(|e| e.strip_prefix(&prefix))
-            .next_back()
-            .map(String::from)
-    });
-    let v = from_env.or_else(|| cfg["annotations"][ANNOTATION].as_str().map(String::from))?;
+    let from_env = cfg
+        .env()
+        .iter()
+        .filter_map(|e| e.strip_prefix(&prefix))
+        .next_back()
+        .map(String::from);
+    let v = from_env.or_else(|| cfg.annotation(ANNOTATION).map(String::from))?;
     let v = v.trim().to_string();
     (!v.is_empty() && v != "none" && v != "void").then_some(v)
 }
 
-fn edit_bundle(inj: &InjectArgs, bundle: &std::path::Path) -> Result<()> {
-    let mut cfg = crate::hook::read_config(bundle)?;
-    if !cfg.is_object() {
-        bail!("{}/config.json is not an OCI config", bundle.display());
-    }
-    let Some(want) = wanted(&cfg) else {
+/// For a `create` or `run` of `bundle`: the hook added to its `config.json` (and
+/// `CUDA_VISIBLE_DEVICES` for a list of GPUs) when the container asks for a shared GPU; every
+/// other field of the config kept as it was.
+pub fn edit_bundle(inj: &InjectArgs, bundle: &Path) -> Result<()> {
+    let mut cfg = read_config_json(bundle)?;
+    let Some(want) = wanted(&Config::of(&cfg, bundle)?) else {
         return Ok(());
     };
     if want != "all"
@@ -253,6 +185,10 @@ mod tests {
             PathBuf::from("/c")
         );
         assert_eq!(verb_index(&os(&["--version"])), None);
+    }
+
+    fn wanted(v: &serde_json::Value) -> Option<String> {
+        super::wanted(&Config::of(v, Path::new("/b")).unwrap())
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! - a host file naming it, read-only, over `/etc/ld.so.preload` (the dynamic loader preloads it
 //!   into every glibc program, beside a user's `LD_PRELOAD`; works with a read-only root). An
 //!   image with its own `/etc/ld.so.preload` gets a per-container file holding both (see
-//!   `hook.rs`);
+//!   [`super::hook`]);
 //! - the directory holding the daemon's registration socket alone (`<state dir>/register`),
 //!   read-only, at [`SOCKET_DIR_IN_CONTAINER`] (`/dev/libshare`) — never its admin socket nor
 //!   any state file. The directory, not the socket file: a daemon restarted later binds a new

@@ -1,50 +1,22 @@
-//! `sharectl cdi generate`: a Container Device Interface spec for the node's GPUs (podman,
+//! Container Device Interface specs: `sharectl cdi generate`'s for the node's GPUs (podman,
 //! containerd ≥ 1.7, CRI-O, Docker ≥ 25 read it from `/etc/cdi` or `/var/run/cdi`).
 //!
 //! The spec is JSON (which every CDI consumer reads, YAML being a superset) at `cdiVersion`
 //! 0.5.0: the lowest version covering what it uses (mounts, hooks, env), which is also the
-//! highest that podman 4.3 accepts. Its edits are `inject.rs`'s mounts, applied once for any
+//! highest that podman 4.3 accepts. Its edits are [`super::inject`]'s mounts, applied once for any
 //! device of the spec, and `sharectl hook --cdi` (createRuntime) that merges an image's own
 //! `/etc/ld.so.preload` and undoes the preload in a musl or static image (poststop: removes the
 //! merged list). A device
 //! per GPU (`<kind>=0`, `=1`, … selecting it with `CUDA_VISIBLE_DEVICES`) and `<kind>=all`.
 
-use crate::inject::{sharectl_exe, sim_state_in_container, write_atomic, InjectArgs};
-use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
+use super::inject::{sharectl_exe, sim_state_in_container, InjectArgs};
+use anyhow::Result;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 
 /// The version written: what podman 4.3 (CDI ≤ 0.5.0) and current consumers accept.
 pub const CDI_VERSION: &str = "0.5.0";
 
-#[derive(Subcommand, Debug)]
-pub enum CdiCommand {
-    /// Print (or write with --output) the CDI spec for this node's GPUs.
-    Generate(GenerateArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct GenerateArgs {
-    #[command(flatten)]
-    pub inject: InjectArgs,
-    /// The spec's kind (vendor/class): devices are requested as KIND=0, KIND=all.
-    #[arg(long, default_value = "libshare.dev/gpu")]
-    pub kind: String,
-    /// Only these GPU indices (comma-separated; default: every GPU NVML reports).
-    #[arg(long, value_delimiter = ',')]
-    pub devices: Option<Vec<u32>>,
-    /// Write the spec here (atomically; e.g. /etc/cdi/libshare.json) instead of stdout.
-    #[arg(long, short, value_name = "PATH")]
-    pub output: Option<PathBuf>,
-}
-
-pub fn run(cmd: CdiCommand) -> Result<()> {
-    match cmd {
-        CdiCommand::Generate(a) => generate(a),
-    }
-}
-
+/// A CDI kind (`vendor.domain/class`: letters, digits, '.', '-', '_').
 pub fn valid_kind(kind: &str) -> bool {
     let Some((vendor, class)) = kind.split_once('/') else {
         return false;
@@ -59,49 +31,8 @@ pub fn valid_kind(kind: &str) -> bool {
     vendor.contains('.') && label(vendor, b".-") && label(class, b"_.-")
 }
 
-fn generate(a: GenerateArgs) -> Result<()> {
-    if !valid_kind(&a.kind) {
-        bail!(
-            "--kind {}: expected vendor.domain/class (letters, digits, '.', '-', '_'), \
-             e.g. libshare.dev/gpu",
-            a.kind
-        );
-    }
-    // The daemon may start later (package install): its socket is needed when a container
-    // starts, where the runtime fails the mount without it.
-    a.inject.check(false)?;
-    let count = libshare_node::nvml::device_totals()
-        .map_err(|e| anyhow::anyhow!("cannot count the node's GPUs: {e}"))?
-        .len() as u32;
-    let devices: Vec<u32> = match &a.devices {
-        None => (0..count).collect(),
-        Some(list) => {
-            if let Some(bad) = list.iter().find(|&&i| i >= count) {
-                bail!(
-                    "GPU {bad} does not exist: this node has {count} GPU(s) (0..{}); nothing written",
-                    count.saturating_sub(1)
-                );
-            }
-            list.clone()
-        }
-    };
-    if devices.is_empty() {
-        bail!("this node has no GPU (NVML reports none): nothing to generate");
-    }
-    let spec = spec(&a, &devices)?;
-    let text = serde_json::to_string_pretty(&spec)? + "\n";
-    a.inject.ensure_preload_file()?;
-    match &a.output {
-        Some(path) => write_atomic(path, text.as_bytes(), 0o644),
-        None => {
-            print!("{text}");
-            Ok(())
-        }
-    }
-}
-
-/// The spec's JSON.
-pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
+/// The node's spec (`cdi generate`): a device per GPU of `devices` and `<kind>=all`.
+pub fn spec(inj: &InjectArgs, kind: &str, devices: &[u32]) -> Result<Value> {
     let mut devs: Vec<Value> = devices
         .iter()
         .map(|i| {
@@ -117,7 +48,7 @@ pub fn spec(a: &GenerateArgs, devices: &[u32]) -> Result<Value> {
         "name": "all",
         "containerEdits": { "env": ["LIBSHARE_VISIBLE_DEVICES=all"] },
     }));
-    spec_with(&a.inject, &a.kind, devs, &[])
+    spec_with(inj, kind, devs, &[])
 }
 
 /// The spec of one Kubernetes allocation or claim: its one device `name` selects the node's GPUs
@@ -143,7 +74,7 @@ pub fn bound_spec(
         .unwrap_or_else(|e| json!({ "error": e.to_string() }))
 }
 
-/// A spec of `kind` with `devices`, every one of them getting `inject.rs`'s mounts and the hook
+/// A spec of `kind` with `devices`, every one of them getting [`super::inject`]'s mounts and the hook
 /// (`sharectl hook --cdi <inject args> <hook_args>`): `cdi generate`'s, and the device plugin's
 /// one spec per allocation (`hook_args`: `--allocation NAME`).
 pub fn spec_with(
