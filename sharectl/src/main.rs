@@ -1,11 +1,13 @@
 //! `sharectl`: libshare's node daemon and admin CLI.
 //!
-//! Each subcommand lives in its own module: `demo`, `bench`, and `commands/` (`daemon`,
-//! `set`/`get`/`reset`, `status`, `top`, thin layers over `libshare-node`; `cdi`, `hook`,
-//! `runtime`, `device-plugin`, `dra-plugin`, thin layers over `containers/` (the edits, the OCI
-//! types, the bind to the daemon) and crate `libshare-k8s`); `gpu_check` (a GPU node's check and
-//! simgpu's calibration, issue 33).
+//! Every subcommand is `commands/<subcommand>.rs`: its clap `Args` and a `run` over a library —
+//! `libshare-node`/`libshare-abi` (`daemon`, `set`/`get`/`reset`, `status`, `top`, `health`),
+//! `containers/` (the container edits, the OCI types, the bind to the daemon, owned by no
+//! command) and crate `libshare-k8s` (`cdi`, `hook`, `runtime`, `device-plugin`, `dra-plugin`),
+//! or the command's own module: `bench/` (one file per scenario), `demo/` (its run apart from
+//! its view), `gpu_check/` (a GPU node's check and simgpu's calibration, issue 33).
 
+mod admin;
 mod bench;
 mod child;
 mod commands;
@@ -13,6 +15,7 @@ mod containers;
 mod daemon_child;
 mod demo;
 mod gpu_check;
+mod node_view;
 mod platform;
 
 use clap::{Parser, Subcommand};

@@ -44,3 +44,24 @@ fn no_sharectl_file_over_800_lines_of_code() {
         .collect();
     assert!(big.is_empty(), "split: {big:?}");
 }
+
+#[test]
+fn sharectl_commands_are_its_top_floor() {
+    // `commands/<subcommand>.rs` are thin layers over libraries: no module of sharectl below
+    // them (containers/, bench/, demo/, gpu_check/, the admin client, the node view) uses one,
+    // so container injection owes nothing to a Kubernetes command and the reverse.
+    let c = crates().into_iter().find(|c| c.dir == "sharectl").unwrap();
+    let is_command = |p: &str| p.starts_with("sharectl/src/commands/");
+    let mut up = Vec::new();
+    for f in &c.files {
+        if is_command(&f.path) || f.path == "sharectl/src/main.rs" {
+            continue;
+        }
+        for &u in &f.uses {
+            if is_command(&c.files[u].path) {
+                up.push(format!("{} uses {}", f.path, c.files[u].path));
+            }
+        }
+    }
+    assert!(up.is_empty(), "{up:#?}");
+}

@@ -2,8 +2,8 @@
 //! Each allocation's CDI spec runs `sharectl hook --cdi --allocation NAME`, which binds the
 //! allocation to the container on the daemon ([`crate::containers::bind::allocation`]).
 
+use crate::admin::{class_parser, parse_memory};
 use crate::commands::daemon::parse_duration;
-use crate::commands::set::{class_parser, parse_memory};
 use crate::containers::cdi::{bound_spec, valid_kind};
 use crate::containers::inject::{sharectl_exe, InjectArgs};
 use anyhow::{anyhow, bail, Result};

@@ -2,9 +2,9 @@
 //! `libshare_k8s::dra`). Each prepared claim's CDI spec runs `sharectl hook --cdi --claim UID`,
 //! which binds the claim to the container on the daemon ([`crate::containers::bind::claim`]).
 
+use crate::admin::parse_memory;
 use crate::commands::daemon::parse_duration;
 use crate::commands::device_plugin::{probe, serve};
-use crate::commands::set::parse_memory;
 use crate::containers::cdi::{bound_spec, valid_kind};
 use crate::containers::inject::{sharectl_exe, InjectArgs};
 use anyhow::{anyhow, bail, Result};

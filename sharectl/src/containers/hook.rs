@@ -93,7 +93,7 @@ impl Hook<'_> {
             log_line(inj, &line);
         }
         // The daemon sets the driver's limits on the container's cgroup now (never fails the start).
-        if let Some(line) = crate::commands::set::started(&inj.state_dir, &st.id, pid) {
+        if let Some(line) = crate::admin::started(&inj.state_dir, &st.id, pid) {
             log_line(inj, &line);
         }
         let ns = format!("/proc/{pid}/ns/mnt");

@@ -6,8 +6,8 @@ use super::{
     PRODUCTION,
 };
 use crate::child::{self, Job, Msg, Role};
-use crate::commands::status;
 use crate::daemon_child::Daemon;
+use crate::node_view as status;
 use crate::platform::{self, Gpu, StateDir};
 use anyhow::{anyhow, bail};
 use jobs::profiles::Train;

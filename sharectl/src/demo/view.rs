@@ -4,7 +4,7 @@ use super::{
     Container, Grow, NoShim, OppRate, PhaseResult, Shim, BATCH, GROW, GROW_BYTES, OPPORTUNISTIC,
     OPPORTUNISTIC_GPU_MS, OPPORTUNISTIC_KERNELS, PROD, PRODUCTION, PRODUCTION_GPU_MS,
 };
-use crate::commands::status;
+use crate::node_view as status;
 use crate::platform::Gpu;
 use jobs::profiles::Train;
 use libshare_abi::units::format_size;

@@ -4,7 +4,7 @@
 //! `libshare.dev/compute`), production only in a namespace the plugin allows.
 
 use super::{apply, container_name, release};
-use crate::commands::set::parse_compute;
+use crate::admin::parse_compute;
 use anyhow::{anyhow, bail, Result};
 use libshare_abi::admin::{Class, ContainerSettings, DeviceSettings};
 use libshare_abi::units::format_size;

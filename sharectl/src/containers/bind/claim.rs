@@ -6,7 +6,7 @@
 //! smaller cap win.
 
 use super::{apply, container_name, release};
-use crate::commands::set::ask;
+use crate::admin::ask;
 use anyhow::{anyhow, Result};
 use libshare_abi::admin::{Class, ContainerSettings, DeviceSettings, Request};
 use libshare_abi::units::format_size;

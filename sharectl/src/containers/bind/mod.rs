@@ -12,7 +12,7 @@
 pub mod allocation;
 pub mod claim;
 
-use crate::commands::set::ask;
+use crate::admin::ask;
 use anyhow::{anyhow, Result};
 use libshare_abi::admin::{ContainerSettings, Request};
 use std::path::Path;
