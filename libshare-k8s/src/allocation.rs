@@ -23,8 +23,9 @@ pub struct Allocation {
     pub name: String,
     /// The kubelet's device ids (shares), sorted.
     pub ids: Vec<String>,
-    /// GPU index (as a string: JSON keys) → memory quota in bytes.
-    pub quota: BTreeMap<String, u64>,
+    /// The node's GPU index (NVML's) → memory quota in bytes (JSON writes the keys as strings;
+    /// serde reads them back as indices, and refuses a key that is not one).
+    pub quota: BTreeMap<u32, u64>,
     /// The class when the pod's annotation does not say.
     pub default_class: Class,
     /// The namespaces whose pods may be production (`*`: all; the plugin's
@@ -70,4 +71,34 @@ pub fn read(state_dir: &Path, name: &str) -> Result<Allocation, String> {
         ));
     }
     Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_are_kept_by_gpu_index_and_read_back_as_indices() {
+        let a = Allocation {
+            name: "k8s-gpu2-share0-x3".into(),
+            ids: vec!["gpu2-share0".into()],
+            quota: [(10, 1u64), (2, 2)].into(),
+            default_class: Class::Production,
+            production_namespaces: Vec::new(),
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        // The file's format: JSON object keys, the GPU's index as a string.
+        assert!(text.contains(r#""quota":{"2":2,"10":1}"#), "{text}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(super::dir(dir.path())).unwrap();
+        let path = super::dir(dir.path()).join("k8s-gpu2-share0-x3.json");
+        std::fs::write(&path, &text).unwrap();
+        let back = read(dir.path(), "k8s-gpu2-share0-x3").unwrap();
+        assert_eq!(back, a);
+        assert_eq!(back.quota.keys().copied().collect::<Vec<_>>(), [2, 10]);
+        // A key that is not a GPU index is a malformed file, not a quota of GPU 0.
+        std::fs::write(&path, text.replace(r#""10":1"#, r#""ten":1"#)).unwrap();
+        let e = read(dir.path(), "k8s-gpu2-share0-x3").unwrap_err();
+        assert!(e.contains("is malformed") && !e.contains('\n'), "{e}");
+    }
 }

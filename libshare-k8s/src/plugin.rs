@@ -189,7 +189,7 @@ impl DevicePlugin for Plugin {
                 quota: g
                     .per_gpu
                     .iter()
-                    .map(|(gpu, n)| (gpu.to_string(), *n as u64 * self.cfg.share_bytes))
+                    .map(|(gpu, n)| (*gpu, u64::from(*n) * self.cfg.share_bytes))
                     .collect(),
                 default_class: self.cfg.default_class,
                 production_namespaces: self.cfg.production_namespaces.clone(),

@@ -47,6 +47,10 @@ pub struct Options {
     pub cpus: CpuLayout,
     pub ops: Vec<S3Op>,
     pub policy: Vec<Policy>,
+    /// libshare's daemon's `--latency-budget` (every scenario but S10).
+    pub latency_budget: Option<libshare_node::policy::LatencyBudget>,
+    /// S8's training: batch and layer width.
+    pub s8_training: (u32, u32),
 }
 
 /// `--cpus`: which CPU layouts S8 runs.
@@ -200,6 +204,10 @@ pub fn run(args: Options) -> anyhow::Result<()> {
         ref one => std::slice::from_ref(one),
     };
     let mut out = Output::new(&args);
+    let daemon_args: Vec<String> = args
+        .latency_budget
+        .map(|b| vec!["--latency-budget".into(), b.to_string()])
+        .unwrap_or_default();
     for &s in scenarios {
         let env = if s == ScenarioArg::S8 {
             s8::s8_env()
@@ -215,6 +223,8 @@ pub fn run(args: Options) -> anyhow::Result<()> {
             cpus: args.cpus,
             env: &env,
             pin: Cpus::Shared,
+            daemon_args: &daemon_args,
+            s8_training: args.s8_training,
         };
         match s {
             ScenarioArg::S1 => s1::s1(&ctx, &mut out)?,
@@ -251,6 +261,10 @@ struct Ctx<'a> {
     env: &'a [(String, std::ffi::OsString)],
     /// Where the scenario's jobs run on the host's CPUs.
     pin: Cpus,
+    /// libshare's daemon's arguments where a scenario gives none (`--latency-budget`).
+    daemon_args: &'a [String],
+    /// S8's training: batch and layer width.
+    s8_training: (u32, u32),
 }
 
 /// Rounds to 3 decimals; a non-finite value becomes null.
@@ -547,7 +561,11 @@ fn run_policy_with(
         idle_containers: if shared { idle.to_vec() } else { Vec::new() },
         sample_gates: sample && shared,
         env: ctx.env.to_vec(),
-        daemon_args: daemon_args.to_vec(),
+        daemon_args: if daemon_args.is_empty() {
+            ctx.daemon_args.to_vec()
+        } else {
+            daemon_args.to_vec()
+        },
         cpus: ctx.pin,
     })
 }

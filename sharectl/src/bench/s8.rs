@@ -20,7 +20,7 @@ const S8_SETUP: f64 = 25.0;
 /// S8's jobs: production PyTorch inference (an 8-layer MLP at 40 requests/s) and, with `opp`,
 /// opportunistic PyTorch training of a similar MLP; both warm up until an agreed wall-clock
 /// time, then run for `secs`.
-fn s8_jobs(secs: f64, opp: bool, prod: bool) -> Vec<JobSpec> {
+fn s8_jobs(secs: f64, opp: bool, prod: bool, (batch, width): (u32, u32)) -> Vec<JobSpec> {
     let start_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |t| t.as_secs_f64())
@@ -51,7 +51,14 @@ fn s8_jobs(secs: f64, opp: bool, prod: bool) -> Vec<JobSpec> {
             container: "opp".into(),
             class: Class::Opportunistic,
             bin: "torch_train.py",
-            args: common(&["--layers", "4", "--batch", "512"]),
+            args: common(&[
+                "--layers",
+                "4",
+                "--batch",
+                &batch.to_string(),
+                "--width",
+                &width.to_string(),
+            ]),
             delay: 0.0,
         });
     }
@@ -113,7 +120,7 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
             .collect();
         metrics::ended_within(&spans, a, b) as f64 / (b - a)
     };
-    let solo = run_policy(ctx, Policy::Exclusive, &s8_jobs(d, false, true), &[], false)
+    let solo = run_policy(ctx, Policy::Exclusive, &s8_jobs(d, false, true, ctx.s8_training), &[], false)
         .with_context(|| format!("S8 (cpus={tag}): production alone (the solo baseline)"))?;
     let (sa, sb) = window(&solo, 0.0)?;
     let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
@@ -122,7 +129,7 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
     let alone = ctx
         .bench
         .run(&RunSpec {
-            jobs: s8_jobs(d, true, false),
+            jobs: s8_jobs(d, true, false, ctx.s8_training),
             setup: Setup::Native,
             idle_containers: Vec::new(),
             sample_gates: false,
@@ -138,7 +145,7 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
         let rec = if p == Policy::Exclusive {
             solo.clone()
         } else {
-            run_policy(ctx, p, &s8_jobs(d, true, true), &[], false)?
+            run_policy(ctx, p, &s8_jobs(d, true, true, ctx.s8_training), &[], false)?
         };
         let (a, b) = window(&rec, 0.0)?;
         let lat = latencies(&rec, a, b);
@@ -149,6 +156,11 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
         m.insert("p99_ratio".into(), opt(p99.map(|x| x / solo_p99)));
         m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
         m.insert("cpus".into(), tag.into());
+        let (batch, width) = ctx.s8_training;
+        m.insert("training".into(), format!("batch {batch} width {width}").into());
+        if p == Policy::Libshare && ctx.daemon_args.len() == 2 {
+            m.insert("latency_budget".into(), ctx.daemon_args[1].clone().into());
+        }
         m.insert("p99_ms".into(), opt(p99));
         m.insert("solo_p99_ms".into(), num(solo_p99));
         m.insert("p50_ms".into(), opt(metrics::percentile(&lat, 50.0)));

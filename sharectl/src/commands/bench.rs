@@ -64,6 +64,21 @@ pub struct BenchArgs {
     /// Only these policies (comma-separated) [default: all five].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub policy: Vec<Policy>,
+
+    /// The latency budget of libshare's daemon: a time (e.g. 500us) or a share of production's
+    /// service time (e.g. 10%) [default: the daemon's, 2ms]; S10's rows under a named budget
+    /// keep theirs.
+    #[arg(long, value_name = "TIME|PCT")]
+    pub latency_budget: Option<libshare_node::policy::LatencyBudget>,
+
+    /// S8's training batch: 4096 with --s8-width 4096 makes its kernels 0.4-2 ms (large-batch
+    /// training, issue 31).
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub s8_batch: u32,
+
+    /// S8's training layer width.
+    #[arg(long, value_name = "N", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+    pub s8_width: u32,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -79,6 +94,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         cpus: args.cpus,
         ops: args.ops,
         policy: args.policy,
+        latency_budget: args.latency_budget,
+        s8_training: (args.s8_batch, args.s8_width),
     })
 }
 
@@ -133,5 +150,13 @@ mod tests {
         assert!(parse(&["S1", "--duration", "1"]).is_err());
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());
         assert!(parse(&["S1", "--policy", "mps"]).is_err());
+        let a = parse(&["S8", "--s8-batch", "4096", "--s8-width", "4096"]).unwrap();
+        assert_eq!((a.s8_batch, a.s8_width, a.latency_budget), (4096, 4096, None));
+        assert_eq!((parse(&["S8"]).unwrap().s8_batch, parse(&["S8"]).unwrap().s8_width), (512, 2048));
+        assert!(parse(&["S8", "--s8-batch", "0"]).is_err());
+        let a = parse(&["S8", "--latency-budget", "500us"]).unwrap();
+        assert_eq!(a.latency_budget.unwrap().to_string(), "500us");
+        assert!(parse(&["S8", "--latency-budget", "0"]).is_err());
+        assert!(parse(&["S8", "--latency-budget", "soon"]).is_err());
     }
 }

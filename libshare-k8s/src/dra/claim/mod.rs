@@ -292,14 +292,18 @@ pub fn prepare(
 
 /// Applies one `GpuConfig`: only what lowers the claim.
 fn apply(p: &mut Prepared, cfg: &GpuConfig, notes: &mut Vec<String>) -> Result<(), String> {
-    match cfg.class.as_deref() {
+    let asked = cfg
+        .class
+        .as_deref()
+        .map(|c| Class::from_name(c).ok_or(c));
+    match asked {
         None => {}
-        Some("opportunistic") => p.class = Class::Opportunistic,
-        Some("production") if p.class == Class::Production => {}
-        Some("production") => notes.push(
+        Some(Ok(Class::Opportunistic)) => p.class = Class::Opportunistic,
+        Some(Ok(Class::Production)) if p.class == Class::Production => {}
+        Some(Ok(Class::Production)) => notes.push(
             "its parameters ask for class production: ignored, the class comes from the DeviceClass (opportunistic)".into(),
         ),
-        Some(other) => {
+        Some(Err(other)) => {
             return Err(format!(
                 "class {other:?} in its parameters: expected production or opportunistic"
             ))

@@ -8,9 +8,7 @@ use crate::admin::parse_compute;
 use anyhow::{anyhow, bail, Result};
 use libshare_abi::admin::{Class, ContainerSettings, DeviceSettings};
 use libshare_abi::units::format_size;
-use libshare_k8s::allocation::{
-    self, Allocation, ALLOCATION_ANNOTATION, CLASS_ANNOTATION, COMPUTE_ANNOTATION,
-};
+use libshare_k8s::allocation::{self, ALLOCATION_ANNOTATION, CLASS_ANNOTATION, COMPUTE_ANNOTATION};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -51,23 +49,6 @@ fn pod_choices(annotations: &Annotations) -> Result<(Option<Class>, Option<u32>)
         })?),
     };
     Ok((class, compute))
-}
-
-/// The allocation's quotas by the node's GPU index (NVML's, as the allocation names its GPUs):
-/// the daemon's and the shim's quotas are per node GPU, whatever ordinal the container's CUDA
-/// gives it (GPU 3 alone is the container's CUDA device 0, still GPU 3 to libshare).
-fn per_gpu(alloc: &Allocation) -> Result<Vec<(u32, u64)>> {
-    let mut gpus: Vec<(u32, u64)> = alloc
-        .quota
-        .iter()
-        .map(|(g, b)| {
-            g.parse()
-                .map(|g| (g, *b))
-                .map_err(|_| anyhow!("allocation {}: GPU {g:?} is not an index", alloc.name))
-        })
-        .collect::<Result<_>>()?;
-    gpus.sort();
-    Ok(gpus)
 }
 
 /// The runtime's annotations naming the pod's namespace: CRI-O's and containerd's. The runtime
@@ -136,7 +117,10 @@ pub fn bind(
         ..Default::default()
     };
     settings.all.compute = compute;
-    for (gpu, bytes) in per_gpu(&alloc)? {
+    // By the node's GPU index (NVML's, as the allocation names its GPUs): the daemon's and the
+    // shim's quotas are per node GPU, whatever ordinal the container's CUDA gives it (GPU 3
+    // alone is the container's CUDA device 0, still GPU 3 to libshare).
+    for (&gpu, &bytes) in &alloc.quota {
         settings.devices.insert(
             gpu.to_string(),
             DeviceSettings {
@@ -259,18 +243,5 @@ mod tests {
             class_in_namespace(Production, Some("x"), &["*".into()]).0,
             Production
         );
-    }
-
-    #[test]
-    fn quotas_go_to_the_nodes_gpus_whatever_ordinal_the_container_sees() {
-        let a = Allocation {
-            name: "k8s-gpu2-share0-x3".into(),
-            ids: Vec::new(),
-            quota: [("10".to_string(), 1u64), ("2".to_string(), 2)].into(),
-            default_class: Class::Production,
-            production_namespaces: Vec::new(),
-        };
-        // CUDA_VISIBLE_DEVICES=2,10: GPU 2 is the container's ordinal 0, still GPU 2 to libshare.
-        assert_eq!(per_gpu(&a).unwrap(), [(2, 2), (10, 1)]);
     }
 }
