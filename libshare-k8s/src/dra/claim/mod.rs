@@ -292,10 +292,7 @@ pub fn prepare(
 
 /// Applies one `GpuConfig`: only what lowers the claim.
 fn apply(p: &mut Prepared, cfg: &GpuConfig, notes: &mut Vec<String>) -> Result<(), String> {
-    let asked = cfg
-        .class
-        .as_deref()
-        .map(|c| Class::from_name(c).ok_or(c));
+    let asked = cfg.class.as_deref().map(|c| Class::from_name(c).ok_or(c));
     match asked {
         None => {}
         Some(Ok(Class::Opportunistic)) => p.class = Class::Opportunistic,
