@@ -120,8 +120,14 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
             .collect();
         metrics::ended_within(&spans, a, b) as f64 / (b - a)
     };
-    let solo = run_policy(ctx, Policy::Exclusive, &s8_jobs(d, false, true, ctx.s8_training), &[], false)
-        .with_context(|| format!("S8 (cpus={tag}): production alone (the solo baseline)"))?;
+    let solo = run_policy(
+        ctx,
+        Policy::Exclusive,
+        &s8_jobs(d, false, true, ctx.s8_training),
+        &[],
+        false,
+    )
+    .with_context(|| format!("S8 (cpus={tag}): production alone (the solo baseline)"))?;
     let (sa, sb) = window(&solo, 0.0)?;
     let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
         .ok_or_else(|| anyhow!("S8: no solo requests"))?;
@@ -157,7 +163,10 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
         m.insert("daemon_cpu_pct".into(), opt(rec.daemon_cpu_pct()));
         m.insert("cpus".into(), tag.into());
         let (batch, width) = ctx.s8_training;
-        m.insert("training".into(), format!("batch {batch} width {width}").into());
+        m.insert(
+            "training".into(),
+            format!("batch {batch} width {width}").into(),
+        );
         if p == Policy::Libshare && ctx.daemon_args.len() == 2 {
             m.insert("latency_budget".into(), ctx.daemon_args[1].clone().into());
         }

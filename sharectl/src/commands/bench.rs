@@ -151,8 +151,17 @@ mod tests {
         assert!(parse(&["S1", "--json", "--markdown"]).is_err());
         assert!(parse(&["S1", "--policy", "mps"]).is_err());
         let a = parse(&["S8", "--s8-batch", "4096", "--s8-width", "4096"]).unwrap();
-        assert_eq!((a.s8_batch, a.s8_width, a.latency_budget), (4096, 4096, None));
-        assert_eq!((parse(&["S8"]).unwrap().s8_batch, parse(&["S8"]).unwrap().s8_width), (512, 2048));
+        assert_eq!(
+            (a.s8_batch, a.s8_width, a.latency_budget),
+            (4096, 4096, None)
+        );
+        assert_eq!(
+            (
+                parse(&["S8"]).unwrap().s8_batch,
+                parse(&["S8"]).unwrap().s8_width
+            ),
+            (512, 2048)
+        );
         assert!(parse(&["S8", "--s8-batch", "0"]).is_err());
         let a = parse(&["S8", "--latency-budget", "500us"]).unwrap();
         assert_eq!(a.latency_budget.unwrap().to_string(), "500us");
