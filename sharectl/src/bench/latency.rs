@@ -17,8 +17,8 @@ pub(super) fn latencies(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Production inference alone, the solo baseline of a latency scenario (S3, S9, S10): the run,
-/// its window (from 1 s in), its p99 (ms) and its requests/s.
+/// Production inference alone, the solo baseline of a latency scenario (S3, S8, S9, S10): the
+/// run, its window (from `from` s in), its p99 (ms) and its requests/s.
 pub(super) struct Solo {
     pub(super) rec: RunRecord,
     pub(super) window: (f64, f64),
@@ -26,7 +26,12 @@ pub(super) struct Solo {
     pub(super) rate: f64,
 }
 
-pub(super) fn solo_latency(ctx: &Ctx<'_>, scenario: &str, prod: &JobSpec) -> anyhow::Result<Solo> {
+pub(super) fn solo_latency(
+    ctx: &Ctx<'_>,
+    scenario: &str,
+    prod: &JobSpec,
+    from: f64,
+) -> anyhow::Result<Solo> {
     let rec = run_policy(
         ctx,
         Policy::Exclusive,
@@ -35,7 +40,7 @@ pub(super) fn solo_latency(ctx: &Ctx<'_>, scenario: &str, prod: &JobSpec) -> any
         false,
     )
     .with_context(|| format!("{scenario}: production alone (the solo baseline)"))?;
-    let (a, b) = window(&rec, 1.0)?;
+    let (a, b) = window(&rec, from)?;
     let p99 = metrics::percentile(&latencies(&rec, a, b), 99.0)
         .ok_or_else(|| anyhow!("{scenario}: no solo requests"))?;
     let (rate, _) = production_in(rec.job("prod"), "request", a, b);

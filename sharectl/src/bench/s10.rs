@@ -50,7 +50,7 @@ pub(super) fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
             window: (sa, sb),
             p99: solo_p99,
             rate: solo_rate,
-        } = solo_latency(ctx, "S10", &prod)?;
+        } = solo_latency(ctx, "S10", &prod, 1.0)?;
         for &p in ctx.policies {
             if p == Policy::Exclusive {
                 let mut m = row("S10", p);

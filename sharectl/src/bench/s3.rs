@@ -58,7 +58,7 @@ pub(super) fn s3(ctx: &Ctx<'_>, out: &mut Output, ops: &[S3Op]) -> anyhow::Resul
         p99: solo_p99,
         rate: solo_rate,
         ..
-    } = solo_latency(ctx, "S3", &infer)?;
+    } = solo_latency(ctx, "S3", &infer, 1.0)?;
     for (i, &op) in ops.iter().enumerate() {
         // One solo row for all parts.
         let policies: Vec<Policy> = ctx

@@ -1,7 +1,7 @@
 //! S8, PyTorch pair: production PyTorch inference beside opportunistic PyTorch training.
 
 use super::exec::{Class, Cpus, JobSpec, RunRecord, RunSpec, Setup};
-use super::latency::latencies;
+use super::latency::{latencies, solo_latency, Solo};
 use super::python;
 use super::{
     for_policies, metrics, num, opt, production_in, row, run_policy, window, CpuLayout, Ctx,
@@ -120,18 +120,13 @@ fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> 
             .collect();
         metrics::ended_within(&spans, a, b) as f64 / (b - a)
     };
-    let solo = run_policy(
-        ctx,
-        Policy::Exclusive,
-        &s8_jobs(d, false, true, ctx.s8_training),
-        &[],
-        false,
-    )
-    .with_context(|| format!("S8 (cpus={tag}): production alone (the solo baseline)"))?;
-    let (sa, sb) = window(&solo, 0.0)?;
-    let solo_p99 = metrics::percentile(&latencies(&solo, sa, sb), 99.0)
-        .ok_or_else(|| anyhow!("S8: no solo requests"))?;
-    let (solo_rate, _) = production_in(solo.job("prod"), "request", sa, sb);
+    let prod = s8_jobs(d, false, true, ctx.s8_training).remove(0);
+    let Solo {
+        rec: solo,
+        p99: solo_p99,
+        rate: solo_rate,
+        ..
+    } = solo_latency(ctx, &format!("S8 (cpus={tag})"), &prod, 0.0)?;
     let alone = ctx
         .bench
         .run(&RunSpec {

@@ -54,7 +54,7 @@ pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         window: (sa, sb),
         p99: solo_p99,
         rate: solo_rate,
-    } = solo_latency(ctx, "S9", &infer40(d))?;
+    } = solo_latency(ctx, "S9", &infer40(d), 1.0)?;
     for &p in ctx.policies {
         let layouts: &[bool] = match p {
             Policy::Exclusive => &[],
