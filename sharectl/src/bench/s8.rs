@@ -7,7 +7,7 @@ use super::{
     for_policies, metrics, num, opt, production_in, row, run_policy, window, CpuLayout, Ctx,
     Output, Policy,
 };
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use serde_json::Value;
 
 /// S8's simgpu cost model: one wave of thread blocks costs 200 µs, so PyTorch's jobs are
