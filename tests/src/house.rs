@@ -55,8 +55,8 @@ impl Crate {
     }
 }
 
-/// The workspace's members (`Cargo.toml`'s `members = [...]`), each read as a crate.
-pub fn workspace(root: &Path) -> Vec<Crate> {
+/// The workspace's members as `Cargo.toml` lists them (`members = [...]`).
+pub fn members(root: &Path) -> Vec<String> {
     let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
     let members = cargo
         .split("members = [")
@@ -65,8 +65,15 @@ pub fn workspace(root: &Path) -> Vec<Crate> {
         .unwrap_or("");
     members
         .split(',')
-        .map(|m| m.trim().trim_matches('"'))
+        .map(|m| m.trim().trim_matches('"').to_string())
         .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// The workspace's members, each read as a crate.
+pub fn workspace(root: &Path) -> Vec<Crate> {
+    members(root)
+        .iter()
         .filter_map(|m| read_crate(root, m))
         .collect()
 }
