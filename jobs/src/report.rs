@@ -108,7 +108,8 @@ impl Reporter {
     }
 }
 
-fn micros(s: f64) -> f64 {
+/// Seconds rounded to the microsecond (the times of a trace line).
+pub fn micros(s: f64) -> f64 {
     (s * 1e6).round() / 1e6
 }
 

@@ -180,7 +180,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 "request",
                 due,
                 finished,
-                json!({ "latency_ms": round3(l), "began": round3(rep.t_of(began)) }),
+                json!({ "latency_ms": round3(l), "began": jobs::report::micros(rep.t_of(began)) }),
             );
         }
 

@@ -181,6 +181,14 @@ pub enum Cpus {
 }
 
 impl Cpus {
+    /// The layout's name in a row's `cpus` (`--cpus`'s words).
+    pub fn tag(self) -> &'static str {
+        match self {
+            Cpus::ByClass => "by-class",
+            Cpus::Shared => "shared",
+        }
+    }
+
     /// Binds every thread of the process `pid` (and those they start afterwards) to the CPUs
     /// of `class`.
     fn bind_all(self, pid: u32, class: Class) -> anyhow::Result<()> {

@@ -17,6 +17,17 @@ pub(super) fn latencies(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
         .collect()
 }
 
+/// The service times (ms) of production's requests that started in `[a, b]`: from when the job
+/// began the request to its end, without how late its host thread woke up for it (a clocked
+/// request's `latency_ms` counts from when it was due).
+fn services(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
+    rec.job("prod")
+        .spans("request")
+        .filter(|(s, _, _)| *s >= a && *s <= b)
+        .filter_map(|(_, e, v)| Some((e - (v["began"].as_f64()? + rec.job("prod").offset)) * 1e3))
+        .collect()
+}
+
 /// Production inference alone, the solo baseline of a latency scenario (S3, S8, S9, S10): the
 /// run, its window (from `from` s in), its p99 (ms) and its requests/s.
 pub(super) struct Solo {
@@ -66,32 +77,48 @@ pub(super) fn latency_row(
     latency_row_in(scenario, p, rec, solo, extra, (a, b))
 }
 
-/// The p99 of production's requests due in each whole second of `[a, b)`, ms (issue 31: a
-/// start that stalls production for one second hides in the run's p99). JSON only.
-fn p99_by_second(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
+/// The p99 of `of`'s values for the requests due in each whole second of `[a, b)`, ms (issue
+/// 31: a start that stalls production for one second hides in the run's p99). JSON only.
+fn p99_by_second(
+    rec: &RunRecord,
+    a: f64,
+    b: f64,
+    of: fn(&RunRecord, f64, f64) -> Vec<f64>,
+) -> Vec<f64> {
     let seconds = ((b - a) + 1e-9).floor().max(0.0) as usize;
     (0..seconds)
         .filter_map(|i| {
             let s = a + i as f64;
-            metrics::percentile(&latencies(rec, s, s + 1.0), 99.0)
+            metrics::percentile(&of(rec, s, s + 1.0), 99.0)
         })
         .collect()
 }
 
 /// A row's worst second: each whole second's p99 of the requests due in `[a, b)` against
-/// `p99` (solo's; for a solo row, its own: the noise floor of `worst_second_p99_ratio`).
+/// `p99` (solo's; for a solo row, its own: the noise floor of `worst_second_p99_ratio`), and
+/// each second's p99 of the service times (`worst_second_service_p99_ms`: a second made slow
+/// by the host waking production late, which the solo run has too, is slow in latency only).
 pub(super) fn seconds_of(
     m: &mut Map<String, Value>,
     rec: &RunRecord,
     (a, b): (f64, f64),
     p99: f64,
 ) {
-    let by_second = p99_by_second(rec, a, b);
+    let by_second = p99_by_second(rec, a, b, latencies);
     let worst = by_second.iter().copied().reduce(f64::max);
     m.insert("worst_second_p99_ratio".into(), opt(worst.map(|x| x / p99)));
     m.insert(
         "p99_by_second_ms".into(),
         by_second.iter().map(|&x| num(x)).collect(),
+    );
+    let served = p99_by_second(rec, a, b, services);
+    m.insert(
+        "worst_second_service_p99_ms".into(),
+        opt(served.iter().copied().reduce(f64::max)),
+    );
+    m.insert(
+        "service_p99_by_second_ms".into(),
+        served.iter().map(|&x| num(x)).collect(),
     );
 }
 

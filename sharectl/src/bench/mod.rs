@@ -44,11 +44,16 @@ pub struct Options {
     pub platform: crate::platform::PlatformArgs,
     pub shim: Option<PathBuf>,
     pub python: Option<PathBuf>,
-    pub cpus: CpuLayout,
+    /// `--cpus`, if given (S8 and S9 each have a default).
+    pub cpus: Option<CpuLayout>,
     pub ops: Vec<S3Op>,
     pub policy: Vec<Policy>,
-    /// libshare's daemon's `--latency-budget` (every scenario but S10).
+    /// libshare's daemon's `--latency-budget` (S10: its libshare rows run under this one only).
     pub latency_budget: Option<libshare_node::policy::LatencyBudget>,
+    /// S10's opportunistic kernels.
+    pub s10_kernels: Vec<S10Kernel>,
+    /// S9's numbers of opportunistic processes.
+    pub s9_processes: Vec<u16>,
     /// S8's training: batch and layer width.
     pub s8_training: (u32, u32),
 }
@@ -67,6 +72,23 @@ pub enum S3Op {
     Kernel,
     Memset,
     Copy,
+}
+
+/// `--s10-kernels`: S10's opportunistic kernels (see `s10::S10_KERNELS`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum S10Kernel {
+    /// 0.5 ms one-block kernels.
+    #[value(name = "0.5ms")]
+    Short,
+    /// 2 ms one-block kernels.
+    #[value(name = "2ms")]
+    Medium,
+    /// 10 ms one-block kernels (no slicing can cut them).
+    #[value(name = "10ms")]
+    Long,
+    /// 10 ms kernels of waves of blocks loaded as PTX (cut into ranges).
+    #[value(name = "10ms-blocks")]
+    Blocks,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,8 +257,8 @@ pub fn run(args: Options) -> anyhow::Result<()> {
             ScenarioArg::S6 => s6::s6(&ctx, &mut out)?,
             ScenarioArg::S7 => s7::s7(&ctx, &mut out)?,
             ScenarioArg::S8 => s8::s8(&ctx, &mut out)?,
-            ScenarioArg::S9 => s9::s9(&ctx, &mut out)?,
-            ScenarioArg::S10 => s10::s10(&ctx, &mut out)?,
+            ScenarioArg::S9 => s9::s9(&ctx, &mut out, &args.s9_processes)?,
+            ScenarioArg::S10 => s10::s10(&ctx, &mut out, &args.s10_kernels, args.latency_budget)?,
             ScenarioArg::All => unreachable!(),
         }
     }
@@ -256,7 +278,7 @@ struct Ctx<'a> {
     bench: &'a Bench,
     d: f64,
     policies: &'a [Policy],
-    cpus: CpuLayout,
+    cpus: Option<CpuLayout>,
     /// Extra environment of every job of the scenario's runs (S8: simgpu's cost model).
     env: &'a [(String, std::ffi::OsString)],
     /// Where the scenario's jobs run on the host's CPUs.
@@ -265,6 +287,35 @@ struct Ctx<'a> {
     daemon_args: &'a [String],
     /// S8's training: batch and layer width.
     s8_training: (u32, u32),
+}
+
+/// Runs `with` under the CPU layouts `--cpus` asks (S8, S9; else `default`): `by-class` (each class on CPUs of
+/// its own, as a node's cpusets give containers), `shared`, or `both` (`by-class` for every
+/// policy, then `shared` for `native` and `libshare` as the control: CPU contention apart from
+/// the GPU's).
+fn by_layout(
+    ctx: &Ctx<'_>,
+    out: &mut Output,
+    default: CpuLayout,
+    with: impl Fn(&Ctx<'_>, &mut Output, Cpus, &[Policy]) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    match ctx.cpus.unwrap_or(default) {
+        CpuLayout::ByClass => with(ctx, out, Cpus::ByClass, ctx.policies),
+        CpuLayout::Shared => with(ctx, out, Cpus::Shared, ctx.policies),
+        CpuLayout::Both => {
+            with(ctx, out, Cpus::ByClass, ctx.policies)?;
+            let control: Vec<Policy> = ctx
+                .policies
+                .iter()
+                .copied()
+                .filter(|p| matches!(p, Policy::Native | Policy::Libshare))
+                .collect();
+            if control.is_empty() {
+                return Ok(());
+            }
+            with(ctx, out, Cpus::Shared, &control)
+        }
+    }
 }
 
 /// Rounds to 3 decimals; a non-finite value becomes null.

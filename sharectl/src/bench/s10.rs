@@ -1,7 +1,10 @@
 //! S10, open-loop production (Poisson arrivals) beside kernels of several lengths.
 
 use super::latency::{latency_row, seconds_of, solo_latency, Solo};
-use super::{num, production_infer, row, run_policy_with, saturate_ms, Ctx, Output, Policy};
+use super::{
+    num, production_infer, row, run_policy_with, saturate_ms, Ctx, Output, Policy, S10Kernel,
+};
+use libshare_node::policy::LatencyBudget;
 use serde_json::{Map, Value};
 
 /// S10's production: 4 ms of GPU time per request (2 kernels), Poisson arrivals at these
@@ -10,11 +13,11 @@ const S10_LOADS: [f64; 2] = [0.3, 0.6];
 /// S10's opportunistic kernels: (ms, `simjob-saturate --op`): one-block spin kernels (`kernel`:
 /// no slicing can cut them) and 10 ms kernels of waves of blocks loaded as PTX (`blocks`: the
 /// shim cuts them into block ranges of about the budget while production is present).
-const S10_KERNELS: [(&str, &str); 4] = [
-    ("0.5", "kernel"),
-    ("2", "kernel"),
-    ("10", "kernel"),
-    ("10", "blocks"),
+const S10_KERNELS: [(S10Kernel, &str, &str); 4] = [
+    (S10Kernel::Short, "0.5", "kernel"),
+    (S10Kernel::Medium, "2", "kernel"),
+    (S10Kernel::Long, "10", "kernel"),
+    (S10Kernel::Blocks, "10", "blocks"),
 ];
 /// The latency budgets libshare's rows run under, the default first: every kernel under the
 /// first two (a budget at or above the kernel, and one below it for the shorter kernels), the
@@ -27,9 +30,17 @@ const S10_BUDGETS: [&str; 4] = ["2ms", "500us", "10ms", "250us"];
 /// seeded: every run replays the same times), which no arrival model predicts, at 30 % and 60 %
 /// of production's capacity, beside one opportunistic saturating job of 0.5, 2 or 10 ms kernels
 /// ([`S10_KERNELS`], 4 deep) started 1 s in; libshare's rows under [`S10_BUDGETS`]. p99 against
-/// production alone at the same load (same seed), for 2 D.
-pub(super) fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+/// production alone at the same load (same seed), for 2 D. Only `kernels` run; with `budget`
+/// (`--latency-budget`) libshare's rows run under it alone.
+pub(super) fn s10(
+    ctx: &Ctx<'_>,
+    out: &mut Output,
+    kernels: &[S10Kernel],
+    budget: Option<LatencyBudget>,
+) -> anyhow::Result<()> {
     let d = 2.0 * ctx.d;
+    let given = budget.map(|b| b.to_string());
+    let given: Vec<&str> = given.iter().map(String::as_str).collect();
     for load in S10_LOADS {
         let rate = format!("{:.1}", load * 1_000.0 / 4.0);
         let prod = production_infer(
@@ -63,8 +74,12 @@ pub(super) fn s10(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                 out.emit(m);
                 continue;
             }
-            for (k, op) in S10_KERNELS {
+            for (_, k, op) in S10_KERNELS
+                .into_iter()
+                .filter(|(s, ..)| kernels.contains(s))
+            {
                 let budgets: &[&str] = match (p, k, op) {
+                    (Policy::Libshare, ..) if !given.is_empty() => &given,
                     (Policy::Libshare, _, "blocks") => &S10_BUDGETS,
                     (Policy::Libshare, "10", _) => &S10_BUDGETS[..3],
                     (Policy::Libshare, ..) => &S10_BUDGETS[..2],

@@ -4,8 +4,8 @@ use super::exec::{Class, Cpus, JobSpec, RunRecord, RunSpec, Setup};
 use super::latency::{latencies, solo_latency, Solo};
 use super::python;
 use super::{
-    for_policies, metrics, num, opt, production_in, row, run_policy, window, CpuLayout, Ctx,
-    Output, Policy,
+    by_layout, for_policies, metrics, num, opt, production_in, row, run_policy, window, CpuLayout,
+    Ctx, Output, Policy,
 };
 use anyhow::Context;
 use serde_json::Value;
@@ -86,32 +86,13 @@ pub(super) fn s8(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         out.skip("S8", &why);
         return Ok(());
     }
-    match ctx.cpus {
-        CpuLayout::ByClass => s8_with(ctx, out, Cpus::ByClass, ctx.policies)?,
-        CpuLayout::Shared => s8_with(ctx, out, Cpus::Shared, ctx.policies)?,
-        CpuLayout::Both => {
-            s8_with(ctx, out, Cpus::ByClass, ctx.policies)?;
-            let control: Vec<Policy> = ctx
-                .policies
-                .iter()
-                .copied()
-                .filter(|p| matches!(p, Policy::Native | Policy::Libshare))
-                .collect();
-            if !control.is_empty() {
-                s8_with(ctx, out, Cpus::Shared, &control)?;
-            }
-        }
-    }
-    Ok(())
+    by_layout(ctx, out, CpuLayout::Both, s8_with)
 }
 
 fn s8_with(ctx: &Ctx<'_>, out: &mut Output, cpus: Cpus, policies: &[Policy]) -> anyhow::Result<()> {
     let ctx = &Ctx { pin: cpus, ..*ctx };
     let d = 2.0 * ctx.d;
-    let tag = match cpus {
-        Cpus::ByClass => "by-class",
-        Cpus::Shared => "shared",
-    };
+    let tag = cpus.tag();
     let train_rate = |rec: &RunRecord, a: f64, b: f64| -> f64 {
         let spans: Vec<(f64, f64)> = rec
             .job("opp")

@@ -1,8 +1,10 @@
 //! S9, a multi-process opportunistic container beside production inference.
 
-use super::exec::{Class, JobRecord, JobSpec};
+use super::exec::{Class, Cpus, JobRecord, JobSpec};
 use super::latency::{latency_row_in, seconds_of, solo_latency, Solo};
-use super::{num, production_infer, row, run_policy, window, Ctx, Output, Policy};
+use super::{
+    by_layout, num, production_infer, row, run_policy, window, CpuLayout, Ctx, Output, Policy,
+};
 use serde_json::{Map, Value};
 
 /// S9's production inference: 40 requests/s of 4 ms of GPU time (2 kernels) for `secs`.
@@ -40,14 +42,26 @@ fn s9_opportunistic(n: usize, one: bool, stagger: f64, secs: f64) -> Vec<JobSpec
 /// S9's one-by-one starts: this long between two processes' starts.
 const S9_STAGGER: f64 = 0.3;
 
-/// The numbers of opportunistic processes S9 runs.
-const S9_PROCESSES: [usize; 4] = [1, 2, 4, 8];
-
 /// S9, a multi-process opportunistic container: production inference (40 req/s, 4 ms of GPU
 /// each) for 2 D beside N = 1, 2, 4, 8 saturating processes (2 ms kernels) in ONE opportunistic
-/// container, and the same N in N containers. One row per policy, N and layout (`containers`);
+/// container, and the same N in N containers (`processes`, `--s9-processes`). One row per
+/// policy, N and layout (`containers`);
 /// `native` has no containers (one row per N). p99 ratio against production alone (one solo run).
-pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
+pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output, processes: &[u16]) -> anyhow::Result<()> {
+    by_layout(ctx, out, CpuLayout::Shared, |ctx, out, cpus, policies| {
+        s9_with(
+            &Ctx {
+                pin: cpus,
+                policies,
+                ..*ctx
+            },
+            out,
+            processes,
+        )
+    })
+}
+
+fn s9_with(ctx: &Ctx<'_>, out: &mut Output, processes: &[u16]) -> anyhow::Result<()> {
     let d = 2.0 * ctx.d;
     let Solo {
         rec: solo,
@@ -63,18 +77,19 @@ pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         };
         if p == Policy::Exclusive {
             let mut m = row("S9", p);
+            m.insert("cpus".into(), ctx.pin.tag().into());
             m.insert("production_ratio".into(), num(1.0));
             m.insert("p99_ratio".into(), num(1.0));
             seconds_of(&mut m, &solo, (sa, sb), solo_p99);
             m.insert("p99_ms".into(), num(solo_p99));
             m.insert("solo_requests_per_s".into(), num(solo_rate));
-            out.plot("S9", p, "", &solo);
+            out.plot("S9", p, &shared_part(ctx, ""), &solo);
             out.emit(m);
             continue;
         }
         // (processes, one container, stagger): at once in one container and in N, then one
         // by one in one container (issue 31: each start while production runs).
-        let runs = S9_PROCESSES.iter().flat_map(|&n| {
+        let runs = processes.iter().map(|&n| usize::from(n)).flat_map(|n| {
             let at_once = layouts
                 .iter()
                 .filter(move |&&one| one || n > 1)
@@ -98,6 +113,7 @@ pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                     Value::from(if one { 1 } else { n })
                 };
                 let extra = [
+                    ("cpus", ctx.pin.tag().into()),
                     ("processes", n.into()),
                     ("containers", containers),
                     ("stagger_s", stagger.into()),
@@ -118,7 +134,7 @@ pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
                     extra.into_iter(),
                     (a, b),
                 )?;
-                out.plot("S9", p, &part, &rec);
+                out.plot("S9", p, &shared_part(ctx, &part), &rec);
                 Ok(m)
             })();
             match res {
@@ -128,4 +144,13 @@ pub(super) fn s9(ctx: &Ctx<'_>, out: &mut Output) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A plot's part name: `part`, with `-shared-cpus` in the `shared` control layout.
+fn shared_part(ctx: &Ctx<'_>, part: &str) -> String {
+    match (ctx.pin, part) {
+        (Cpus::Shared, "") => "shared-cpus".into(),
+        (Cpus::Shared, _) => format!("{part}-shared-cpus"),
+        _ => part.into(),
+    }
 }

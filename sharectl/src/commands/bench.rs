@@ -45,11 +45,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub python: Option<PathBuf>,
 
-    /// S8's CPU layout: `by-class` (production on a CPU of its own, the others and the daemon
-    /// on the rest, as containers on a GPU node), `shared` (anywhere: CPU contention on top of the GPU's), or
-    /// `both` (`shared` as a control for `native` and `libshare`).
-    #[arg(long, value_enum, default_value = "both")]
-    pub cpus: CpuLayout,
+    /// S8's and S9's CPU layout: `by-class` (production on a CPU of its own, the others and the
+    /// daemon on the rest, as containers on a GPU node), `shared` (anywhere: CPU contention on
+    /// top of the GPU's), or `both` (`shared` as a control for `native` and `libshare`)
+    /// [default: S8 both, S9 shared].
+    #[arg(long, value_enum)]
+    pub cpus: Option<CpuLayout>,
 
     /// S3's opportunistic operations (comma-separated), one part each: `kernel` (0.5 ms
     /// kernels), `memset` (2 MiB `cuMemsetD8Async`), `copy` (1 MiB `cuMemcpyDtoDAsync`).
@@ -66,10 +67,23 @@ pub struct BenchArgs {
     pub policy: Vec<Policy>,
 
     /// The latency budget of libshare's daemon: a time (e.g. 500us) or a share of production's
-    /// service time (e.g. 10%) [default: the daemon's, 2ms]; S10's rows under a named budget
-    /// keep theirs.
+    /// service time (e.g. 10%) [default: the daemon's, 2ms]; S10's libshare rows run under
+    /// this one only instead of their four.
     #[arg(long, value_name = "TIME|PCT")]
     pub latency_budget: Option<libshare_node::policy::LatencyBudget>,
+
+    /// S9's numbers of opportunistic processes (comma-separated).
+    #[arg(long, value_name = "N", value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub s9_processes: Vec<u16>,
+
+    /// S10's opportunistic kernels (comma-separated).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "0.5ms,2ms,10ms,10ms-blocks"
+    )]
+    pub s10_kernels: Vec<crate::bench::S10Kernel>,
 
     /// S8's training batch: 4096 with --s8-width 4096 makes its kernels 0.4-2 ms (large-batch
     /// training, issue 31).
@@ -95,6 +109,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ops: args.ops,
         policy: args.policy,
         latency_budget: args.latency_budget,
+        s10_kernels: args.s10_kernels,
+        s9_processes: args.s9_processes,
         s8_training: (args.s8_batch, args.s8_width),
     })
 }
