@@ -57,7 +57,8 @@
 //! - no production container present → `Open`.
 //! - Progress: an opportunistic container held at the gate (`held > 0`) whose `launches` did not
 //!   move for [`Tunables::starve_ns`] (100 ms) gets `Run{in_flight_us: 1}` for a tick: one
-//!   launch goes. However busy production is, opportunistic jobs progress, at a cost to
+//!   launch goes (in turns, the holder, when no container of the device launched for that
+//!   long: one launch per device, not per container). However busy production is, opportunistic jobs progress, at a cost to
 //!   production of at most one opportunistic kernel per 100 ms.
 //! - Shares: the static share is the smaller of the nonzero `compute` and `env_compute`
 //!   (10000 bp = 100 % = none). Among ≥ 2 *demanding* opportunistic containers (launches moved in
@@ -827,6 +828,13 @@ fn libshare_device(
         None
     };
     let waits_turn = |e: &Entry, f: &Facts| rotating && demanding(e, f) && holder != Some(e.id);
+    let last_opportunistic = dev
+        .iter()
+        .zip(facts)
+        .filter(|(e, _)| e.class == Class::Opportunistic)
+        .map(|(_, f)| f.moved_at)
+        .max()
+        .unwrap_or(0);
     for (e, f) in dev.iter().zip(facts) {
         if e.class == Class::Production {
             if e.c.gate != Gate::Open {
@@ -885,8 +893,18 @@ fn libshare_device(
                 )
             }
         };
+        // Starved: held with no launch for `starve_ns`. In turns, the device's opportunistic
+        // work is one queue: the holder is starved when no container of the device launched
+        // for that long, so production meets one such launch per `starve_ns` whatever the
+        // containers' number (counted per container, 8 containers waiting 140 ms each for a
+        // 20 ms turn made every hand-over during a request a starvation launch: S9, issue 31).
+        let waited_since = if rotating && holder == Some(e.id) {
+            last_opportunistic
+        } else {
+            f.moved_at
+        };
         let starved =
-            gate == Gate::Paused && e.c.held > 0 && now.saturating_sub(f.moved_at) >= t.starve_ns;
+            gate == Gate::Paused && e.c.held > 0 && now.saturating_sub(waited_since) >= t.starve_ns;
         let gate = if paused(e) || waits_turn(e, f) {
             Gate::Paused
         } else if starved {
