@@ -382,7 +382,14 @@ pub fn launch_kernel(
     let Some(est) = TRACKER.lock().known(f) else {
         return whole(call);
     };
-    let pieces = libshare_slice::pieces_for(est.span, bound_ns, MAX_PIECES);
+    // Ranges of half the bound: one runs while the next waits its turn within the bound (what
+    // is in flight counts what is left of the oldest), so the GPU does not idle between two
+    // ranges for the time the host takes to see one end and launch the next.
+    let pieces = if est.span > bound_ns {
+        libshare_slice::pieces_for(est.span, bound_ns / 2, MAX_PIECES)
+    } else {
+        1
+    };
     if pieces <= 1 || REAL.capturing(stream, ptsz).is_some() {
         return whole(call);
     }
