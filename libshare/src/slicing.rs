@@ -1,7 +1,8 @@
 //! Kernel slicing (issue 31, build 3): while production runs on its GPU, an opportunistic
 //! `cuLaunchKernel` longer than the latency budget goes as block ranges of its grid, each about
-//! the budget, through the kernel's sliced entry (`libshare_slice`): production, arriving, waits
-//! for one range instead of the whole kernel. The gate (`gate::launch_kernel`) decides when;
+//! half the budget (one runs while the next waits), through the kernel's sliced entry
+//! (`libshare_slice`): production, arriving, waits for what is left of the budget instead of the
+//! whole kernel. The gate (`gate::launch_kernel`) decides when;
 //! this module knows which kernels can and holds their sliced entries.
 //!
 //! Where the PTX comes from: the image of a `cuModuleLoadData`/`cuModuleLoadDataEx`/

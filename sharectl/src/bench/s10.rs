@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 const S10_LOADS: [f64; 2] = [0.3, 0.6];
 /// S10's opportunistic kernels: (ms, `simjob-saturate --op`): one-block spin kernels (`kernel`:
 /// no slicing can cut them) and 10 ms kernels of waves of blocks loaded as PTX (`blocks`: the
-/// shim cuts them into block ranges of about the budget while production is present).
+/// shim cuts them into block ranges of about half the budget while production is present).
 const S10_KERNELS: [(S10Kernel, &str, &str); 4] = [
     (S10Kernel::Short, "0.5", "kernel"),
     (S10Kernel::Medium, "2", "kernel"),
@@ -22,9 +22,9 @@ const S10_KERNELS: [(S10Kernel, &str, &str); 4] = [
 /// The latency budgets libshare's rows run under, the default first: every kernel under the
 /// first two (a budget at or above the kernel, and one below it for the shorter kernels), the
 /// 10 ms kernels under 10ms too (the budget at the kernel: it goes whole), the kernels that can
-/// be cut under 250us too (the trade-off: kernels longer than the budget go only alone, or cut
-/// into ranges of about the budget).
-const S10_BUDGETS: [&str; 4] = ["2ms", "500us", "10ms", "250us"];
+/// be cut under 250us and 200us too (the trade-off: kernels longer than the budget go only
+/// alone, or cut into ranges of about half the budget).
+const S10_BUDGETS: [&str; 5] = ["2ms", "500us", "10ms", "250us", "200us"];
 
 /// S10, open-loop production (issue 31): requests arrive as users send them (a Poisson process,
 /// seeded: every run replays the same times), which no arrival model predicts, at 30 % and 60 %
