@@ -112,12 +112,15 @@ impl Gate {
 /// container) may be silent before the shims stop trusting its last word.
 pub const DAEMON_SILENT_NS: u64 = 500_000_000;
 
+/// [`FLOOR`]'s in-flight bound, µs (the daemon's default latency budget too).
+pub const FLOOR_IN_FLIGHT_US: u32 = 2_000;
+
 /// Where opportunistic work stands without a daemon that arbitrates (stopped, or silent for
 /// [`DAEMON_SILENT_NS`]): at most 2 ms of GPU work in flight per process, no window, no tokens.
 /// A production request then waits for at most that much opportunistic work, and nothing
 /// stays paused waiting for a daemon that is gone.
 pub const FLOOR: Gate = Gate::Run {
-    in_flight_us: 2_000,
+    in_flight_us: FLOOR_IN_FLIGHT_US,
     window: false,
     share: false,
 };

@@ -351,6 +351,10 @@ pub struct Geometry {
 
 /// Most block ranges one launch is cut into.
 const MAX_PIECES: u32 = 256;
+/// Per device, the in-flight bound of the last gate [`launch_kernel`] saw bound what is in
+/// flight (µs; 0: none yet): the range size of a kernel launched while the gate pauses.
+static LAST_BOUND_US: [std::sync::atomic::AtomicU32; MAX_DEVICES] =
+    [const { std::sync::atomic::AtomicU32::new(0) }; MAX_DEVICES];
 /// Keys of a kernel's block ranges: the function's own key with this bit (their spans are a
 /// range's, not the whole kernel's).
 const SLICE_KEY: usize = 1 << 61;
@@ -375,10 +379,24 @@ pub fn launch_kernel(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let whole = |call| launch(d, dev, f, 0, stream, ptsz, call);
-    let bound_ns = match d.gate_at(now_ns()) {
-        Gate::Run { in_flight_us, .. } if in_flight_us > 0 => u64::from(in_flight_us) * 1_000,
+    // Production present: the gate bounds what is in flight, or pauses while production is
+    // busy (a kernel launched then is cut all the same, to the bound last seen: decided whole,
+    // a kernel longer than `LONG_NS` would wait out its hold, ~0.4 s, and then meet production
+    // whole), or lets one launch go (the starvation rule's bound of 1 µs is no range size).
+    let bound_ns = u64::from(match d.gate_at(now_ns()) {
+        Gate::Run { in_flight_us, .. } if in_flight_us > 1 => {
+            LAST_BOUND_US[dev].store(in_flight_us, Relaxed);
+            in_flight_us
+        }
+        Gate::Paused
+        | Gate::Run {
+            in_flight_us: 1, ..
+        } => match LAST_BOUND_US[dev].load(Relaxed) {
+            0 => libshare_abi::rate::FLOOR_IN_FLIGHT_US,
+            b => b,
+        },
         _ => return whole(call),
-    };
+    }) * 1_000;
     let Some(est) = TRACKER.lock().known(f) else {
         return whole(call);
     };
@@ -631,6 +649,19 @@ fn pass_within(
 ) -> u64 {
     let known = TRACKER.lock().known(key);
     let est = known.unwrap_or(prior);
+    // A block range counts its own GPU time (its cost), not its span: ranges run while
+    // production is present, so most of them wait behind a production kernel and their span
+    // rises toward it (2 ms beside S10's production at 60 % load), which would keep one range
+    // in flight where the budget holds three, and the GPU idle between them; what production
+    // meets of a range is its GPU time.
+    let est = if key & SLICE_KEY != 0 {
+        Estimate {
+            span: est.cost,
+            ..est
+        }
+    } else {
+        est
+    };
     let hold = if est.span > LONG_NS {
         hold.max(LONG_HOLD)
     } else {
