@@ -50,8 +50,9 @@
 //!   fixed idle gap (this idle phase's drain + drain-to-arrival gap: a loop that works or
 //!   sleeps on the host after each synchronisation, whose GPU phase varies). Each counts on the median of its samples, or on either of the two newest
 //!   if shorter (a pattern that gets shorter is followed at once), and needs ≥ [`MIN_SAMPLES`]
-//!   samples, jitter (median absolute deviation) ≤ 10 % of its median, and production idle for
-//!   less than 2 × that + 10 ms;
+//!   samples, jitter (median absolute deviation) ≤ 10 % of its median, production idle for
+//!   less than 2 × that + 10 ms, and its predicted arrival not passed by more than twice the
+//!   guard (at least 1 ms: a prediction production outlived is wrong for this idle phase);
 //! - idle but not predictable (or idle longer), or present but not active (no launch for
 //!   [`Tunables::active_ns`]: an inference server without requests) → `Run{budget}`;
 //! - no production container present → `Open`.
@@ -731,16 +732,26 @@ fn opportunistic_gate(t: &Tunables, dev: &[Entry], facts: &[Facts], now: u64) ->
         // synchronisation, whose GPU phase varies).
         let steady = |(m, jitter): (u64, u64)| jitter * FULL_BP as u64 <= m * t.max_jitter_bp;
         let drained = e.c.busy_since == 0 && e.c.drained_at > f.last_arrival;
+        // A prediction production has outlived (no arrival by its time + twice the guard, at
+        // least 1 ms) is wrong for this idle phase: without it, opportunistic work goes under
+        // the budget alone rather than waiting out the rest of the phase (Poisson requests at
+        // 60 % load, whose queued requests make a steady gap of a few µs, held it 10-17 ms at a
+        // time: S10, issue 31).
+        let due = |(next, jitter): (u64, u64)| {
+            now <= next + (2 * t.min_guard_ns.max(3 * jitter)).max(1_000_000)
+        };
         let by_period = f
             .period
             .filter(|&p| steady(p) && now.saturating_sub(idle_since) < 2 * p.0 + 10_000_000)
-            .map(|(_, jitter)| (f.clock, jitter));
+            .map(|(_, jitter)| (f.clock, jitter))
+            .filter(|&n| due(n));
         let by_gap = f
             .gap
             .filter(|&g| {
                 drained && steady(g) && now.saturating_sub(idle_since) < 2 * g.0 + 10_000_000
             })
-            .map(|(gap, jitter)| (e.c.drained_at + gap, jitter));
+            .map(|(gap, jitter)| (e.c.drained_at + gap, jitter))
+            .filter(|&n| due(n));
         // Both steady: the earlier end. Each model is right for one kind of job and late for
         // the other exactly when it matters: after a request that ran long (its drain late),
         // the gap model puts a clocked job's next arrival late by as much; after one that

@@ -380,6 +380,49 @@ fn unpredictable_or_long_idle_production_gets_the_in_flight_bound() {
     assert_eq!(find(&last, OPP).unwrap().gate, bounded);
 }
 
+/// Issue 31 (S10 at 60 % load): a prediction production outlives (no arrival by its predicted
+/// time + 1 ms) stops holding opportunistic work for the rest of the idle phase: the window
+/// closes before the arrival as it should, then the budget alone bounds what goes.
+#[test]
+fn a_prediction_production_outlives_gives_way_to_the_budget() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        period: 10 * MS,
+        busy: 2 * MS,
+        jitter: [0; 4],
+        start: T0,
+    };
+    run_periodic(&mut ps, &p, T0, p.arrival(8) + 3 * MS);
+    let frozen = p.at(p.arrival(8) + 3 * MS);
+    let gate_at = |ps: &mut PolicyState, now: u64| {
+        let s = snap(&[
+            entry(PROD, Class::Production, frozen),
+            entry(OPP, Class::Opportunistic, opp(now / US)),
+        ]);
+        find(&step(ps, &s, now), OPP).unwrap()
+    };
+    // Before the predicted arrival (arrival 9 at 90 ms): a window that ends before it.
+    let d = gate_at(&mut ps, p.arrival(8) + 5 * MS);
+    assert!(matches!(d.gate, Gate::Run { window: true, .. }), "{d:?}");
+    assert!(d.window_end < p.arrival(9), "{d:?}");
+    // Just after it, not yet outlived: still the window (closed: its end has passed).
+    let d = gate_at(&mut ps, p.arrival(9) + 300 * US);
+    assert!(matches!(d.gate, Gate::Run { window: true, .. }), "{d:?}");
+    // 1 ms and more after it: the budget alone, no window.
+    for late in [1_100 * US, 5 * MS, 12 * MS] {
+        let d = gate_at(&mut ps, p.arrival(9) + late);
+        assert_eq!(
+            d.gate,
+            Gate::Run {
+                in_flight_us: 2_000,
+                window: false,
+                share: false
+            },
+            "{late} ns late"
+        );
+    }
+}
+
 #[test]
 fn a_lone_opportunistic_container_runs_open() {
     let mut ps = PolicyState::new(PolicyKind::Libshare);
