@@ -60,8 +60,9 @@ struct Args {
     #[arg(long)]
     pageable: bool,
 
-    /// Print a line per request, {"event":"request","t":DUE,"end":DONE,"latency_ms":L}
-    /// (seconds since the start).
+    /// Print a line per request, {"event":"request","t":DUE,"end":DONE,"latency_ms":L,
+    /// "began":B,"gpu_ms":G} (seconds since the start; G: from the input's arrival on the GPU
+    /// to the last kernel's end, timed by two events around the kernels).
     #[arg(long)]
     trace: bool,
 
@@ -137,6 +138,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         "duration_s": limit_time.map(|d| d.as_secs_f64()),
     }));
 
+    // With --trace, each request's kernels between two timed events: the GPU time from its
+    // input's arrival to its last kernel's end (the kernels plus what they waited for on the
+    // GPU: other contexts' work), without the host's part (a late wake-up, slow calls).
+    let marks = if args.trace {
+        Some((gpu.timed_event()?, gpu.timed_event()?))
+    } else {
+        None
+    };
     let start = rep.start();
     let mut lat_ms: Vec<f64> = Vec::new();
     let mut service_ms: Vec<f64> = Vec::new();
@@ -164,8 +173,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         let began = Instant::now();
         gpu.copy_to_device(&dev, &input)?;
+        if let Some((a, _)) = &marks {
+            a.record()?;
+        }
         for &ns in &kernel_ns {
             gpu.spin(ns)?;
+        }
+        if let Some((_, b)) = &marks {
+            b.record()?;
         }
         gpu.copy_to_host(&mut output, &dev)?;
         gpu.sync()?;
@@ -180,7 +195,14 @@ fn run(args: Args) -> anyhow::Result<()> {
                 "request",
                 due,
                 finished,
-                json!({ "latency_ms": round3(l), "began": jobs::report::micros(rep.t_of(began)) }),
+                json!({
+                    "latency_ms": round3(l),
+                    "began": jobs::report::micros(rep.t_of(began)),
+                    "gpu_ms": match &marks {
+                        Some((a, b)) => Some(round3(b.elapsed_ms(a)?)),
+                        None => None,
+                    },
+                }),
             );
         }
 

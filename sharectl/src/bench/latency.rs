@@ -17,14 +17,14 @@ pub(super) fn latencies(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
         .collect()
 }
 
-/// The service times (ms) of production's requests that started in `[a, b]`: from when the job
-/// began the request to its end, without how late its host thread woke up for it (a clocked
-/// request's `latency_ms` counts from when it was due).
-fn services(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
+/// The GPU side of production's requests that started in `[a, b]` (ms): from a request's input
+/// on the GPU to its last kernel's end, timed by the job's events (`simjob-infer --trace`'s
+/// `gpu_ms`): what it met on the GPU, without its host's part (a late wake-up, slow calls).
+fn gpu_times(rec: &RunRecord, a: f64, b: f64) -> Vec<f64> {
     rec.job("prod")
         .spans("request")
         .filter(|(s, _, _)| *s >= a && *s <= b)
-        .filter_map(|(_, e, v)| Some((e - (v["began"].as_f64()? + rec.job("prod").offset)) * 1e3))
+        .filter_map(|(_, _, v)| v["gpu_ms"].as_f64())
         .collect()
 }
 
@@ -96,8 +96,9 @@ fn p99_by_second(
 
 /// A row's worst second: each whole second's p99 of the requests due in `[a, b)` against
 /// `p99` (solo's; for a solo row, its own: the noise floor of `worst_second_p99_ratio`), and
-/// each second's p99 of the service times (`worst_second_service_p99_ms`: a second made slow
-/// by the host waking production late, which the solo run has too, is slow in latency only).
+/// each second's p99 of their GPU side ([`gpu_times`], `worst_second_gpu_p99_ms`: a second made
+/// slow by the host waking production late, which the solo run has too, is slow in latency
+/// only; compare it with the solo row's).
 pub(super) fn seconds_of(
     m: &mut Map<String, Value>,
     rec: &RunRecord,
@@ -111,14 +112,14 @@ pub(super) fn seconds_of(
         "p99_by_second_ms".into(),
         by_second.iter().map(|&x| num(x)).collect(),
     );
-    let served = p99_by_second(rec, a, b, services);
+    let gpu = p99_by_second(rec, a, b, gpu_times);
     m.insert(
-        "worst_second_service_p99_ms".into(),
-        opt(served.iter().copied().reduce(f64::max)),
+        "worst_second_gpu_p99_ms".into(),
+        opt(gpu.iter().copied().reduce(f64::max)),
     );
     m.insert(
-        "service_p99_by_second_ms".into(),
-        served.iter().map(|&x| num(x)).collect(),
+        "gpu_p99_by_second_ms".into(),
+        gpu.iter().map(|&x| num(x)).collect(),
     );
 }
 
