@@ -39,7 +39,9 @@
 //! present, two or more demanding opportunistic containers take turns
 //! ([`Tunables::rotate_ns`] × weight each, in container order; the others `Paused`, never
 //! starved into a launch, and without the weighted split, which the turns' lengths replace),
-//! so production meets one container's work whatever their number:
+//! so production meets one container's work whatever their number; one that does not demand
+//! is `Paused` too (its first launch, held, makes it demand), so containers that start
+//! together do not all pass a gate left open:
 //! - any active production container busy → `Paused`;
 //! - all idle, every active one predictable → `Run{window, budget}` with `window_end` = the earliest
 //!   predicted next arrival − guard, guard = max(300 µs, 3 × jitter); the shim admits only
@@ -916,7 +918,13 @@ fn libshare_device(
         };
         let starved =
             gate == Gate::Paused && e.c.held > 0 && now.saturating_sub(waited_since) >= t.starve_ns;
-        let gate = if paused(e) || waits_turn(e, f) {
+        // Beside present production only a demanding container has a gate that lets work go:
+        // one that does not demand yet (registered, its first launch not made) would pass an
+        // open gate at once, and containers started together then all did (S9, 8 containers
+        // at once: a request met up to 6.7 ms of their first kernels). Its first launch waits
+        // at the gate, which makes it demand: it goes at the next tick, in turn.
+        let idle = base != Gate::Open && e.class == Class::Opportunistic && !demanding(e, f);
+        let gate = if paused(e) || waits_turn(e, f) || idle {
             Gate::Paused
         } else if starved {
             Gate::Run {

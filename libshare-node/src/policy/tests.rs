@@ -453,15 +453,17 @@ fn a_lone_opportunistic_container_runs_open() {
         ]);
         let ds = step(&mut ps, &s, now + t * MS);
         let g = find(&ds, OPP).unwrap().gate;
-        assert_eq!(
-            g,
+        // (At t = 0 it has not launched and waits for nothing: paused until it does.)
+        let want = if t == 0 {
+            Gate::Paused
+        } else {
             Gate::Run {
                 in_flight_us: 2_000,
                 window: false,
-                share: false
-            },
-            "t = {t} ms"
-        );
+                share: false,
+            }
+        };
+        assert_eq!(g, want, "t = {t} ms");
     }
     // 100 % (or more) from the environment is no limit.
     assert_eq!(static_share(0, 10_000), None);
@@ -835,6 +837,53 @@ fn containers_waiting_their_turn_are_not_starved_into_a_launch() {
             assert!(who.len() >= 6, "only {who:?} progressed");
         }
     }
+}
+
+/// Issue 31 (S9, 8 containers started at once): beside production, opportunistic containers
+/// that do not demand yet are paused, so that their first launches do not all pass at once; the
+/// first to wait at its gate gets it at the next tick, the others in turn.
+#[test]
+fn containers_that_do_not_demand_yet_are_paused_beside_production() {
+    let mut ps = PolicyState::new(PolicyKind::Libshare);
+    let p = Periodic {
+        period: 25 * MS,
+        busy: 4 * MS,
+        jitter: [0; 4],
+        start: T0,
+    };
+    let ids: Vec<ContainerId> = (0..8).map(|i| OPP + i).collect();
+    let at = |now: u64, held: &[ContainerId]| {
+        let mut s = vec![entry(PROD, Class::Production, p.at(now))];
+        for &id in &ids {
+            let c = Counters {
+                held: u32::from(held.contains(&id)),
+                ..Counters::default()
+            };
+            s.push(entry(id, Class::Opportunistic, c));
+        }
+        snap(&s)
+    };
+    // Production idle between requests: none of the eight has launched or waits yet.
+    let now = p.arrival(4) + 10 * MS;
+    for t in 0..5 {
+        let ds = step(&mut ps, &at(now + t * MS, &[]), now + t * MS);
+        for &id in &ids {
+            assert_eq!(find(&ds, id).unwrap().gate, Gate::Paused, "{id} at +{t} ms");
+        }
+    }
+    // One waits at its gate: it alone may go; then all eight wait: one at a time.
+    let ds = step(&mut ps, &at(now + 5 * MS, &[OPP + 3]), now + 5 * MS);
+    let open: Vec<_> = ids
+        .iter()
+        .filter(|&&id| find(&ds, id).unwrap().gate != Gate::Paused)
+        .collect();
+    assert_eq!(open, vec![&(OPP + 3)]);
+    let ds = step(&mut ps, &at(now + 6 * MS, &ids), now + 6 * MS);
+    let open = ids
+        .iter()
+        .filter(|&&id| find(&ds, id).unwrap().gate != Gate::Paused)
+        .count();
+    assert_eq!(open, 1);
 }
 
 /// Issue 31: production meets at most the device's latency budget, whether it is busy, idle,
