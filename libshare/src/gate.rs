@@ -363,7 +363,8 @@ const SLICE_KEY: usize = 1 << 61;
 /// on the device (the gate bounds what is in flight, or pauses: then the bound last seen) and
 /// `f`'s span, as timed, is longer than the bound, it goes as block ranges of about half the
 /// bound through its sliced entry (`slicing.rs`), each gated and timed as a launch, priced at
-/// the span ÷ the ranges (then at a range's own time, see [`pass_within`]); else, or when `f` has no sliced entry (counted in `unsliced`), as [`launch`] does.
+/// the span ÷ the ranges (then at a range's own time, see [`pass_within`]); else, or when `f`
+/// has no sliced entry (counted in `unsliced`), as [`launch`] does.
 /// A kernel not timed yet goes whole once (it is priced at the bound at least, see
 /// [`pass_within`]). The first range failing to launch (nothing has run) sends it whole, and
 /// the function is not cut again.
